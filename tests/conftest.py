@@ -1,0 +1,60 @@
+"""Session fixtures of the test bed: real Temporal, PostgreSQL, SQLite and a Kubernetes control plane.
+
+Each starts lazily, the first time a test asks for it, and stops at the end of the session. A missing
+prerequisite raises with its reason (the test errors); nothing is skipped.
+"""
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from tests.support.postgres import PostgresServer
+from tests.support.temporal import start_time_skipping
+from worker.devserver import DevServer
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    env = await start_time_skipping()
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevServer]:
+    """Temporal's dev server with ksquad's search attributes, headless, state in memory."""
+    log_file = tmp_path_factory.mktemp("temporal") / "dev-server.log"
+    async with DevServer(ui=False, log_file=log_file) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+async def temporal_client(dev_server: DevServer) -> Client:
+    return await Client.connect(dev_server.target)
+
+
+@pytest.fixture
+def task_queue() -> str:
+    """A task queue of the test's own, so workers of different tests never take each other's tasks."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ksquad.db'}"

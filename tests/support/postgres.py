@@ -1,0 +1,126 @@
+"""A throwaway PostgreSQL server: Debian's binaries, a temporary data directory, a free loopback port.
+
+PostgreSQL refuses to run as root, so when the tests run as root the server runs as the `postgres` user
+that Debian's package creates.
+"""
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class PostgresUnavailable(RuntimeError):
+    pass
+
+
+def find_bindir() -> Path:
+    """The newest Debian PostgreSQL server's bin directory."""
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=lambda p: int(p.split("/")[4]))
+    if not candidates:
+        raise PostgresUnavailable(
+            "no PostgreSQL server under /usr/lib/postgresql/*/bin: `make test` installs Debian's "
+            "`postgresql` package; run `make postgres-server` or `apt-get install postgresql`"
+        )
+    return Path(candidates[-1]).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class PostgresServer:
+    database: str = "ksquad"
+    user: str = "ksquad"
+    host: str = "127.0.0.1"
+    port: int = 0
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ksquad-pg-")))
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dsn(self) -> str:
+        """SQLAlchemy URL for psycopg 3."""
+        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{self.database}"
+
+    def _as_server_user(self) -> list[str]:
+        if os.geteuid() != 0:
+            return []
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError as err:
+            raise PostgresUnavailable(
+                "running as root, and there is no `postgres` user to run the server"
+            ) from err
+        return ["runuser", "-u", "postgres", "--"]
+
+    def start(self) -> None:
+        bindir = find_bindir()
+        prefix = self._as_server_user()
+        data = self.root / "data"
+        if prefix:
+            shutil.chown(self.root, "postgres", "postgres")
+        subprocess.run(
+            [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", self.user, "--auth=trust", "-E", "UTF8",
+             "--no-sync", "--no-instructions"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        self.port = self.port or _free_port()
+        log = (self.root / "postgres.log").open("ab")
+        self.process = subprocess.Popen(
+            [*prefix, str(bindir / "postgres"), "-D", str(data), "-h", self.host, "-p", str(self.port),
+             "-k", str(self.root), "-c", "fsync=off", "-c", "synchronous_commit=off",
+             "-c", "full_page_writes=off", "-c", "max_connections=200"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self._wait_ready(bindir)
+        subprocess.run(
+            [str(bindir / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, self.database],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+    def _wait_ready(self, bindir: Path, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise PostgresUnavailable(
+                    f"postgres exited with {self.process.returncode}: {self.log_tail()}"
+                )
+            ready = subprocess.run(
+                [str(bindir / "pg_isready"), "-h", self.host, "-p", str(self.port), "-U", self.user],
+                capture_output=True,
+            )
+            if ready.returncode == 0:
+                return
+            time.sleep(0.1)
+        raise PostgresUnavailable(
+            f"postgres not ready on {self.host}:{self.port} after {timeout}s: {self.log_tail()}"
+        )
+
+    def log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.root / "postgres.log").read_text()[-2000:]
+        return ""
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT), then remove everything."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
