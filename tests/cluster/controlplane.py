@@ -1,0 +1,261 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
+
+The binaries come from `build-control-plane.sh` (built once from the Go module proxy, cached outside the
+clone). RBAC is on; the admin authenticates with a client certificate in `system:masters`, the controller
+manager with its own certificate and then per-controller service-account credentials, as in a real cluster.
+"""
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.cluster.pki import KeyPair, Pki
+from worker.binaries import find_binary
+
+log = logging.getLogger(__name__)
+
+BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+# Controllers the tests rely on: Jobs, ReplicaSets and Deployments, owner-reference garbage collection,
+# namespaces and their default ServiceAccounts, TTL after finish, aggregated ClusterRoles.
+CONTROLLERS = ",".join(
+    [
+        "job-controller",
+        "replicaset-controller",
+        "deployment-controller",
+        "garbage-collector-controller",
+        "namespace-controller",
+        "serviceaccount-controller",
+        "serviceaccount-token-controller",
+        "ttl-after-finished-controller",
+        "clusterrole-aggregation-controller",
+        "root-ca-certificate-publisher-controller",
+    ]
+)
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def testbins_dir() -> Path:
+    """The cached binaries' directory, building what is missing (minutes the first time, instant after)."""
+    override = os.environ.get("KSQUAD_TESTBINS")
+    if override and all(
+        (Path(override) / b).exists() for b in ("etcd", "kube-apiserver", "kube-controller-manager")
+    ):
+        return Path(override)
+    done = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ControlPlaneError(
+            f"building the test control plane failed ({BUILD_SCRIPT.name}, exit {done.returncode}):\n"
+            f"{done.stderr[-4000:]}"
+        )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_kubeconfig(
+    path: Path, server: str, ca: Path, user: dict[str, str], namespace: str = "default"
+) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "ksquad-test", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [
+            {
+                "name": "ksquad-test",
+                "context": {"cluster": "ksquad-test", "user": "user", "namespace": namespace},
+            }
+        ],
+        "current-context": "ksquad-test",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def _client_cert_user(pair: KeyPair) -> dict[str, str]:
+    return {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
+
+
+@dataclass
+class ControlPlane:
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ksquad-k8s-")))
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    apiserver_port: int = 0
+    etcd_port: int = 0
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.root / "admin.kubeconfig"
+
+    def log_file(self, component: str) -> Path:
+        return self.root / f"{component}.log"
+
+    def start(self) -> None:
+        bins = testbins_dir()
+        t0 = time.monotonic()
+        self.pki = Pki(self.root / "pki")
+        serving = self.pki.issue("apiserver", "kube-apiserver", server=True)
+        admin = self.pki.issue("admin", "ksquad-test-admin", ("system:masters",))
+        kcm = self.pki.issue("controller-manager", "system:kube-controller-manager")
+        self.etcd_port, peer_port = free_port(), free_port()
+        self.apiserver_port = free_port()
+
+        etcd_url = f"http://127.0.0.1:{self.etcd_port}"
+        self._spawn(
+            "etcd",
+            [str(bins / "etcd"), "--data-dir", str(self.root / "etcd"), "--name", "default",
+             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+             "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
+             "--unsafe-no-fsync", "--quota-backend-bytes", str(4 << 30), "--log-level", "warn"],
+        )  # fmt: skip
+        self._spawn(
+            "kube-apiserver",
+            [str(bins / "kube-apiserver"), "--etcd-servers", etcd_url,
+             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+             "--secure-port", str(self.apiserver_port),
+             "--tls-cert-file", str(serving.cert), "--tls-private-key-file", str(serving.key),
+             "--client-ca-file", str(self.pki.ca),
+             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+             "--service-account-key-file", str(self.pki.service_account_pub),
+             "--service-account-signing-key-file", str(self.pki.service_account_key),
+             "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
+             "--authorization-mode", "RBAC", "--allow-privileged=true",
+             "--cert-dir", str(self.root / "apiserver-certs"), "--profiling=false", "-v=1"],
+        )  # fmt: skip
+        write_kubeconfig(self.admin_kubeconfig, self.server, self.pki.ca, _client_cert_user(admin))
+        self._wait_ready("kube-apiserver", f"{self.server}/readyz", admin, timeout=90)
+
+        kcm_kubeconfig = write_kubeconfig(
+            self.root / "controller-manager.kubeconfig", self.server, self.pki.ca, _client_cert_user(kcm)
+        )
+        self._spawn(
+            "kube-controller-manager",
+            [str(bins / "kube-controller-manager"), "--kubeconfig", str(kcm_kubeconfig),
+             "--authentication-kubeconfig", str(kcm_kubeconfig), "--authorization-kubeconfig", str(kcm_kubeconfig),
+             "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
+             "--service-account-private-key-file", str(self.pki.service_account_key),
+             "--root-ca-file", str(self.pki.ca), "--leader-elect=false",
+             "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+             "--concurrent-job-syncs", "10", "--concurrent-replicaset-syncs", "10",
+             "--concurrent-gc-syncs", "10", "--profiling=false", "-v=1"],
+        )  # fmt: skip
+        self._wait_for_default_service_account(timeout=60)
+        log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        out = self.log_file(name).open("ab")
+        self.processes[name] = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def _check_alive(self) -> None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None:
+                raise ControlPlaneError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+
+    def tail(self, component: str, chars: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_file(component).read_text(errors="replace")[-chars:]
+        return ""
+
+    def _wait_ready(self, name: str, url: str, client: KeyPair, timeout: float) -> None:
+        context = ssl.create_default_context(cafile=str(self.pki.ca))
+        context.load_cert_chain(str(client.cert), str(client.key))
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(url, context=context, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError) as err:
+                last = str(err)
+            time.sleep(0.2)
+        raise ControlPlaneError(f"{name} not ready after {timeout}s ({last}):\n{self.tail(name)}")
+
+    def _wait_for_default_service_account(self, timeout: float) -> None:
+        """The controller manager is working once it has made the default namespace's ServiceAccount."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            done = self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
+            if done.returncode == 0:
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"kube-controller-manager made no default ServiceAccount in {timeout}s:\n"
+            f"{self.tail('kube-controller-manager')}"
+        )
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, kubeconfig: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(find_binary("kubectl")), "--kubeconfig", str(kubeconfig or self.admin_kubeconfig), *args]
+        done = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        if check and done.returncode != 0:
+            raise ControlPlaneError(
+                f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}"
+            )
+        return done
+
+    def token_kubeconfig(self, name: str, token: str, namespace: str = "default") -> Path:
+        """A kubeconfig that authenticates with a bearer token (a service account's, say)."""
+        return write_kubeconfig(
+            self.root / f"{name}.kubeconfig", self.server, self.pki.ca, {"token": token}, namespace
+        )
+
+    def stop(self) -> None:
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            proc = self.processes.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+if __name__ == "__main__":  # `python -m tests.cluster.controlplane`: a control plane to poke at by hand
+    logging.basicConfig(level=logging.INFO)
+    plane = ControlPlane()
+    plane.start()
+    print(f"export KUBECONFIG={plane.admin_kubeconfig}", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        plane.stop()
+        sys.exit(0)
