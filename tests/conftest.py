@@ -12,6 +12,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from tests.cluster.controlplane import ControlPlane
 from tests.support.postgres import PostgresServer
 from tests.support.temporal import start_time_skipping
 from worker.devserver import DevServer
@@ -58,3 +59,25 @@ def postgres() -> Iterator[PostgresServer]:
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'ksquad.db'}"
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver, kube-controller-manager and the loopback kubelet, on loopback."""
+    plane = ControlPlane()
+    try:
+        plane.start()
+        plane.start_kubelet()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def namespace(cluster: ControlPlane) -> Iterator[str]:
+    """A namespace of the test's own, deleted afterwards (without waiting for it to go)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.wait_for_default_service_account(name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

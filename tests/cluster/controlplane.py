@@ -8,6 +8,7 @@ manager with its own certificate and then per-controller service-account credent
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.cluster.kubelet import NODE_NAME
 from tests.cluster.pki import KeyPair, Pki
 from worker.binaries import find_binary
 
@@ -163,6 +165,7 @@ class ControlPlane:
             "kube-controller-manager",
             [str(bins / "kube-controller-manager"), "--kubeconfig", str(kcm_kubeconfig),
              "--authentication-kubeconfig", str(kcm_kubeconfig), "--authorization-kubeconfig", str(kcm_kubeconfig),
+             "--authentication-skip-lookup",
              "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
              "--service-account-private-key-file", str(self.pki.service_account_key),
              "--root-ca-file", str(self.pki.ca), "--leader-elect=false",
@@ -170,13 +173,34 @@ class ControlPlane:
              "--concurrent-job-syncs", "10", "--concurrent-replicaset-syncs", "10",
              "--concurrent-gc-syncs", "10", "--profiling=false", "-v=1"],
         )  # fmt: skip
-        self._wait_for_default_service_account(timeout=60)
+        self.wait_for_default_service_account("default", timeout=60)
         log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
+    def start_kubelet(self, timeout: float = 30) -> None:
+        """Start the loopback kubelet (tests/cluster/kubelet.py) and wait for its Node to be Ready."""
+        self.kubelet_dir = self.root / "kubelet"
+        self._spawn(
+            "kubelet",
+            [sys.executable, "-m", "tests.cluster.kubelet", "--kubeconfig", str(self.admin_kubeconfig),
+             "--state-dir", str(self.kubelet_dir)],
+            cwd=Path(__file__).parents[2],
+        )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            done = self.kubectl("get", "node", NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                                check=False)  # fmt: skip
+            if done.stdout.strip() == "True":
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(
+            f"the loopback kubelet's node is not Ready after {timeout}s:\n{self.tail('kubelet')}"
+        )
+
+    def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
         out = self.log_file(name).open("ab")
         self.processes[name] = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
         )
 
     def _check_alive(self) -> None:
@@ -205,17 +229,17 @@ class ControlPlane:
             time.sleep(0.2)
         raise ControlPlaneError(f"{name} not ready after {timeout}s ({last}):\n{self.tail(name)}")
 
-    def _wait_for_default_service_account(self, timeout: float) -> None:
-        """The controller manager is working once it has made the default namespace's ServiceAccount."""
+    def wait_for_default_service_account(self, namespace: str, timeout: float = 30) -> None:
+        """The controller manager makes each namespace's `default` ServiceAccount, which pods need."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
-            done = self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
+            done = self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False)
             if done.returncode == 0:
                 return
             time.sleep(0.2)
         raise ControlPlaneError(
-            f"kube-controller-manager made no default ServiceAccount in {timeout}s:\n"
+            f"kube-controller-manager made no default ServiceAccount in {namespace} in {timeout}s:\n"
             f"{self.tail('kube-controller-manager')}"
         )
 
@@ -237,7 +261,7 @@ class ControlPlane:
         )
 
     def stop(self) -> None:
-        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kubelet", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.processes.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -247,12 +271,15 @@ class ControlPlane:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        if not os.environ.get("KSQUAD_KEEP_CLUSTER"):  # set it to keep logs and state for a post-mortem
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 if __name__ == "__main__":  # `python -m tests.cluster.controlplane`: a control plane to poke at by hand
     logging.basicConfig(level=logging.INFO)
     plane = ControlPlane()
     plane.start()
+    plane.start_kubelet()
     print(f"export KUBECONFIG={plane.admin_kubeconfig}", flush=True)
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -1,0 +1,187 @@
+"""The local control plane and the loopback kubelet run Jobs, ReplicaSets, garbage collection and RBAC for real."""
+
+import json
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import httpx
+import yaml
+
+from tests.cluster.controlplane import ControlPlane
+
+T = TypeVar("T")
+PY = sys.executable
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, interval: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def get(cluster: ControlPlane, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+
+
+def apply(cluster: ControlPlane, namespace: str, manifest: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def test_job_runs_a_local_program_to_complete_and_its_pod_is_garbage_collected(
+    cluster: ControlPlane, namespace: str
+) -> None:
+    cluster.kubectl(
+        "create", "secret", "generic", "agent-key", "-n", namespace, "--from-literal=token=s3cret"
+    )
+    cluster.kubectl("create", "configmap", "settings", "-n", namespace, "--from-literal=mode=fast")
+    # The program succeeds only when every env source resolved as Kubernetes defines it.
+    check = (
+        "import os, sys; e = os.environ;"
+        "ok = (e['TOKEN'] == 's3cret' and e['MODE'] == 'fast' and e['POD'] == e['HOSTNAME']"
+        " and e['POD_IP'].startswith('127.') and e['POD_IP'] != '127.0.0.1' and e['GREETING'] == 'hi fast');"
+        "print(dict(e)); sys.exit(0 if ok else 3)"
+    )
+    apply(cluster, namespace, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "hello"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "main", "image": "local", "command": [PY, "-c", check],
+                "env": [
+                    {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "agent-key", "key": "token"}}},
+                    {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "GREETING", "value": "hi $(MODE)"},
+                ],
+            }],
+        }}},
+    })  # fmt: skip
+
+    def complete() -> bool:
+        conditions = get(cluster, "job", "hello", "-n", namespace).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Complete" and c["status"] == "True" for c in conditions)
+
+    wait_for("the Job to be Complete", complete)
+    pods = get(cluster, "pods", "-n", namespace, "-l", "job-name=hello")["items"]
+    assert len(pods) == 1
+    assert pods[0]["status"]["phase"] == "Succeeded"
+    assert pods[0]["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+    cluster.kubectl("delete", "job", "hello", "-n", namespace, "--cascade=background", "--wait=false")
+    wait_for(
+        "the garbage collector to delete the Job's pod",
+        lambda: not get(cluster, "pods", "-n", namespace, "-l", "job-name=hello")["items"],
+    )
+
+
+def test_failing_program_fails_the_job_with_its_exit_code(cluster: ControlPlane, namespace: str) -> None:
+    apply(cluster, namespace, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "broken"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "local", "command": [PY, "-c", "raise SystemExit(7)"]}],
+        }}},
+    })  # fmt: skip
+
+    def failed() -> bool:
+        conditions = get(cluster, "job", "broken", "-n", namespace).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Failed" and c["status"] == "True" for c in conditions)
+
+    wait_for("the Job to fail", failed)
+    (pod,) = get(cluster, "pods", "-n", namespace, "-l", "job-name=broken")["items"]
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (pod["status"]["phase"], terminated["exitCode"], terminated["reason"]) == ("Failed", 7, "Error")
+
+
+def test_replicaset_replaces_a_pod_relabelled_out_of_its_selector(
+    cluster: ControlPlane, namespace: str
+) -> None:
+    # Each pod serves HTTP on its own loopback address; the readiness probe gates Ready.
+    server = "import http.server, os; http.server.HTTPServer((os.environ['POD_IP'], 8080), http.server.SimpleHTTPRequestHandler).serve_forever()"
+    apply(cluster, namespace, {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "pool"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"pool": "p1", "state": "warm"}},
+            "template": {
+                "metadata": {"labels": {"pool": "p1", "state": "warm"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [{
+                        "name": "agent", "image": "local", "command": [PY, "-c", server],
+                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
+                    }],
+                },
+            },
+        },
+    })  # fmt: skip
+
+    def ready_pods() -> list[dict[str, Any]]:
+        pods = get(cluster, "pods", "-n", namespace, "-l", "pool=p1,state=warm")["items"]
+        ready = [
+            p
+            for p in pods
+            if not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        ]
+        return ready if len(ready) == 2 else []
+
+    first = wait_for("2 ready pods", ready_pods)
+    ips = {p["status"]["podIP"] for p in first}
+    assert len(ips) == 2, "each pod gets its own address"
+    for ip in ips:  # the probe's target answers on the reported podIP
+        with urllib.request.urlopen(f"http://{ip}:8080/", timeout=5) as response:
+            assert response.status == 200
+
+    bound = first[0]["metadata"]["name"]
+    cluster.kubectl("label", "pod", bound, "-n", namespace, "state=bound", "--overwrite")
+    second = wait_for("a replacement pod", ready_pods)
+    names = {p["metadata"]["name"] for p in second}
+    assert bound not in names
+    assert first[1]["metadata"]["name"] in names
+    released = get(cluster, "pod", bound, "-n", namespace)
+    assert not released["metadata"].get("ownerReferences"), "the ReplicaSet releases the relabelled pod"
+
+    cluster.kubectl("delete", "pod", bound, "-n", namespace, "--wait=true", "--timeout=30s")
+    assert cluster.kubectl("get", "pod", bound, "-n", namespace, check=False).returncode != 0
+
+
+def test_rbac_denies_a_service_account_outside_its_role(cluster: ControlPlane, namespace: str) -> None:
+    cluster.kubectl("create", "serviceaccount", "narrow", "-n", namespace)
+    cluster.kubectl("create", "role", "pod-reader", "-n", namespace, "--verb=get,list", "--resource=pods")
+    cluster.kubectl(
+        "create", "rolebinding", "narrow-reads-pods", "-n", namespace,
+        "--role=pod-reader", f"--serviceaccount={namespace}:narrow",
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "narrow", "-n", namespace, "--duration=10m").stdout.strip()
+    as_narrow = cluster.token_kubeconfig(f"narrow-{namespace}", token, namespace)
+
+    def status_of(method: str, path: str) -> int:
+        response = httpx.request(
+            method, cluster.server + path, headers={"Authorization": f"Bearer {token}"},
+            verify=ssl.create_default_context(cafile=str(cluster.pki.ca)), json={} if method == "POST" else None,
+        )  # fmt: skip
+        return response.status_code
+
+    ns_path = f"/api/v1/namespaces/{namespace}"
+    assert status_of("GET", f"{ns_path}/pods") == 200
+    assert status_of("GET", f"{ns_path}/secrets") == 403
+    assert status_of("GET", "/api/v1/namespaces/default/pods") == 403
+    assert status_of("POST", f"{ns_path}/configmaps") == 403
+    assert status_of("GET", "/api/v1/nodes") == 403
+
+    # and kubectl, as the service account, names who was refused
+    denied = cluster.kubectl("get", "secrets", kubeconfig=as_narrow, check=False)
+    assert denied.returncode != 0
+    assert f'User "system:serviceaccount:{namespace}:narrow" cannot list resource "secrets"' in denied.stderr
