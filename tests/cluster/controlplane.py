@@ -53,7 +53,7 @@ class ControlPlaneError(RuntimeError):
     pass
 
 
-def testbins_dir() -> Path:
+def cached_binaries_dir() -> Path:
     """The cached binaries' directory, building what is missing (minutes the first time, instant after)."""
     override = os.environ.get("KSQUAD_TESTBINS")
     if override and all(
@@ -122,7 +122,7 @@ class ControlPlane:
         return self.root / f"{component}.log"
 
     def start(self) -> None:
-        bins = testbins_dir()
+        bins = cached_binaries_dir()
         t0 = time.monotonic()
         self.pki = Pki(self.root / "pki")
         serving = self.pki.issue("apiserver", "kube-apiserver", server=True)
@@ -277,6 +277,7 @@ class ControlPlane:
 
 if __name__ == "__main__":  # `python -m tests.cluster.controlplane`: a control plane to poke at by hand
     logging.basicConfig(level=logging.INFO)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # delivered to sigwait below
     plane = ControlPlane()
     plane.start()
     plane.start_kubelet()

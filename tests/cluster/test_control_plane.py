@@ -2,16 +2,20 @@
 
 import json
 import ssl
+import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pytest
 import yaml
 
-from tests.cluster.controlplane import ControlPlane
+from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
 
 T = TypeVar("T")
 PY = sys.executable
@@ -153,8 +157,13 @@ def test_replicaset_replaces_a_pod_relabelled_out_of_its_selector(
     released = get(cluster, "pod", bound, "-n", namespace)
     assert not released["metadata"].get("ownerReferences"), "the ReplicaSet releases the relabelled pod"
 
+    bound_ip = first[0]["status"]["podIP"]
     cluster.kubectl("delete", "pod", bound, "-n", namespace, "--wait=true", "--timeout=30s")
     assert cluster.kubectl("get", "pod", bound, "-n", namespace, check=False).returncode != 0
+    with pytest.raises(
+        urllib.error.URLError, match="Connection refused"
+    ):  # the kubelet stopped the deleted pod's process
+        urllib.request.urlopen(f"http://{bound_ip}:8080/", timeout=5)
 
 
 def test_rbac_denies_a_service_account_outside_its_role(cluster: ControlPlane, namespace: str) -> None:
@@ -185,3 +194,55 @@ def test_rbac_denies_a_service_account_outside_its_role(cluster: ControlPlane, n
     denied = cluster.kubectl("get", "secrets", kubeconfig=as_narrow, check=False)
     assert denied.returncode != 0
     assert f'User "system:serviceaccount:{namespace}:narrow" cannot list resource "secrets"' in denied.stderr
+
+
+def test_helm_from_the_cache_renders_a_chart(tmp_path: Path) -> None:
+    helm = str(cached_binaries_dir() / "helm")
+    version = subprocess.run([helm, "version", "--template", "{{.Version}}"], capture_output=True, text=True)
+    assert version.stdout.startswith("v3."), version.stderr
+    subprocess.run([helm, "create", str(tmp_path / "demo")], check=True, capture_output=True)
+    rendered = subprocess.run(
+        [helm, "template", "demo", str(tmp_path / "demo")], check=True, capture_output=True, text=True
+    )
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc}
+    assert {"Deployment", "Service", "ServiceAccount"} <= kinds
+
+
+def test_pods_that_cannot_start_say_why(cluster: ControlPlane, namespace: str) -> None:
+    def pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", **container}], **spec},
+        }  # fmt: skip
+
+    sleeper = {"image": "local", "command": [PY, "-c", "import time; time.sleep(60)"]}
+    apply(cluster, namespace, pod("missing-secret", {**sleeper, "env": [
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "token"}}}]}))  # fmt: skip
+    apply(cluster, namespace, pod("image-only", {"image": "registry.example/agent:1"}))
+    apply(cluster, namespace, pod("nowhere", sleeper, nodeSelector={"pool": "gpu"}))
+
+    def waiting(name: str) -> dict[str, Any] | None:
+        statuses = get(cluster, "pod", name, "-n", namespace).get("status", {}).get("containerStatuses") or []
+        state = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        return state if state.get("reason") not in (None, "ContainerCreating") else None
+
+    assert waiting_for(waiting, "missing-secret") == {
+        "reason": "CreateContainerConfigError", "message": 'secret "nope" not found'}  # fmt: skip
+    assert waiting_for(waiting, "image-only")["reason"] == "ErrImagePull"
+
+    def unschedulable() -> dict[str, Any] | None:
+        conditions = get(cluster, "pod", "nowhere", "-n", namespace).get("status", {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None)
+
+    assert wait_for("nowhere to be Unschedulable", unschedulable)["reason"] == "Unschedulable"
+
+    # A Secret created later is picked up, as a real kubelet retries: the pod then runs.
+    cluster.kubectl("create", "secret", "generic", "nope", "-n", namespace, "--from-literal=token=x")
+    wait_for(
+        "missing-secret to run once its Secret exists",
+        lambda: get(cluster, "pod", "missing-secret", "-n", namespace)["status"].get("phase") == "Running",
+    )
+
+
+def waiting_for(probe: Callable[[str], dict[str, Any] | None], name: str) -> dict[str, Any]:
+    return wait_for(f"{name} to report why it waits", lambda: probe(name), timeout=30)
