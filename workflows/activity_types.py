@@ -1,0 +1,195 @@
+"""The activities the Run workflow calls: their names, task queues, inputs, outputs and typed errors.
+
+The workflow calls activities by name, so this module is the whole contract between the deterministic core
+and the side effects in `activities/` and `crd_bridge/`: both sides import these types, neither imports the
+other.
+"""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from workflows.contract import ExecutionContract
+from workflows.model import KsquadModel
+from workflows.spec import RunSpec, SandboxPolicy
+from workflows.status import Artifact, SandboxStatus
+
+WORKER_TASK_QUEUE = "ksquad"
+BRIDGE_TASK_QUEUE = "ksquad-bridge"
+
+
+class Activity(StrEnum):
+    # on the bridge's task queue: they touch ksquad.io objects
+    RESOLVE_REFERENCES = "resolve_references"
+    MIRROR_STATUS = "mirror_status"
+    # on the worker's task queue
+    CLAIM_WORK_ITEM = "claim_work_item"
+    FENCE_WORK_ITEM = "fence_work_item"
+    RENEW_CLAIM = "renew_claim"
+    RELEASE_WORK_ITEM = "release_work_item"
+    ACQUIRE_SANDBOX = "acquire_sandbox"
+    RELEASE_SANDBOX = "release_sandbox"
+    INVOKE_AGENT = "invoke_agent"
+    PUBLISH_OUTPUTS = "publish_outputs"
+    SIGNAL_WITH_START = "signal_with_start"  # messages to the credential and concurrency-gate workflows
+    FIND_CLOSED_WORKFLOWS = "find_closed_workflows"  # a gate frees the slots of runs that were terminated
+
+
+class RunRef(KsquadModel):
+    namespace: str
+    name: str
+    uid: str
+    triggered_by: str | None = None
+
+
+# --- references -------------------------------------------------------------------------------------------
+
+
+class ResolveRequest(KsquadModel):
+    run: RunRef
+    spec: RunSpec
+
+
+# --- claims -----------------------------------------------------------------------------------------------
+
+
+class ClaimRequest(KsquadModel):
+    run: RunRef
+    work_item_ref: str
+    attempt: int
+    lease_seconds: int
+
+
+class Claim(KsquadModel):
+    work_item_ref: str
+    fence: int
+    lease_expires_at: datetime | None = None
+
+
+class ClaimUpdate(KsquadModel):
+    """Renew, fence or release a claim held with `fence`."""
+
+    run: RunRef
+    work_item_ref: str
+    fence: int
+    lease_seconds: int = 0
+
+
+# --- sandboxes --------------------------------------------------------------------------------------------
+
+
+class SandboxRequest(KsquadModel):
+    contract: ExecutionContract
+    policy: SandboxPolicy
+    timeout_seconds: int
+
+
+class Sandbox(KsquadModel):
+    name: str
+    kind: Literal["warm", "cold", "local", "external"]
+    endpoint: str  # the A2A base URL
+
+    @property
+    def status(self) -> SandboxStatus:
+        return SandboxStatus(name=self.name, kind=self.kind)
+
+
+class SandboxRelease(KsquadModel):
+    run: RunRef
+    sandbox: Sandbox
+    # the fence step of fence-then-release: wait until the sandbox is gone, fail closed when unsure
+    confirm: bool = False
+
+
+# --- agents -----------------------------------------------------------------------------------------------
+
+
+class ContinueTask(KsquadModel):
+    """A follow-up message to a task that paused for input or credentials."""
+
+    task_id: str
+    context_id: str
+    text: str = ""
+
+
+class AgentInvocation(KsquadModel):
+    contract: ExecutionContract
+    endpoint: str
+    message_id: str  # "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after
+    context_id: str
+    continue_task: ContinueTask | None = None
+    deliver_contract: bool = False  # warm sandboxes get the contract in the first message
+
+
+class AgentResult(KsquadModel):
+    task_id: str
+    outputs: dict[str, str] = Field(default_factory=dict)
+    artifacts: list[Artifact] = Field(default_factory=list)
+    summary: str = ""
+
+
+class AgentError(StrEnum):
+    """ApplicationError types that invoke_agent raises (non-retryable); details[0] is the model below."""
+
+    RATE_LIMITED = "RateLimited"
+    CREDENTIAL_EXPIRED = "CredentialExpired"
+    INPUT_REQUIRED = "InputRequired"
+    AGENT_FAILED = "AgentFailed"
+    INVALID_AGENT_RESPONSE = "InvalidAgentResponse"
+    SANDBOX_LOST = "SandboxLost"  # the agent stopped answering: its sandbox died
+
+
+class RateLimitDetails(KsquadModel):
+    retry_after: str | None = None  # raw Retry-After (delta-seconds or HTTP-date) or retry-after-ms
+    retry_after_ms: str | None = None
+    response_date: str | None = None  # the response's Date header, for HTTP-date arithmetic
+    observed_at: datetime | None = None
+    model: str | None = None
+    credential: str | None = None  # "<namespace>/<secret>"
+
+
+class TaskPause(KsquadModel):
+    """The agent's task waits (InputRequired, CredentialExpired): continue it with a follow-up message."""
+
+    task_id: str
+    context_id: str
+    message: str = ""
+
+
+class FailureDetails(KsquadModel):
+    message: str
+    task_id: str | None = None
+
+
+# --- outputs ----------------------------------------------------------------------------------------------
+
+
+class OutputsRequest(KsquadModel):
+    run: RunRef
+    attempt: int
+    fence: int
+    outputs: dict[str, str]
+    artifacts: list[Artifact] = Field(default_factory=list)
+
+
+class PublishedOutputs(KsquadModel):
+    outputs: dict[str, str]  # the small map for status.outputs
+    config_map: str | None = None
+
+
+# --- entity workflows -------------------------------------------------------------------------------------
+
+
+class EntitySignal(KsquadModel):
+    """Signal-with-start of an entity workflow (a credential's throttle, a concurrency gate)."""
+
+    workflow: Literal["CredentialThrottle", "ConcurrencyGate"]
+    workflow_id: str
+    signal: str
+    arg: dict[str, object]
+
+
+class WorkflowIds(KsquadModel):
+    ids: list[str]

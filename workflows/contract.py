@@ -1,0 +1,118 @@
+"""The ExecutionContract: everything a sandbox needs to run one attempt of a Run, and nothing secret.
+
+Secrets are referenced (Secret name and key), never copied: a cold sandbox gets them through `secretKeyRef`,
+a warm one reads them from its own mounted credential. The contract travels in `KSQUAD_EXECUTION_CONTRACT`
+(cold) or in the first A2A message (warm), so its shape is versioned.
+"""
+
+from typing import Literal
+
+from pydantic import Field
+
+from workflows.model import KsquadModel
+
+CONTRACT_API_VERSION: Literal["ksquad.io/contract-v1"] = "ksquad.io/contract-v1"
+
+
+class CredentialRef(KsquadModel):
+    secret_name: str
+    key: str = "apiKey"
+
+    def throttle_key(self, namespace: str) -> str:
+        """Throttling is per credential: `<namespace>/<secret>`."""
+        return f"{namespace}/{self.secret_name}"
+
+
+class ModelRef(KsquadModel):
+    name: str
+    url: str | None = None  # OpenAI-compatible base URL; None: the sandbox's default
+    provider: str | None = None
+    endpoint_ref: str | None = None
+    credential: CredentialRef | None = None
+
+    def throttle_key(self, namespace: str) -> str:
+        if self.credential is not None:
+            return self.credential.throttle_key(namespace)
+        # No credential: limits still apply per endpoint, so throttle per endpoint (or model) instead.
+        return f"{namespace}/-{self.url or self.name}"
+
+
+class MCPServerRef(KsquadModel):
+    name: str
+    url: str
+    transport: Literal["streamable-http", "sse", "stdio"] = "streamable-http"
+
+
+class ToolSpec(KsquadModel):
+    name: str  # the Tool object's name
+    tool_name: str  # the tool's name on its MCP server
+    description: str = ""
+    mcp_server: MCPServerRef | None = None
+
+
+class SkillRequirements(KsquadModel):
+    toolchains: list[str] = Field(default_factory=list)
+    sidecars: list[str] = Field(default_factory=list)
+
+
+class SkillSpec(KsquadModel):
+    name: str
+    description: str = ""
+    instructions: str = ""
+    tool_refs: list[str] = Field(default_factory=list)
+    requires: SkillRequirements = Field(default_factory=SkillRequirements)
+
+
+class ResolvedAgent(KsquadModel):
+    """An Agent with every reference resolved and the Run's overrides applied."""
+
+    name: str
+    model: ModelRef
+    fallback_model: ModelRef | None = None
+    system_prompt: str = ""
+    image: str | None = None
+    endpoint: str | None = None  # an already-running A2A agent: no sandbox is made
+    tools: list[ToolSpec] = Field(default_factory=list)
+    allowed_tools: list[str] = Field(default_factory=list)
+    skills: list[SkillSpec] = Field(default_factory=list)
+    credential: CredentialRef | None = None  # the agent's own credential, mounted in its sandbox
+
+    @property
+    def forces_cold(self) -> bool:
+        """A Skill with requirements needs init containers or sidecars, which a warm pod cannot gain."""
+        return any(s.requires.toolchains or s.requires.sidecars for s in self.skills)
+
+
+class RunIdentity(KsquadModel):
+    namespace: str
+    name: str
+    uid: str
+    attempt: int
+    fence: int
+    triggered_by: str | None = None
+    work_item_ref: str | None = None
+
+
+class ExecutionContract(KsquadModel):
+    api_version: Literal["ksquad.io/contract-v1"] = CONTRACT_API_VERSION
+    run: RunIdentity
+    inputs: dict[str, str] = Field(default_factory=dict)
+    agent: ResolvedAgent
+    model: ModelRef  # the model to use now (the agent's, the Run's override, or the fallback)
+
+
+class ConcurrencyScope(KsquadModel):
+    """A limit the Run counts against: the namespace, its Team or its Project."""
+
+    key: str  # e.g. "ns/payments", "team/payments/payments-squad"
+    limit: int = Field(ge=1)
+
+
+class Resolution(KsquadModel):
+    outcome: Literal["resolved", "missing", "invalid"]
+    # missing: the objects not found, each named ("Agent ksquad-system/dev-1"); the run waits for them
+    missing: list[str] = Field(default_factory=list)
+    # invalid: why the Run can never run as written (a tool outside allowedTools, say)
+    error: str | None = None
+    agents: list[ResolvedAgent] = Field(default_factory=list)  # eligible, in preference order
+    scopes: list[ConcurrencyScope] = Field(default_factory=list)

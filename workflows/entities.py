@@ -1,0 +1,274 @@
+"""Entity workflows shared by runs: one per credential (throttling) and one per concurrency scope (a gate).
+
+Runs talk to them by signal-with-start (the `signal_with_start` activity) and they answer by signalling the
+runs back. Neither polls: a throttle is a timestamp handed to every subscribed run, a slot is handed to the
+next waiting run when a holder releases it. Each finishes when idle and continues-as-new when its history
+grows.
+"""
+
+import asyncio
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from pydantic import Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+from workflows.activity_types import Activity, WorkflowIds
+from workflows.model import KsquadModel
+
+IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
+LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
+
+# Signals the entities send to runs (handled by RunWorkflow).
+CREDENTIAL_THROTTLED = "credential_throttled"
+SLOT_GRANTED = "slot_granted"
+SLOT_QUEUED = "slot_queued"
+
+
+def credential_workflow_id(key: str) -> str:
+    return f"credential/{key}"
+
+
+def gate_workflow_id(scope: str) -> str:
+    return f"gate/{scope}"
+
+
+async def signal_runs(run_ids: Iterable[str], signal: str, arg: KsquadModel) -> list[str]:
+    """Signal each run; return those that are gone (closed workflows cannot be signalled)."""
+    ids = list(run_ids)
+
+    async def one(run_id: str) -> str | None:
+        try:
+            await workflow.get_external_workflow_handle(run_id).signal(signal, arg)
+            return None
+        except ApplicationError:
+            return run_id
+
+    results = await asyncio.gather(*(one(run_id) for run_id in ids))
+    return [r for r in results if r is not None]
+
+
+# --- credentials ------------------------------------------------------------------------------------------
+
+
+class ThrottleNotice(KsquadModel):
+    """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row."""
+
+    key: str
+    until: datetime
+    strikes: int
+
+
+class CredentialSubscription(KsquadModel):
+    run_id: str
+
+
+class CredentialLimit(KsquadModel):
+    run_id: str
+    until: datetime
+
+
+class CredentialState(KsquadModel):
+    key: str
+    throttled_until: datetime | None = None
+    strikes: int = 0
+    subscribers: list[str] = Field(default_factory=list)
+
+
+@workflow.defn(name="CredentialThrottle")
+class CredentialThrottleWorkflow:
+    """The throttle of one credential (`<namespace>/<secret>`), shared by every run that uses it."""
+
+    @workflow.init
+    def __init__(self, state: CredentialState) -> None:
+        self.state = state
+        self._outbox: list[tuple[list[str], ThrottleNotice]] = []
+
+    def _notice(self) -> ThrottleNotice:
+        assert self.state.throttled_until is not None
+        return ThrottleNotice(
+            key=self.state.key, until=self.state.throttled_until, strikes=self.state.strikes
+        )
+
+    def _throttled(self) -> bool:
+        return self.state.throttled_until is not None and self.state.throttled_until > workflow.now()
+
+    @workflow.signal
+    def subscribe(self, sub: CredentialSubscription) -> None:
+        if sub.run_id not in self.state.subscribers:
+            self.state.subscribers.append(sub.run_id)
+        if self._throttled():  # a run joining during a limit learns of it at once
+            self._outbox.append(([sub.run_id], self._notice()))
+
+    @workflow.signal
+    def unsubscribe(self, sub: CredentialSubscription) -> None:
+        if sub.run_id in self.state.subscribers:
+            self.state.subscribers.remove(sub.run_id)
+
+    @workflow.signal
+    def limited(self, limit: CredentialLimit) -> None:
+        """A run hit a 429 on this credential: every other subscriber pauses until `until` too."""
+        if self.state.throttled_until is None or limit.until > self.state.throttled_until:
+            self.state.throttled_until = limit.until
+        self.state.strikes += 1
+        others = [r for r in self.state.subscribers if r != limit.run_id]
+        self._outbox.append((others, self._notice()))
+
+    @workflow.signal
+    def cleared(self, sub: CredentialSubscription) -> None:
+        """A call on this credential succeeded: the backoff starts over."""
+        if not self._throttled():
+            self.state.strikes = 0
+
+    @workflow.query
+    def state_query(self) -> CredentialState:
+        return self.state
+
+    @workflow.run
+    async def run(self, state: CredentialState) -> None:
+        while True:
+            idle = not self.state.subscribers and not self._throttled()
+            try:
+                await workflow.wait_condition(
+                    lambda: bool(self._outbox) or workflow.info().is_continue_as_new_suggested(),
+                    timeout=IDLE_SECONDS if idle else None,
+                    timeout_summary="idle: finish",
+                )
+            except TimeoutError:
+                if not self.state.subscribers and not self._throttled():
+                    return
+                continue
+            while self._outbox:
+                run_ids, notice = self._outbox.pop(0)
+                for gone in await signal_runs(run_ids, CREDENTIAL_THROTTLED, notice):
+                    if gone in self.state.subscribers:
+                        self.state.subscribers.remove(gone)
+            if workflow.info().is_continue_as_new_suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self.state)
+
+
+# --- concurrency gates ------------------------------------------------------------------------------------
+
+
+class SlotRequest(KsquadModel):
+    run_id: str
+    limit: int = Field(ge=1)
+
+
+class SlotRelease(KsquadModel):
+    run_id: str
+
+
+class SlotNotice(KsquadModel):
+    """To runs: a slot of `scope` is theirs (granted), or they wait at `position` (queued)."""
+
+    scope: str
+    position: int = 0
+
+
+class GateState(KsquadModel):
+    scope: str
+    limit: int = 1
+    holders: list[str] = Field(default_factory=list)
+    waiting: list[str] = Field(default_factory=list)  # first in, first out
+
+
+@workflow.defn(name="ConcurrencyGate")
+class ConcurrencyGateWorkflow:
+    """At most `limit` runs of one scope (a namespace, Team or Project) past Queued at a time."""
+
+    @workflow.init
+    def __init__(self, state: GateState) -> None:
+        self.state = state
+        self._granted: list[str] = []
+        self._queued: list[str] = []
+
+    @workflow.signal
+    def acquire(self, request: SlotRequest) -> None:
+        self.state.limit = request.limit
+        if request.run_id in self.state.holders:
+            self._granted.append(
+                request.run_id
+            )  # a repeated request (a retried activity) gets the same answer
+        elif request.run_id not in self.state.waiting:
+            self.state.waiting.append(request.run_id)
+            self._admit()
+            if request.run_id in self.state.waiting:
+                self._queued.append(request.run_id)
+        else:
+            self._queued.append(request.run_id)
+
+    @workflow.signal
+    def release(self, release: SlotRelease) -> None:
+        for queue in (self.state.holders, self.state.waiting):
+            if release.run_id in queue:
+                queue.remove(release.run_id)
+        self._admit()
+
+    def _admit(self) -> None:
+        while self.state.waiting and len(self.state.holders) < self.state.limit:
+            run_id = self.state.waiting.pop(0)
+            self.state.holders.append(run_id)
+            self._granted.append(run_id)
+
+    @workflow.query
+    def state_query(self) -> GateState:
+        return self.state
+
+    @workflow.run
+    async def run(self, state: GateState) -> None:
+        while True:
+            busy = bool(self.state.holders or self.state.waiting)
+            # With runs waiting on a full gate, look now and then for holders that can no longer release
+            # (a terminated workflow runs no cleanup); otherwise sleep until something happens.
+            timeout = LIVENESS_CHECK_SECONDS if self.state.waiting else (None if busy else IDLE_SECONDS)
+            try:
+                await workflow.wait_condition(
+                    lambda: (
+                        bool(self._granted or self._queued) or workflow.info().is_continue_as_new_suggested()
+                    ),
+                    timeout=timeout,
+                    timeout_summary="check holders" if self.state.waiting else "idle: finish",
+                )
+            except TimeoutError:
+                if not (self.state.holders or self.state.waiting):
+                    return
+                await self._free_slots_of_closed_runs()
+            await self._notify()
+            if workflow.info().is_continue_as_new_suggested():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                await self._notify()
+                workflow.continue_as_new(self.state)
+
+    async def _notify(self) -> None:
+        while self._granted or self._queued:
+            granted, self._granted = self._granted, []
+            queued, self._queued = self._queued, []
+            gone = await signal_runs(granted, SLOT_GRANTED, SlotNotice(scope=self.state.scope))
+            for run_id in queued:
+                if run_id in self.state.waiting:
+                    position = self.state.waiting.index(run_id) + 1
+                    gone += await signal_runs(
+                        [run_id], SLOT_QUEUED, SlotNotice(scope=self.state.scope, position=position)
+                    )
+            for run_id in gone:
+                self.release(SlotRelease(run_id=run_id))
+
+    async def _free_slots_of_closed_runs(self) -> None:
+        try:
+            closed: list[str] = await workflow.execute_activity(
+                Activity.FIND_CLOSED_WORKFLOWS,
+                WorkflowIds(ids=list(self.state.holders)),
+                result_type=list[str],
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5),
+                summary=f"look for closed holders among {len(self.state.holders)}",
+            )
+        except ActivityError as err:  # try again at the next check; the gate itself must not fail
+            workflow.logger.warning("gate %s: holder check failed: %s", self.state.scope, err)
+            return
+        for run_id in closed:
+            self.release(SlotRelease(run_id=run_id))

@@ -1,0 +1,141 @@
+"""The Run resource's spec (group ksquad.io, version v1alpha1) and the workflow's input.
+
+The same model validates `kubectl apply` (the CRD schema is generated from it), `ksquad run -f` and the
+workflow's input, so an invalid Run is rejected with the same message, naming the field, wherever it enters.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+
+from workflows.carry import RunCarry
+from workflows.model import InvalidObject, KsquadModel, field_problems
+
+API_VERSION = "ksquad.io/v1alpha1"
+
+# A Kubernetes object name (DNS-1123 subdomain).
+K8sName = Annotated[
+    str,
+    StringConstraints(
+        max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ),
+]
+# Inputs travel in the workflow's history and the sandbox's environment: keep them well under Temporal's
+# 2 MB payload limit, and say so clearly instead of failing deep inside Temporal.
+MAX_INPUTS_BYTES = 256 * 1024
+
+
+class SandboxPolicy(KsquadModel):
+    runtime_class: Literal["gvisor", "kata", "runc"] = "gvisor"
+    # interactive runs may take a warm pod from a pool (claim latency, not boot time); batch runs go cold.
+    class_: Literal["interactive", "batch"] = Field(default="interactive", alias="class")
+    pool: K8sName | None = None
+
+
+class RetryPolicy(KsquadModel):
+    max_retries: int = Field(default=2, ge=0, le=20)
+    backoff_seconds: int = Field(default=10, ge=1, le=3600)
+    max_backoff_seconds: int = Field(default=300, ge=1, le=86400)
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> "RetryPolicy":
+        if self.max_backoff_seconds < self.backoff_seconds:
+            raise ValueError(
+                f"maxBackoffSeconds ({self.max_backoff_seconds}) must not be below backoffSeconds "
+                f"({self.backoff_seconds})"
+            )
+        return self
+
+
+class Timeouts(KsquadModel):
+    """Every phase has a bound: nothing stays Pending, Queued, Claiming, Running or Paused forever."""
+
+    claim_seconds: int = Field(default=300, ge=1, le=7 * 86400)  # Pending (references) and each Claiming
+    run_seconds: int = Field(default=3600, ge=1, le=7 * 86400)  # each attempt's Running
+    paused_seconds: int = Field(
+        default=86400, ge=1, le=30 * 86400
+    )  # each CredentialExpired/Input/Manual pause
+    queued_seconds: int = Field(default=86400, ge=1, le=30 * 86400)  # waiting for a concurrency slot
+
+
+class RunSpec(KsquadModel):
+    team_ref: K8sName | None = None
+    project_ref: K8sName | None = None
+    # Eligible agents in preference order: the first is primary, the rest are re-route candidates.
+    # Empty means the Team's agents.
+    agents: list[K8sName] = Field(default_factory=list, max_length=32)
+    work_item_ref: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
+    inputs: dict[str, str] = Field(default_factory=dict)
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    model_endpoint_ref: K8sName | None = None
+    sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
+    retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_fit(cls, inputs: dict[str, str]) -> dict[str, str]:
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in inputs.items())
+        if size > MAX_INPUTS_BYTES:
+            raise ValueError(f"inputs are {size} bytes in total, more than the {MAX_INPUTS_BYTES} allowed")
+        return inputs
+
+    @model_validator(mode="after")
+    def _someone_to_run(self) -> "RunSpec":
+        if not self.agents and not self.team_ref:
+            raise ValueError("name at least one agent in `agents`, or a `teamRef` whose agents run it")
+        return self
+
+
+def parse_run_spec(data: Any, where: str = "spec") -> RunSpec:
+    """Validate a Run's spec; raises InvalidObject whose problems name each bad field (`spec.timeouts...`)."""
+    try:
+        return RunSpec.model_validate(data if data is not None else {})
+    except ValidationError as err:
+        raise InvalidObject("Run", field_problems(err, where)) from None
+
+
+class ObjectMeta(KsquadModel):
+    model_config = KsquadModel.model_config | ConfigDict(
+        extra="allow"
+    )  # labels, annotations, uid... pass through
+    name: K8sName
+    namespace: K8sName = "default"
+
+
+class RunManifest(KsquadModel):
+    """A whole Run manifest, as `kubectl apply -f` and `ksquad run -f` take it."""
+
+    model_config = KsquadModel.model_config | ConfigDict(extra="allow")  # status and the like are ignored
+    api_version: Literal["ksquad.io/v1alpha1"]
+    kind: Literal["Run"]
+    metadata: ObjectMeta
+    spec: RunSpec
+
+
+def parse_run_manifest(data: Any) -> RunManifest:
+    try:
+        return RunManifest.model_validate(data)
+    except ValidationError as err:
+        raise InvalidObject("Run", field_problems(err)) from None
+
+
+class RunInput(KsquadModel):
+    """What the bridge starts a Run's workflow with."""
+
+    namespace: K8sName
+    name: K8sName
+    uid: str
+    generation: int = 1
+    triggered_by: str | None = None  # the user who created the Run, stamped at admission
+    spec: RunSpec
+    carry: RunCarry | None = None  # set only by the workflow itself when it continues as new
+
+    @property
+    def workflow_id(self) -> str:
+        return run_workflow_id(self.namespace, self.name)
+
+
+def run_workflow_id(namespace: str, name: str) -> str:
+    """Readable in the Temporal UI and CLI: `temporal workflow cancel -w <namespace>/<name>`."""
+    return f"{namespace}/{name}"
