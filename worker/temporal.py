@@ -1,6 +1,7 @@
 """Connecting to Temporal the way every ksquad process must: the pydantic data converter, the search
 attributes registered."""
 
+from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -31,7 +32,7 @@ async def register_search_attributes(client: Client) -> list[str]:
         if err.status != RPCStatusCode.UNIMPLEMENTED:  # the time-skipping test server only adds
             raise
         known = set()
-    missing = {k.name: k.indexed_value_type for k in sa.ALL if k.name not in known}
+    missing = {k.name: IndexedValueType.ValueType(k.indexed_value_type) for k in sa.ALL if k.name not in known}
     if missing:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
