@@ -1,10 +1,12 @@
-"""RunWorkflow's lifecycle on the time-skipping test server, one test per edge of DESIGN.md."""
+"""RunWorkflow's lifecycle on the time-skipping test server: success, retries, failures, timeouts, references."""
 
+import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from tests.workflows.world import World, ok, run_input, start_run
+from tests.workflows.world import World, block, failed, hang, ok, run_input, start_run
 from workflows.activity_types import Activity
-from workflows.status import Phase
+from workflows.status import ConditionType, Phase
 
 
 async def test_happy_path_claims_runs_publishes_and_releases(client: Client, world: World) -> None:
@@ -15,18 +17,158 @@ async def test_happy_path_claims_runs_publishes_and_releases(client: Client, wor
     assert status.outputs == {"summary": "stabilized"}
     assert status.attempt == 1
     assert status.retries == 0
+    assert status.triggered_by == "alice@example.com"
     assert world.order("fix-flaky-tests") == [
-        "resolve_references",
-        "claim_work_item",
-        "acquire_sandbox",
-        "invoke_agent",
-        "publish_outputs",
-        "release_sandbox",
-        "release_work_item",
-    ]
+        "resolve_references", "claim_work_item", "acquire_sandbox", "invoke_agent", "publish_outputs",
+        "release_sandbox", "release_work_item",
+    ]  # fmt: skip
     assert not world.claims
     assert not world.sandboxes
     (call,) = world.calls_of(Activity.INVOKE_AGENT)
     assert call.detail["message_id"] == "uid-fix-flaky-tests-a1"
-    phases = [s.phase for s in world.mirrored["fix-flaky-tests"]]
-    assert phases[-1] == Phase.SUCCEEDED
+    mirrored = world.mirrored["fix-flaky-tests"]
+    assert mirrored[-1].phase == Phase.SUCCEEDED
+    assert [s.revision for s in mirrored] == sorted({s.revision for s in mirrored}), "revisions only go up"
+    assert mirrored[-1].revision == status.revision
+    assert {"Pending", "Claiming", "Running", "Succeeded"} <= set(world.phases("fix-flaky-tests"))
+
+
+async def test_agent_failure_retries_after_backoff_then_succeeds(client: Client, world: World) -> None:
+    world.scripts["r"] = [failed("tests still flaky"), ok()]
+    status = await (await start_run(client, run_input("r", work_item_ref="wi-1"))).result()
+    assert (status.phase, status.attempt, status.retries) == (Phase.SUCCEEDED, 2, 1)
+    invokes = world.calls_of(Activity.INVOKE_AGENT, "r")
+    assert [c.detail["message_id"] for c in invokes] == ["uid-r-a1", "uid-r-a2"]
+    failure, retry_claim = invokes[0], world.calls_of(Activity.CLAIM_WORK_ITEM, "r")[1]
+    backoff = (retry_claim.at - failure.at).total_seconds()
+    assert 5.0 <= backoff <= 11.0, f"first retry waits d/2..d of d=10s (plus activity time), waited {backoff}"
+    backoff_status = next(s for s in world.mirrored["r"] if s.reason == "RetryBackoff")
+    assert backoff_status.phase == Phase.PENDING
+    assert "tests still flaky" in (backoff_status.message or "")
+    assert backoff_status.resume_at is not None
+
+
+async def test_max_retries_exhausted_fails_the_run_after_two_retries_by_default(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [failed("boom 1"), failed("boom 2"), failed("boom 3"), ok()]
+    status = await (await start_run(client, run_input("r"))).result()
+    assert status.phase == Phase.FAILED
+    assert status.reason == "AgentFailed"
+    assert "boom 3" in (status.message or "")
+    assert "after 2 retries" in (status.message or "")
+    assert len(world.calls_of(Activity.INVOKE_AGENT, "r")) == 3
+    assert not world.sandboxes
+    complete = status.condition(ConditionType.COMPLETE)
+    assert complete is not None
+    assert (complete.status, complete.reason) == ("True", "Failed")
+
+
+async def test_zero_retries_fails_at_the_first_failure(client: Client, world: World) -> None:
+    world.scripts["r"] = [failed("no"), ok()]
+    status = await (await start_run(client, run_input("r", retryPolicy={"maxRetries": 0}))).result()
+    assert (status.phase, status.attempt) == (Phase.FAILED, 1)
+
+
+async def test_sandbox_death_fences_before_releasing_then_retries(client: Client, world: World) -> None:
+    world.scripts["r"] = [failed("connection refused", kind="lost"), ok()]
+    status = await (await start_run(client, run_input("r", work_item_ref="wi-9"))).result()
+    assert status.phase == Phase.SUCCEEDED
+    order = world.order("r")
+    first_invoke = order.index("invoke_agent")
+    teardown = order[first_invoke + 1 : first_invoke + 4]
+    assert teardown == ["fence_work_item", "release_sandbox", "release_work_item"], order
+    (fence,) = world.calls_of(Activity.FENCE_WORK_ITEM, "r")
+    first_claim, retry_claim = world.calls_of(Activity.CLAIM_WORK_ITEM, "r")
+    assert first_claim.detail["fence"] < fence.detail["fence"] < retry_claim.detail["fence"]
+    release = world.calls_of(Activity.RELEASE_SANDBOX, "r")[0]
+    assert release.detail["confirm"] is True, "a dead holder's sandbox is confirmed gone before the retry"
+    second_invoke = world.calls_of(Activity.INVOKE_AGENT, "r")[1]
+    assert second_invoke.detail["fence"] == retry_claim.detail["fence"]
+
+
+async def test_sandbox_that_cannot_start_is_a_failed_attempt(client: Client, world: World) -> None:
+    world.sandbox_fails["r"] = 1
+    status = await (await start_run(client, run_input("r"))).result()
+    assert (status.phase, status.attempt, status.retries) == (Phase.SUCCEEDED, 2, 1)
+    backoff = next(s for s in world.mirrored["r"] if s.reason == "RetryBackoff")
+    assert "ImagePullBackOff" in (backoff.message or "")
+
+
+async def test_claim_timeout_fails_the_run_naming_the_holder(client: Client, world: World) -> None:
+    world.claims["wi-held"] = ("someone-else", 7)
+    world.fences["wi-held"] = 7
+    status = await (
+        await start_run(client, run_input("r", work_item_ref="wi-held", timeouts={"claimSeconds": 30}))
+    ).result()
+    assert status.phase == Phase.FAILED
+    assert status.reason == "ClaimTimeout"
+    assert "within timeouts.claimSeconds (30s)" in (status.message or "")
+    assert world.claims["wi-held"] == ("someone-else", 7), "the other holder keeps its claim"
+    assert not world.calls_of(Activity.INVOKE_AGENT)
+
+
+async def test_run_timeout_stops_a_hung_agent_and_retries_then_fails(client: Client, world: World) -> None:
+    world.scripts["r"] = [hang(), hang()]
+    spec = {"timeouts": {"runSeconds": 2}, "retryPolicy": {"maxRetries": 1, "backoffSeconds": 1}}
+    handle = await start_run(client, run_input("r", **spec))
+    status = await handle.result()
+    assert status.phase == Phase.FAILED
+    assert status.reason == "RunTimeout"
+    assert "timeouts.runSeconds (2s)" in (status.message or "")
+    cancel_requests = [
+        e async for e in handle.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+    ]  # fmt: skip
+    assert len(cancel_requests) == 2, "each hung invocation was cancelled"
+    assert len(world.calls_of(Activity.RELEASE_SANDBOX, "r")) == 2
+    assert not world.sandboxes
+
+
+async def test_missing_references_are_named_waited_for_and_picked_up(client: Client, world: World) -> None:
+    world.missing["r"] = ["Agent ksquad-system/dev-1", "ModelEndpoint ksquad-system/gpt"]
+    handle = await start_run(client, run_input("r"))
+    pending = await world.until_phase("r", "Pending")
+    await world.until("the missing objects to be named", lambda: "ModelEndpoint" in str(world.last("r")))
+    pending = world.last("r")  # type: ignore[assignment]
+    condition = pending.condition(ConditionType.REFERENCES_RESOLVED)
+    assert condition is not None
+    assert condition.status == "False"
+    assert "Agent ksquad-system/dev-1" in condition.message
+    assert "ModelEndpoint ksquad-system/gpt" in condition.message
+    del world.missing["r"]  # the objects are created
+    await handle.signal("references_updated")
+    status = await handle.result()
+    assert status.phase == Phase.SUCCEEDED
+    assert status.condition(ConditionType.REFERENCES_RESOLVED).status == "True"  # type: ignore[union-attr]
+
+
+async def test_references_still_missing_after_claim_seconds_fail_the_run(
+    client: Client, world: World
+) -> None:
+    world.missing["r"] = ["Agent ksquad-system/ghost"]
+    status = await (await start_run(client, run_input("r", timeouts={"claimSeconds": 45}))).result()
+    assert (status.phase, status.reason) == (Phase.FAILED, "ReferencesNotFound")
+    assert status.message == "Agent ksquad-system/ghost not found within timeouts.claimSeconds (45s)"
+    assert len(world.calls_of(Activity.RESOLVE_REFERENCES, "r")) >= 3, "it kept looking meanwhile"
+
+
+async def test_invalid_references_fail_at_once(client: Client, world: World) -> None:
+    world.invalid["r"] = "Agent dev-1 uses tool shell, which is not in its allowedTools"
+    status = await (await start_run(client, run_input("r"))).result()
+    assert (status.phase, status.reason) == (Phase.FAILED, "InvalidReferences")
+    assert "allowedTools" in (status.message or "")
+    assert len(world.calls_of(Activity.RESOLVE_REFERENCES, "r")) == 1
+
+
+@pytest.mark.parametrize("by", ["signal", "query"])
+async def test_state_query_shows_the_running_phase(client: Client, world: World, by: str) -> None:
+    world.scripts["r"] = [block()]
+    handle = await start_run(client, run_input("r"))
+    await world.wait_entered(Activity.INVOKE_AGENT, "r")
+    state = await handle.query("state")
+    assert state["phase"] == "Running"
+    assert state["agent"] == "dev-1"
+    assert state["sandbox"] == {"name": "r-exec-1", "kind": "cold"}
+    world.release("r")
+    assert (await handle.result()).phase == Phase.SUCCEEDED

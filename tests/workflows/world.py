@@ -8,10 +8,11 @@ the credential and gate workflows) are the real ones: they talk to the real Temp
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 from temporalio import activity
@@ -53,9 +54,10 @@ from workflows.status import RunStatus, StatusSnapshot
 class Outcome:
     """What the scripted agent does with one invocation."""
 
-    kind: str  # ok | rate_limited | input_required | credential_expired | failed | invalid | lost | hang
+    kind: str  # ok | block | hang | rate_limited | input_required | credential_expired | failed | invalid | lost
     outputs: dict[str, str] = field(default_factory=dict)
     retry_after: str | None = None
+    retry_after_date: float | None = None  # Retry-After as an HTTP-date this many seconds after the response
     retry_after_ms: str | None = None
     response_date: str | None = None
     message: str = ""
@@ -69,8 +71,18 @@ def rate_limited(retry_after: str | None = None, **kw: Any) -> Outcome:
     return Outcome("rate_limited", retry_after=retry_after, **kw)
 
 
+def failed(message: str = "the tests still fail", kind: str = "failed") -> Outcome:
+    return Outcome(kind, message=message)
+
+
 def hang() -> Outcome:
+    """Heartbeats until cancelled."""
     return Outcome("hang")
+
+
+def block() -> Outcome:
+    """Heartbeats until the test calls `world.release(run)`, then succeeds."""
+    return Outcome("block")
 
 
 @dataclass
@@ -120,13 +132,47 @@ class World:
         self.sandboxes: set[str] = set()
         self.mirrored: dict[str, list[RunStatus]] = {}
         self.sandbox_fails: dict[str, int] = {}  # run name -> how many acquisitions fail
-        self.in_flight: dict[str, asyncio.Event] = {}  # run name -> set while an invocation runs
+        self.cancelled: list[str] = []  # agent tasks cancelled mid-flight
+        self.entered: dict[tuple[str, str], asyncio.Event] = {}  # (activity, run) -> set once it started
+        self.released: dict[str, asyncio.Event] = {}  # run name -> set by the test to end a `block`
+        self.blocked_claims: set[str] = set()  # runs whose claims hang until cancelled
 
-    def now(self) -> datetime:
-        return activity.info().current_attempt_scheduled_time or datetime.now(UTC)
+    def _entered(self, name: Activity, run: str) -> asyncio.Event:
+        return self.entered.setdefault((name.value, run), asyncio.Event())
+
+    async def wait_entered(self, name: Activity, run: str, within: float = 20) -> None:
+        await asyncio.wait_for(self._entered(name, run).wait(), within)
+
+    def release(self, run: str) -> None:
+        self.released.setdefault(run, asyncio.Event()).set()
+
+    async def until(self, what: str, predicate: Callable[[], bool], within: float = 20) -> None:
+        """Wait (real time: the test server does not skip time meanwhile) until `predicate` holds."""
+        deadline = asyncio.get_running_loop().time() + within
+        while not predicate():
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.02)
+
+    def last(self, run: str) -> RunStatus | None:
+        statuses = self.mirrored.get(run)
+        return statuses[-1] if statuses else None
+
+    def phases(self, run: str) -> list[str]:
+        return [s.phase.value for s in self.mirrored.get(run, [])]
+
+    async def until_phase(self, run: str, phase: str, within: float = 20) -> RunStatus:
+        await self.until(
+            f"{run} to be {phase}", lambda: (s := self.last(run)) is not None and s.phase == phase, within
+        )
+        status = self.last(run)
+        assert status is not None
+        return status
 
     def record(self, name: Activity, run: str, **detail: Any) -> None:
-        self.calls.append(Call(name.value, run, detail, datetime.now(UTC)))
+        """Record a call at the server's clock (which the time-skipping server moves), and mark it entered."""
+        self.calls.append(Call(name.value, run, detail, server_now()))
+        self._entered(name, run).set()
 
     def calls_of(self, name: Activity, run: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.activity == name.value and (run is None or c.run == run)]
@@ -157,6 +203,9 @@ class World:
 
     @activity.defn(name=Activity.CLAIM_WORK_ITEM)
     async def claim_work_item(self, req: ClaimRequest) -> Claim:
+        if req.run.name in self.blocked_claims:
+            self.record(Activity.CLAIM_WORK_ITEM, req.run.name, blocked=True)
+            await heartbeat_until_cancelled()
         holder = self.claims.get(req.work_item_ref)
         if holder is not None and holder[0] != req.run.name:
             raise ApplicationError(f"{req.work_item_ref} is held by {holder[0]}", type="WorkItemHeld")
@@ -229,24 +278,29 @@ class World:
                     agent=inv.contract.agent.name, outcome=outcome.kind, fence=inv.contract.run.fence,
                     follow_up=inv.continue_task.model_dump() if inv.continue_task else None)  # fmt: skip
         task_id = f"task-{inv.message_id}"
-        if outcome.kind == "ok":
-            return AgentResult(task_id=task_id, outputs=outcome.outputs, summary="fixed")
-        if outcome.kind == "hang":
-            event = self.in_flight.setdefault(run, asyncio.Event())
-            event.set()
+        if outcome.kind in ("hang", "block"):
             try:
-                while True:
+                if outcome.kind == "hang":
+                    await heartbeat_until_cancelled()
+                released = self.released.setdefault(run, asyncio.Event())
+                while not released.is_set():
                     activity.heartbeat(task_id)
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.02)
             except asyncio.CancelledError:
-                self.record(Activity.INVOKE_AGENT, run, cancelled=task_id)
+                self.cancelled.append(task_id)
                 raise
-            finally:
-                event.clear()
+            released.clear()
+        if outcome.kind in ("ok", "block"):
+            return AgentResult(task_id=task_id, outputs=outcome.outputs, summary="fixed")
         if outcome.kind == "rate_limited":
+            now = server_now()
+            retry_after, response_date = outcome.retry_after, outcome.response_date
+            if outcome.retry_after_date is not None:
+                retry_after = format_datetime(now + timedelta(seconds=outcome.retry_after_date), usegmt=True)
+                response_date = format_datetime(now, usegmt=True)
             details = RateLimitDetails(
-                retry_after=outcome.retry_after, retry_after_ms=outcome.retry_after_ms,
-                response_date=outcome.response_date, observed_at=activity.info().started_time, model=inv.contract.model.name,
+                retry_after=retry_after, retry_after_ms=outcome.retry_after_ms,
+                response_date=response_date, observed_at=now, model=inv.contract.model.name,
                 credential=inv.contract.model.credential.secret_name if inv.contract.model.credential else None,
             )  # fmt: skip
             raise ApplicationError(
@@ -273,6 +327,17 @@ class World:
 
     def bridge_activities(self) -> list[Any]:
         return [self.resolve_references, self.mirror_status]
+
+
+def server_now() -> datetime:
+    """The Temporal server's clock as the running activity sees it (skipped time included)."""
+    return activity.info().current_attempt_scheduled_time or datetime.now(UTC)
+
+
+async def heartbeat_until_cancelled() -> None:
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(0.02)
 
 
 def run_input(name: str, namespace: str = "ksquad-system", uid: str | None = None, **spec: Any) -> RunInput:
