@@ -110,8 +110,9 @@ async def test_claim_timeout_fails_the_run_naming_the_holder(client: Client, wor
 
 async def test_run_timeout_stops_a_hung_agent_and_retries_then_fails(client: Client, world: World) -> None:
     world.scripts["r"] = [hang(), hang()]
-    spec = {"timeouts": {"runSeconds": 2}, "retryPolicy": {"maxRetries": 1, "backoffSeconds": 1}}
-    handle = await start_run(client, run_input("r", **spec))
+    handle = await start_run(
+        client, run_input("r", timeouts={"runSeconds": 2}, retryPolicy={"maxRetries": 1, "backoffSeconds": 1})
+    )
     status = await handle.result()
     assert status.phase == Phase.FAILED
     assert status.reason == "RunTimeout"
@@ -128,9 +129,10 @@ async def test_run_timeout_stops_a_hung_agent_and_retries_then_fails(client: Cli
 async def test_missing_references_are_named_waited_for_and_picked_up(client: Client, world: World) -> None:
     world.missing["r"] = ["Agent ksquad-system/dev-1", "ModelEndpoint ksquad-system/gpt"]
     handle = await start_run(client, run_input("r"))
-    pending = await world.until_phase("r", "Pending")
     await world.until("the missing objects to be named", lambda: "ModelEndpoint" in str(world.last("r")))
-    pending = world.last("r")  # type: ignore[assignment]
+    pending = world.last("r")
+    assert pending is not None
+    assert pending.phase == Phase.PENDING
     condition = pending.condition(ConditionType.REFERENCES_RESOLVED)
     assert condition is not None
     assert condition.status == "False"
