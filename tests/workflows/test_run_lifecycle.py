@@ -142,7 +142,7 @@ async def test_missing_references_are_named_waited_for_and_picked_up(client: Cli
     await handle.signal("references_updated")
     status = await handle.result()
     assert status.phase == Phase.SUCCEEDED
-    assert status.condition(ConditionType.REFERENCES_RESOLVED).status == "True"  # type: ignore[union-attr]
+    assert status.condition(ConditionType.REFERENCES_RESOLVED).status == "True"
 
 
 async def test_references_still_missing_after_claim_seconds_fail_the_run(
