@@ -32,7 +32,9 @@ async def register_search_attributes(client: Client) -> list[str]:
         if err.status != RPCStatusCode.UNIMPLEMENTED:  # the time-skipping test server only adds
             raise
         known = set()
-    missing = {k.name: IndexedValueType.ValueType(k.indexed_value_type) for k in sa.ALL if k.name not in known}
+    missing = {
+        k.name: IndexedValueType.ValueType(k.indexed_value_type) for k in sa.ALL if k.name not in known
+    }
     if missing:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)

@@ -88,9 +88,11 @@ from workflows.policies import (
 )
 from workflows.spec import RunInput
 from workflows.status import (
+    MAX_EVENTS_PER_SNAPSHOT,
     ConditionType,
     PauseReason,
     Phase,
+    PhaseEvent,
     RunStatus,
     StatusSnapshot,
     WorkflowRef,
@@ -192,6 +194,7 @@ class RunWorkflow:
         self.cancel_reason = ""
         self._mirror_task: asyncio.Task[None] | None = None
         self._mirrored_revision = -1
+        self._unsent_events: list[PhaseEvent] = []
         self._search_attributes: dict[str, Any] = {}
 
     # --- signals and query --------------------------------------------------------------------------------
@@ -1165,6 +1168,11 @@ class RunWorkflow:
             generation=self.run_input.generation,
         )
         workflow.set_current_details(f"**{phase.value}**: {message}")
+        self._unsent_events.append(
+            PhaseEvent(
+                revision=self.status.revision, phase=phase, reason=reason, message=message, at=workflow.now()
+            )
+        )
         self._publish()
 
     def _publish(self) -> None:
@@ -1177,11 +1185,14 @@ class RunWorkflow:
 
     async def _mirror(self) -> None:
         while self._mirrored_revision < self.status.revision:
+            events, self._unsent_events = self._unsent_events, []
             snapshot = StatusSnapshot(
                 namespace=self.run_input.namespace,
                 name=self.run_input.name,
                 uid=self.run_input.uid,
                 status=self.status.model_copy(deep=True),
+                events=events[-MAX_EVENTS_PER_SNAPSHOT:],
+                events_dropped=max(0, len(events) - MAX_EVENTS_PER_SNAPSHOT),
             )
             try:
                 await workflow.execute_activity(

@@ -98,10 +98,26 @@ class RunStatus(KsquadModel):
         return next((c for c in self.conditions if c.type == kind), None)
 
 
+class PhaseEvent(KsquadModel):
+    """One state change, for the Run's Kubernetes Events: coalescing may skip a status, never its event."""
+
+    revision: int
+    phase: Phase
+    reason: str | None = None
+    message: str | None = None
+    at: datetime
+
+
+MAX_EVENTS_PER_SNAPSHOT = 20
+
+
 class StatusSnapshot(KsquadModel):
-    """What the workflow sends to the bridge's `mirror_status` activity."""
+    """What the workflow sends to the bridge's `mirror_status` activity: the latest status, and every change
+    since the previous snapshot (the last MAX_EVENTS_PER_SNAPSHOT of them; `events_dropped` counts the rest)."""
 
     namespace: str
     name: str
     uid: str
     status: RunStatus
+    events: list[PhaseEvent] = Field(default_factory=list)
+    events_dropped: int = 0

@@ -16,12 +16,12 @@ from email.utils import format_datetime
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.entities import EntityActivities
+from worker.registry import build_worker
 from worker.temporal import register_search_attributes, with_converter
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
@@ -44,10 +44,9 @@ from workflows.activity_types import (
     TaskPause,
 )
 from workflows.contract import ConcurrencyScope, CredentialRef, ModelRef, Resolution, ResolvedAgent
-from workflows.entities import ConcurrencyGateWorkflow, CredentialThrottleWorkflow
 from workflows.run import RunWorkflow
 from workflows.spec import RunInput, parse_run_spec
-from workflows.status import RunStatus, StatusSnapshot
+from workflows.status import PhaseEvent, RunStatus, StatusSnapshot
 
 
 @dataclass
@@ -131,6 +130,7 @@ class World:
         self.fences: dict[str, int] = {}  # work item -> latest fence ever issued
         self.sandboxes: set[str] = set()
         self.mirrored: dict[str, list[RunStatus]] = {}
+        self.events: dict[str, list[PhaseEvent]] = {}  # every state change, as the bridge gets them
         self.sandbox_fails: dict[str, int] = {}  # run name -> how many acquisitions fail
         self.cancelled: list[str] = []  # agent tasks cancelled mid-flight
         self.entered: dict[tuple[str, str], asyncio.Event] = {}  # (activity, run) -> set once it started
@@ -198,6 +198,7 @@ class World:
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
         self.mirrored.setdefault(snapshot.name, []).append(snapshot.status)
+        self.events.setdefault(snapshot.name, []).extend(snapshot.events)
 
     # --- claims -------------------------------------------------------------------------------------------
 
@@ -351,16 +352,11 @@ async def running_world(env: WorkflowEnvironment, world: World) -> AsyncIterator
     """Workers for RunWorkflow, the entity workflows, the world's activities and the bridge queue."""
     client = with_converter(env.client)
     await register_search_attributes(client)
-    entities = EntityActivities(client, WORKER_TASK_QUEUE)
-    worker = Worker(
-        client, task_queue=WORKER_TASK_QUEUE,
-        workflows=[RunWorkflow, CredentialThrottleWorkflow, ConcurrencyGateWorkflow],
-        activities=[*world.activities(), entities.signal_with_start, entities.find_closed_workflows],
-    )  # fmt: skip
+    worker = build_worker(client, WORKER_TASK_QUEUE, world.activities())
     bridge = Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=world.bridge_activities())
     async with worker, bridge:
         yield client
 
 
-async def start_run(client: Client, inp: RunInput) -> Any:
+async def start_run(client: Client, inp: RunInput) -> WorkflowHandle[RunWorkflow, RunStatus]:
     return await client.start_workflow(RunWorkflow.run, inp, id=inp.workflow_id, task_queue=WORKER_TASK_QUEUE)

@@ -1,0 +1,164 @@
+"""Rate limits: fallback model, pause until Retry-After (seconds or HTTP-date), backoff, re-route, and
+throttling shared per credential."""
+
+from datetime import timedelta
+
+from temporalio.client import Client
+
+from tests.workflows.world import World, agent, block, ok, rate_limited, run_input, start_run
+from workflows.activity_types import Activity
+from workflows.status import PauseReason, Phase, RunStatus
+
+
+def paused_statuses(world: World, run: str) -> list[RunStatus]:
+    return [s for s in world.mirrored.get(run, []) if s.phase == Phase.PAUSED]
+
+
+async def test_fallback_model_switches_mid_run_without_pausing(client: Client, world: World) -> None:
+    world.agents["dev-1"] = agent("dev-1", "dev-1-key", fallback=("small-model", "small-key"))
+    world.scripts["r"] = [rate_limited("120"), ok()]
+    status = await (await start_run(client, run_input("r"))).result()
+    assert status.phase == Phase.SUCCEEDED
+    first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
+    assert (first.detail["model"], second.detail["model"]) == ("dev-1-model", "small-model")
+    assert second.detail["message_id"] == "uid-r-a1-t1", "same attempt, same sandbox, a new message"
+    assert (second.at - first.at) < timedelta(seconds=5), "no pause"
+    assert not paused_statuses(world, "r")
+    assert status.model == "small-model"
+    assert len(world.calls_of(Activity.ACQUIRE_SANDBOX, "r")) == 1
+
+
+async def test_retry_after_seconds_pauses_until_resume_at_with_no_calls_meanwhile(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [rate_limited("120"), ok()]
+    handle = await start_run(client, run_input("r", work_item_ref="wi-1"))
+    status = await handle.result()
+    assert status.phase == Phase.SUCCEEDED
+    first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
+    (paused,) = {s.resume_at: s for s in paused_statuses(world, "r")}.values()
+    assert paused.pause_reason == PauseReason.RATE_LIMITED
+    assert paused.resume_at is not None
+    limited_at = (paused.resume_at - first.at).total_seconds()
+    assert 120 <= limited_at < 122, f"resumeAt = 429 time + 120 s, got +{limited_at}"
+    assert second.at >= paused.resume_at, "no agent call during the pause"
+    assert (second.at - paused.resume_at) < timedelta(seconds=5), "resumed at resumeAt"
+    meanwhile = [c.activity for c in world.calls if c.run == "r" and first.at < c.at < paused.resume_at]
+    assert meanwhile == ["release_sandbox", "renew_claim"], (
+        "only the pause's own setup: the sandbox goes, the claim stays"
+    )
+    renew = world.calls_of(Activity.RENEW_CLAIM, "r")
+    assert renew, "the claim is held through the pause"
+    assert renew[0].detail["lease"] >= 120
+    assert [c.detail["sandbox"] for c in world.calls_of(Activity.ACQUIRE_SANDBOX, "r")] == [
+        "r-exec-1",
+        "r-exec-2",
+    ]
+
+
+async def test_retry_after_http_date_pauses_for_the_same_span(client: Client, world: World) -> None:
+    world.scripts["r"] = [rate_limited(retry_after_date=90), ok()]
+    status = await (await start_run(client, run_input("r"))).result()
+    assert status.phase == Phase.SUCCEEDED
+    first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
+    (paused,) = {s.resume_at: s for s in paused_statuses(world, "r")}.values()
+    assert paused.resume_at is not None
+    assert 90 <= (paused.resume_at - first.at).total_seconds() < 92
+    assert second.at >= paused.resume_at
+
+
+async def test_without_retry_after_the_pause_is_jittered_backoff_within_bounds(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [rate_limited(), rate_limited(), ok()]
+    status = await (await start_run(client, run_input("r"))).result()
+    assert status.phase == Phase.SUCCEEDED
+    calls = world.calls_of(Activity.INVOKE_AGENT, "r")
+    pauses = sorted({s.resume_at for s in paused_statuses(world, "r") if s.resume_at})
+    assert len(pauses) == 2
+    first = (pauses[0] - calls[0].at).total_seconds()
+    second = (pauses[1] - calls[1].at).total_seconds()
+    assert 5 <= first <= 11, f"strike 1: d = 10 s, equal jitter in [5, 10], got {first}"
+    assert 10 <= second <= 21, f"strike 2: d = 20 s, equal jitter in [10, 20], got {second}"
+
+
+async def test_repeated_limits_reroute_to_the_next_eligible_agent(client: Client, world: World) -> None:
+    world.agents["dev-2"] = agent("dev-2", "dev-2-key")
+    world.scripts["r"] = [rate_limited("10"), rate_limited("10"), rate_limited("10"), ok()]
+    status = await (
+        await start_run(client, run_input("r", agents=["dev-1", "dev-2"], work_item_ref="wi-3"))
+    ).result()
+    assert status.phase == Phase.SUCCEEDED
+    assert [c.detail["agent"] for c in world.calls_of(Activity.INVOKE_AGENT, "r")] == ["dev-1"] * 3 + [
+        "dev-2"
+    ]
+    assert status.agent == "dev-2"
+    rerouted = [e for e in world.events["r"] if e.reason == "Rerouted"]
+    assert rerouted
+    assert "re-routed to dev-2 after 3 limits in a row" in (rerouted[0].message or "")
+    order = world.order("r")
+    third = [i for i, a in enumerate(order) if a == "invoke_agent"][2]
+    assert order[third + 1 : third + 4] == ["fence_work_item", "release_sandbox", "release_work_item"], (
+        "re-routing releases the fenced claim before re-dispatching"
+    )
+
+
+async def test_a_very_long_retry_after_is_capped_and_rerouted(client: Client, world: World) -> None:
+    world.agents["dev-2"] = agent("dev-2", "dev-2-key")
+    world.scripts["r"] = [rate_limited(str(3 * 86400)), ok()]
+    status = await (await start_run(client, run_input("r", agents=["dev-1", "dev-2"]))).result()
+    assert status.phase == Phase.SUCCEEDED
+    assert [c.detail["agent"] for c in world.calls_of(Activity.INVOKE_AGENT, "r")] == ["dev-1", "dev-2"]
+    assert not paused_statuses(world, "r")
+
+
+async def test_a_very_long_retry_after_with_nowhere_to_go_pauses_for_the_cap(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [rate_limited(str(3 * 86400)), ok()]
+    handle = await start_run(client, run_input("r"))
+    paused = await world.until_phase("r", "Paused")
+    first = world.calls_of(Activity.INVOKE_AGENT, "r")[0]
+    assert paused.resume_at is not None
+    assert 3600 <= (paused.resume_at - first.at).total_seconds() < 3602
+    assert (await handle.result()).phase == Phase.SUCCEEDED
+
+
+async def test_runs_sharing_a_credential_pause_together_others_keep_running(
+    client: Client, world: World
+) -> None:
+    world.agents["dev-b"] = agent("dev-b", "shared-key")
+    world.agents["dev-a"] = agent("dev-a", "shared-key")
+    world.agents["dev-c"] = agent("dev-c", "other-key")
+    world.scripts["b"] = [block(), ok()]
+    world.scripts["c"] = [block()]
+    world.scripts["a"] = [rate_limited("120"), ok()]
+    b = await start_run(client, run_input("b", agents=["dev-b"]))
+    c = await start_run(client, run_input("c", agents=["dev-c"]))
+    await world.wait_entered(Activity.INVOKE_AGENT, "b")
+    await world.wait_entered(Activity.INVOKE_AGENT, "c")
+    a = await start_run(client, run_input("a", agents=["dev-a"]))
+
+    paused_a = await world.until_phase("a", "Paused")
+    paused_b = await world.until_phase("b", "Paused")
+    assert paused_b.pause_reason == PauseReason.RATE_LIMITED
+    assert paused_b.resume_at == paused_a.resume_at, (
+        "one 429 pauses every run on the credential until its resumeAt"
+    )
+    assert "shared-key" in (paused_b.message or "")
+    assert world.cancelled == ["task-uid-b-a1"], "b's in-flight call was stopped, c's was not"
+    assert world.last("c").phase == Phase.RUNNING  # type: ignore[union-attr]
+
+    world.release("c")  # c finishes while a and b are still paused
+    assert (await c.result()).phase == Phase.SUCCEEDED
+    assert world.last("a").phase == Phase.PAUSED  # type: ignore[union-attr]
+    assert world.last("b").phase == Phase.PAUSED  # type: ignore[union-attr]
+
+    assert (await a.result()).phase == Phase.SUCCEEDED
+    assert (await b.result()).phase == Phase.SUCCEEDED
+    resume_at = paused_a.resume_at
+    assert resume_at is not None
+    for run in ("a", "b"):
+        calls = world.calls_of(Activity.INVOKE_AGENT, run)
+        assert len(calls) == 2
+        assert calls[1].at >= resume_at, f"{run} made no call before resumeAt"
