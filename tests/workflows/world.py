@@ -57,6 +57,7 @@ class Outcome:
     outputs: dict[str, str] = field(default_factory=dict)
     retry_after: str | None = None
     retry_after_date: float | None = None  # Retry-After as an HTTP-date this many seconds after the response
+    blocks: bool = False  # wait for `world.release(run)` before answering
     retry_after_ms: str | None = None
     response_date: str | None = None
     message: str = ""
@@ -70,8 +71,8 @@ def rate_limited(retry_after: str | None = None, **kw: Any) -> Outcome:
     return Outcome("rate_limited", retry_after=retry_after, **kw)
 
 
-def failed(message: str = "the tests still fail", kind: str = "failed") -> Outcome:
-    return Outcome(kind, message=message)
+def failed(message: str = "the tests still fail", kind: str = "failed", blocks: bool = False) -> Outcome:
+    return Outcome(kind, message=message, blocks=blocks)
 
 
 def hang() -> Outcome:
@@ -279,7 +280,7 @@ class World:
                     agent=inv.contract.agent.name, outcome=outcome.kind, fence=inv.contract.run.fence,
                     follow_up=inv.continue_task.model_dump() if inv.continue_task else None)  # fmt: skip
         task_id = f"task-{inv.message_id}"
-        if outcome.kind in ("hang", "block"):
+        if outcome.kind in ("hang", "block") or outcome.blocks:
             try:
                 if outcome.kind == "hang":
                     await heartbeat_until_cancelled()

@@ -1,0 +1,85 @@
+"""Paused runs: CredentialExpired, InputRequired and Manual pauses wait for their signal, or fail in time."""
+
+from temporalio.client import Client
+
+from tests.workflows.world import Outcome, World, block, ok, run_input, start_run
+from workflows.activity_types import Activity
+from workflows.status import PauseReason, Phase
+
+
+async def test_credential_expired_waits_then_resumes_the_same_task_on_refresh(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [Outcome("credential_expired", message="401 from the model: key revoked"), ok()]
+    handle = await start_run(client, run_input("r", work_item_ref="wi-1"))
+    paused = await world.until_phase("r", "Paused")
+    assert paused.pause_reason == PauseReason.CREDENTIAL_EXPIRED
+    assert "key revoked" in (paused.message or "")
+    assert world.sandboxes == {"r-exec-1"}, "the sandbox and its task wait for the credential"
+    await handle.signal("credential_refreshed", "ksquad-system/dev-1-key")
+    status = await handle.result()
+    assert status.phase == Phase.SUCCEEDED
+    _first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
+    assert second.detail["follow_up"] == {"taskId": "task-uid-r-a1", "contextId": "uid-r-a1", "text": ""}
+    assert second.detail["message_id"] == "uid-r-a1-t1"
+    assert status.attempt == 1
+    assert status.retries == 0
+
+
+async def test_credential_expired_fails_after_paused_seconds(client: Client, world: World) -> None:
+    world.scripts["r"] = [Outcome("credential_expired")]
+    status = await (await start_run(client, run_input("r", timeouts={"pausedSeconds": 600}))).result()
+    assert status.phase == Phase.FAILED
+    assert status.reason == "CredentialExpiredTimeout"
+    assert "no `credential_refreshed` signal within timeouts.pausedSeconds (600s)" in (status.message or "")
+    assert not world.sandboxes
+
+
+async def test_input_required_resumes_with_the_input(client: Client, world: World) -> None:
+    world.scripts["r"] = [Outcome("input_required", message="Which test is flaky?"), ok()]
+    handle = await start_run(client, run_input("r"))
+    paused = await world.until_phase("r", "Paused")
+    assert (paused.pause_reason, paused.message) == (PauseReason.INPUT_REQUIRED, "Which test is flaky?")
+    await handle.signal("input", "test_payment_retry")
+    assert (await handle.result()).phase == Phase.SUCCEEDED
+    follow_up = world.calls_of(Activity.INVOKE_AGENT, "r")[1].detail["follow_up"]
+    assert follow_up == {"taskId": "task-uid-r-a1", "contextId": "uid-r-a1", "text": "test_payment_retry"}
+
+
+async def test_manual_pause_stops_the_agent_keeps_the_claim_and_resume_starts_a_new_attempt(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [block(), ok()]
+    handle = await start_run(client, run_input("r", work_item_ref="wi-1"))
+    await world.wait_entered(Activity.INVOKE_AGENT, "r")
+    await handle.signal("pause", "maintenance")
+    paused = await world.until_phase("r", "Paused")
+    assert paused.pause_reason == PauseReason.MANUAL
+    assert world.cancelled == ["task-uid-r-a1"]
+    assert not world.sandboxes
+    assert world.claims["wi-1"][0] == "r", "the claim is kept through the pause"
+    assert world.calls_of(Activity.FENCE_WORK_ITEM, "r"), "the stopped agent's writes are fenced off"
+    await handle.signal("resume")
+    status = await handle.result()
+    assert (status.phase, status.attempt, status.retries) == (Phase.SUCCEEDED, 2, 0)
+
+
+async def test_manual_pause_ends_in_failure_after_paused_seconds(client: Client, world: World) -> None:
+    world.scripts["r"] = [block()]
+    handle = await start_run(client, run_input("r", timeouts={"pausedSeconds": 300}))
+    await world.wait_entered(Activity.INVOKE_AGENT, "r")
+    await handle.signal("pause")
+    await world.until_phase("r", "Paused")
+    status = await handle.result()
+    assert (status.phase, status.reason) == (Phase.FAILED, "ManualTimeout")
+
+
+async def test_pause_then_resume_before_it_takes_effect_changes_nothing(client: Client, world: World) -> None:
+    world.missing["r"] = ["Agent ksquad-system/dev-1"]
+    handle = await start_run(client, run_input("r"))
+    await world.wait_entered(Activity.RESOLVE_REFERENCES, "r")
+    await handle.signal("pause")
+    await handle.signal("resume")
+    del world.missing["r"]
+    await handle.signal("references_updated")
+    assert (await handle.result()).phase == Phase.SUCCEEDED

@@ -1,0 +1,71 @@
+"""Queued: a per-scope concurrency gate the run waits on without polling; every finishing run frees its slot."""
+
+import pytest
+from temporalio.client import Client
+
+from tests.workflows.world import World, block, failed, run_input, start_run
+from workflows.activity_types import Activity
+from workflows.contract import ConcurrencyScope
+from workflows.entities import GateState, gate_workflow_id
+from workflows.status import ConditionType, Phase
+
+TEAM = ConcurrencyScope(key="team/ksquad-system/payments-squad", limit=1)
+PROJECT = ConcurrencyScope(key="project/ksquad-system/payments-api", limit=2)
+
+
+async def gate(client: Client, scope: ConcurrencyScope) -> GateState:
+    return await client.get_workflow_handle(gate_workflow_id(scope.key)).query(
+        "state_query", result_type=GateState
+    )
+
+
+@pytest.mark.parametrize("first_ends", ["succeeds", "fails", "is cancelled"])
+async def test_queued_run_is_admitted_when_the_holder_finishes_however_it_ends(
+    client: Client, world: World, first_ends: str
+) -> None:
+    world.scopes["first"] = world.scopes["second"] = [TEAM, PROJECT]
+    world.scripts["first"] = [failed(blocks=True) if first_ends == "fails" else block()]
+    first = await start_run(client, run_input("first", retryPolicy={"maxRetries": 0}))
+    await world.wait_entered(Activity.INVOKE_AGENT, "first")
+    second = await start_run(client, run_input("second"))
+    queued = await world.until_phase("second", "Queued")
+    assert queued.reason == "ConcurrencyLimit"
+    assert "team/ksquad-system/payments-squad is full (1); position 1" in (queued.message or "")
+    admitted = queued.condition(ConditionType.ADMITTED)
+    assert admitted is not None
+    assert admitted.status == "False"
+    assert not world.calls_of(Activity.CLAIM_WORK_ITEM, "second"), "a queued run claims nothing"
+    resolves = len(world.calls_of(Activity.RESOLVE_REFERENCES, "second"))
+
+    if first_ends == "is cancelled":
+        await first.signal("cancel", "make room")
+    else:
+        world.release("first")
+    expected = {"succeeds": Phase.SUCCEEDED, "fails": Phase.FAILED, "is cancelled": Phase.CANCELLED}[
+        first_ends
+    ]
+    assert (await first.result()).phase == expected
+
+    status = await second.result()
+    assert status.phase == Phase.SUCCEEDED
+    assert len(world.calls_of(Activity.RESOLVE_REFERENCES, "second")) == resolves, "it waited without polling"
+    for scope in (TEAM, PROJECT):
+        state = await gate(client, scope)
+        assert state.holders == []
+        assert state.waiting == []
+
+
+async def test_runs_within_the_limit_are_not_queued(client: Client, world: World) -> None:
+    world.scopes["a"] = world.scopes["b"] = [PROJECT]
+    world.scripts["a"] = [block()]
+    world.scripts["b"] = [block()]
+    a = await start_run(client, run_input("a"))
+    b = await start_run(client, run_input("b"))
+    await world.wait_entered(Activity.INVOKE_AGENT, "a")
+    await world.wait_entered(Activity.INVOKE_AGENT, "b")
+    assert sorted((await gate(client, PROJECT)).holders) == ["ksquad-system/a", "ksquad-system/b"]
+    world.release("a")
+    world.release("b")
+    for handle in (a, b):
+        assert (await handle.result()).phase == Phase.SUCCEEDED
+    assert "Queued" not in world.phases("a") + world.phases("b")
