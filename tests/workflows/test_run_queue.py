@@ -14,9 +14,9 @@ PROJECT = ConcurrencyScope(key="project/ksquad-system/payments-api", limit=2)
 
 
 async def gate(client: Client, scope: ConcurrencyScope) -> GateState:
-    return await client.get_workflow_handle(gate_workflow_id(scope.key)).query(
-        "state_query", result_type=GateState
-    )
+    handle = client.get_workflow_handle(gate_workflow_id(scope.key))
+    state: GateState = await handle.query("state_query", result_type=GateState)
+    return state
 
 
 @pytest.mark.parametrize("first_ends", ["succeeds", "fails", "is cancelled"])
