@@ -1,0 +1,36 @@
+"""Recorded histories of every lifecycle scenario still replay against today's workflow code.
+
+A change that alters the commands a workflow issues breaks these replays unless it is guarded with
+`workflow.patched`; the histories are recorded by `python -m tests.workflows.record_histories`.
+"""
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from worker.registry import RUN_WORKFLOWS
+
+HISTORIES = Path(__file__).with_name("histories")
+SCENARIOS = sorted(p.name for p in HISTORIES.iterdir() if p.is_dir())
+
+
+def test_every_kind_of_scenario_is_recorded() -> None:
+    expected = {"happy-path", "retry-then-success", "sandbox-death", "retry-after-pause", "fallback-model",
+                "reroute", "shared-credential", "credential-expired", "input-required", "manual-pause", "queued",
+                "cancel-running-temporal", "cancel-paused-signal"}  # fmt: skip
+    assert expected <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+async def test_recorded_histories_replay(scenario: str) -> None:
+    files = sorted((HISTORIES / scenario).glob("*.json"))
+    assert any(f.name.startswith("ksquad-system__") for f in files), "each scenario holds at least one run"
+    replayer = Replayer(workflows=list(RUN_WORKFLOWS), data_converter=pydantic_data_converter)
+    for file in files:
+        workflow_id = file.stem.replace("__", "/")
+        history = WorkflowHistory.from_json(workflow_id, file.read_text())
+        result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert result.replay_failure is None, f"{scenario}/{file.name}: {result.replay_failure}"
