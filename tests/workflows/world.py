@@ -22,7 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from worker.registry import build_worker
-from worker.temporal import register_search_attributes, with_converter
+from worker.temporal import connect, register_search_attributes, with_converter
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
     WORKER_TASK_QUEUE,
@@ -351,7 +351,19 @@ def run_input(name: str, namespace: str = "ksquad-system", uid: str | None = Non
 @asynccontextmanager
 async def running_world(env: WorkflowEnvironment, world: World) -> AsyncIterator[Client]:
     """Workers for RunWorkflow, the entity workflows, the world's activities and the bridge queue."""
-    client = with_converter(env.client)
+    async with serving(with_converter(env.client), world) as client:
+        yield client
+
+
+@asynccontextmanager
+async def running_world_on(target: str, world: World) -> AsyncIterator[Client]:
+    """The same against a server at `target` (the dev server)."""
+    async with serving(await connect(target), world) as client:
+        yield client
+
+
+@asynccontextmanager
+async def serving(client: Client, world: World) -> AsyncIterator[Client]:
     await register_search_attributes(client)
     worker = build_worker(client, WORKER_TASK_QUEUE, world.activities())
     bridge = Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=world.bridge_activities())
