@@ -101,6 +101,10 @@ from workflows.status import (
 
 T = TypeVar("T")
 
+# Patches (workflow.patched): each changes the commands the workflow issues, so histories recorded before it
+# take the old path. tests/workflows/test_replay.py replays such histories.
+PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
+
 CLAIM_LEASE_SECONDS = 120  # renewed by the Running activity's heartbeats; a pause renews it to cover itself
 AGENT_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MIRROR_FLUSH_SECONDS = 60.0  # at the end, wait this long for the last status to be mirrored
@@ -456,6 +460,7 @@ class RunWorkflow:
                 if interrupted.kind != Interrupt.PAUSE:
                     raise
                 await self._manual_pause(next_phase=Phase.PENDING)
+                deadline = workflow.now() + timedelta(seconds=self.spec.timeouts.claim_seconds)
 
     # --- Queued: concurrency gates ------------------------------------------------------------------------
 
@@ -633,6 +638,7 @@ class RunWorkflow:
                     ),
                     {Interrupt.CANCEL, Interrupt.PAUSE, Interrupt.THROTTLED},
                     timeout=max(0.001, remaining),
+                    deadline_summary=f"attempt {attempt}: timeouts.runSeconds",
                 )
                 self.consecutive_limits = 0
                 return result
@@ -875,7 +881,20 @@ class RunWorkflow:
     async def _teardown(self, fence: bool = True, release: bool = True) -> None:
         """Fence-then-release: bump the fence (the old holder's writes are rejected from now on), delete the
         sandbox and, when fenced, confirm it is gone, then release the claim. Raises RunFailed when any step
-        cannot be done: a retry must never start while the old holder may still act."""
+        cannot be done: a retry must never start while the old holder may still act.
+
+        Shielded: a cancellation that arrives meanwhile waits until the teardown is complete."""
+        if not workflow.patched(PATCH_SHIELDED_TEARDOWN):  # histories recorded before the shield
+            await self._teardown_steps(fence, release)
+            return
+        steps = asyncio.ensure_future(self._teardown_steps(fence, release))
+        try:
+            await asyncio.shield(steps)
+        except asyncio.CancelledError:
+            await steps
+            raise
+
+    async def _teardown_steps(self, fence: bool, release: bool) -> None:
         try:
             if fence and self.claim_fence is not None and self.spec.work_item_ref is not None:
                 fenced = await self._activity(
@@ -1081,6 +1100,7 @@ class RunWorkflow:
         aw: Awaitable[T],
         kinds: set[Interrupt],
         timeout: float | None = None,  # noqa: ASYNC109
+        deadline_summary: str | None = None,
     ) -> T:
         """Await `aw` unless an interrupt of `kinds` arrives first: then cancel it (an activity's cancellation
         completes first) and raise Interrupted. With `timeout`, raise PhaseTimeout when it runs out."""
@@ -1093,7 +1113,11 @@ class RunWorkflow:
             raise Interrupted(kind)
         task = asyncio.ensure_future(aw)
         try:
-            await workflow.wait_condition(lambda: task.done() or self.interrupt in kinds, timeout=timeout)
+            await workflow.wait_condition(
+                lambda: task.done() or self.interrupt in kinds,
+                timeout=timeout,
+                timeout_summary=deadline_summary,
+            )
         except TimeoutError:
             await _cancel_and_wait(task)
             raise PhaseTimeout() from None

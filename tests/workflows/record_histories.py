@@ -1,9 +1,10 @@
-"""Record the histories the replay test checks: `python -m tests.workflows.record_histories`.
+"""Record the histories the replay test checks: `python -m tests.workflows.record_histories vN [scenario...]`.
 
 Each scenario is one of the lifecycle tests, run against a fresh time-skipping server; the histories of every
-workflow it ran (runs, credential throttles, gates) are written to tests/workflows/histories/<scenario>/.
-Re-record only when a change is meant to be incompatible, and guard it with `workflow.patched` otherwise:
-the point of the replay test is that histories recorded by the previous code still replay.
+workflow it ran (runs, credential throttles, gates) are written to tests/workflows/histories/vN/<scenario>/.
+Histories of earlier versions stay: they are what running workflows look like when new code is deployed,
+and every one of them must keep replaying (changes that alter commands are guarded by `workflow.patched`).
+Record a new version after each such change.
 """
 
 import asyncio
@@ -61,7 +62,7 @@ def workflow_ids(world: World) -> list[str]:
     return ids
 
 
-async def record(name: str) -> list[str]:
+async def record(version: str, name: str) -> list[str]:
     test, kwargs = SCENARIOS[name]
     env = await start_time_skipping()
     world = World()
@@ -69,7 +70,7 @@ async def record(name: str) -> list[str]:
     try:
         async with running_world(env, world) as client:
             await test(client=client, world=world, **kwargs)
-            written = await dump(client, world, HISTORIES / name)
+            written = await dump(client, world, HISTORIES / version / name)
     finally:
         await env.shutdown()
     return written
@@ -92,12 +93,14 @@ async def dump(client: Client, world: World, folder: Path) -> list[str]:
     return list(histories)
 
 
-async def main(names: list[str]) -> None:
+async def main(version: str, names: list[str]) -> None:
     for name in names or list(SCENARIOS):
-        files = await record(name)
-        print(f"{name}: {', '.join(files)}")
+        files = await record(version, name)
+        print(f"{version}/{name}: {', '.join(files)}")
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2 or not sys.argv[1].startswith("v"):
+        sys.exit("usage: python -m tests.workflows.record_histories vN [scenario ...]")
     assert all(inspect.iscoroutinefunction(t) for t, _ in SCENARIOS.values())
-    asyncio.run(main(sys.argv[1:]))
+    asyncio.run(main(sys.argv[1], sys.argv[2:]))
