@@ -52,7 +52,15 @@ class PostgresServer:
     @property
     def dsn(self) -> str:
         """SQLAlchemy URL for psycopg 3."""
-        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{self.database}"
+        return self.url_of(self.database)
+
+    def url_of(self, database: str) -> str:
+        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
+
+    def _server_args(self) -> list[str]:
+        return ["-D", str(self.root / "data"), "-h", self.host, "-p", str(self.port), "-k", str(self.root),
+                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                "-c", "max_connections=300"]  # fmt: skip
 
     def _as_server_user(self) -> list[str]:
         if os.geteuid() != 0:
@@ -77,18 +85,8 @@ class PostgresServer:
             check=True, capture_output=True,
         )  # fmt: skip
         self.port = self.port or _free_port()
-        log = (self.root / "postgres.log").open("ab")
-        self.process = subprocess.Popen(
-            [*prefix, str(bindir / "postgres"), "-D", str(data), "-h", self.host, "-p", str(self.port),
-             "-k", str(self.root), "-c", "fsync=off", "-c", "synchronous_commit=off",
-             "-c", "full_page_writes=off", "-c", "max_connections=200"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self._wait_ready(bindir)
-        subprocess.run(
-            [str(bindir / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, self.database],
-            check=True, capture_output=True,
-        )  # fmt: skip
+        self.resume()
+        self.create_database(self.database)
 
     def _wait_ready(self, bindir: Path, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -108,6 +106,29 @@ class PostgresServer:
         raise PostgresUnavailable(
             f"postgres not ready on {self.host}:{self.port} after {timeout}s: {self.log_tail()}"
         )
+
+    def create_database(self, name: str) -> str:
+        """A fresh database on this server; returns its SQLAlchemy URL."""
+        subprocess.run(
+            [str(find_bindir() / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, name],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return self.url_of(name)
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (a database outage); `resume` starts it again on the same port."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)
+            self.process.wait(30)
+
+    def resume(self) -> None:
+        bindir = find_bindir()
+        log = (self.root / "postgres.log").open("ab")
+        self.process = subprocess.Popen(
+            [*self._as_server_user(), str(bindir / "postgres"), *self._server_args()],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        self._wait_ready(bindir)
 
     def log_tail(self) -> str:
         with contextlib.suppress(OSError):

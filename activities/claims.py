@@ -1,0 +1,132 @@
+"""The claim activities of the Run workflow, on the coordination store, and lease keeping for heartbeats.
+
+Errors keep their meaning across the activity boundary: a held item and an unreachable database are
+retryable (the workflow's claim deadline bounds the retries), a stale fence is not (the holder lost the item
+and must not act as if it had it).
+"""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.store import Holder, StaleFence, Store, StoreError, StoreUnavailable, WorkItemHeld
+from workflows.activity_types import Activity, Claim, ClaimRequest, ClaimUpdate, RunRef
+
+log = logging.getLogger(__name__)
+
+STALE_FENCE = "StaleFence"
+WORK_ITEM_HELD = "WorkItemHeld"
+STORE_UNAVAILABLE = "StoreUnavailable"
+
+
+def holder_of(run: RunRef) -> Holder:
+    return Holder(uid=run.uid, run=f"{run.namespace}/{run.name}", triggered_by=run.triggered_by)
+
+
+def as_activity_error(err: StoreError) -> ApplicationError:
+    """The store's errors as activity failures: retryable unless the fence is stale."""
+    if isinstance(err, StaleFence):
+        return ApplicationError(str(err), type=STALE_FENCE, non_retryable=True)
+    if isinstance(err, WorkItemHeld):
+        return ApplicationError(str(err), type=WORK_ITEM_HELD)
+    return ApplicationError(str(err), type=STORE_UNAVAILABLE)
+
+
+class ClaimActivities:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name=Activity.CLAIM_WORK_ITEM)
+    async def claim_work_item(self, req: ClaimRequest) -> Claim:
+        try:
+            result = await self.store.claim(req.work_item_ref, holder_of(req.run), req.lease_seconds)
+        except (WorkItemHeld, StoreUnavailable) as err:
+            raise as_activity_error(err) from err
+        if result.took_over_from:
+            log.info(
+                "%s: took %s over from expired holder %s",
+                req.run.name,
+                req.work_item_ref,
+                result.took_over_from,
+            )
+        return Claim(
+            work_item_ref=req.work_item_ref, fence=result.fence, lease_expires_at=result.lease_expires_at
+        )
+
+    @activity.defn(name=Activity.FENCE_WORK_ITEM)
+    async def fence_work_item(self, upd: ClaimUpdate) -> Claim:
+        try:
+            fence = await self.store.fence_bump(upd.work_item_ref, holder_of(upd.run), upd.fence)
+        except (StaleFence, StoreUnavailable) as err:
+            raise as_activity_error(err) from err
+        return Claim(work_item_ref=upd.work_item_ref, fence=fence)
+
+    @activity.defn(name=Activity.RENEW_CLAIM)
+    async def renew_claim(self, upd: ClaimUpdate) -> Claim:
+        try:
+            until = await self.store.renew(
+                upd.work_item_ref, holder_of(upd.run), upd.fence, upd.lease_seconds
+            )
+        except (StaleFence, StoreUnavailable) as err:
+            raise as_activity_error(err) from err
+        return Claim(work_item_ref=upd.work_item_ref, fence=upd.fence, lease_expires_at=until)
+
+    @activity.defn(name=Activity.RELEASE_WORK_ITEM)
+    async def release_work_item(self, upd: ClaimUpdate) -> None:
+        try:
+            await self.store.release(upd.work_item_ref, holder_of(upd.run), upd.fence)
+        except (StaleFence, StoreUnavailable) as err:
+            raise as_activity_error(err) from err
+
+    def all(self) -> list[object]:
+        return [self.claim_work_item, self.fence_work_item, self.renew_claim, self.release_work_item]
+
+
+@dataclass
+class Lease:
+    """The state of a lease kept alive in the background (see `keep_lease`)."""
+
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+    renewals: int = 0
+
+
+@contextlib.asynccontextmanager
+async def keep_lease(
+    store: Store, work_item_ref: str | None, holder: Holder, fence: int, lease_seconds: float, every: float
+) -> AsyncIterator[Lease]:
+    """Renew the claim's lease every `every` seconds while the body runs (the Running activity's heartbeat).
+
+    If the fence moved on (another holder took the item), `lease.lost` is set and renewing stops: the body
+    must stop acting for the run. A database outage is retried at the next tick; the lease lasts meanwhile.
+    """
+    lease = Lease()
+    if work_item_ref is None:
+        yield lease
+        return
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await store.renew(work_item_ref, holder, fence, lease_seconds)
+                lease.renewals += 1
+            except StaleFence as err:
+                lease.reason = str(err)
+                lease.lost.set()
+                return
+            except StoreUnavailable as err:
+                log.warning("renewing %s: %s (retrying)", work_item_ref, err)
+
+    task = asyncio.create_task(renew())
+    try:
+        yield lease
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,481 @@
+"""The coordination store: claims on work items with fencing tokens, and the fenced writes of runs.
+
+Rules (DESIGN.md "Work items and claims"):
+- claiming bumps the fence atomically and succeeds only when the item is free, its lease expired, or it is
+  already ours: at most one holder at any time;
+- every write on behalf of a run carries its fence and is rejected (StaleFence) once the fence has moved on;
+  the check and the write are one statement, and the check takes a share lock on the claim, so a fence bump
+  waits for writes in flight and every write that starts after it is refused;
+- runs without a work item fence their writes by attempt (`begin_attempt`).
+
+PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both.
+"""
+
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from activities.store.schema import (
+    artifacts,
+    claim_history,
+    claims,
+    comments,
+    run_events,
+    run_fences,
+    run_sequences,
+)
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class StoreError(Exception):
+    pass
+
+
+class StaleFence(StoreError):
+    """The write's fence is not the current one: another holder (or a later attempt) owns the item now."""
+
+
+class WorkItemHeld(StoreError):
+    """Another run holds the work item and its lease has not expired."""
+
+    def __init__(self, work_item_ref: str, holder_run: str | None, lease_expires_at: datetime | None) -> None:
+        until = f" until {lease_expires_at.isoformat()}" if lease_expires_at else ""
+        super().__init__(f"{work_item_ref} is held by {holder_run}{until}")
+        self.holder_run = holder_run
+        self.lease_expires_at = lease_expires_at
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached or failed: retry later; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who writes: a run, by its uid (a recreated Run with the same name is another holder)."""
+
+    uid: str
+    run: str  # "<namespace>/<name>"
+    triggered_by: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    fence: int
+    lease_expires_at: datetime
+    took_over_from: str | None  # the uid of an expired holder this claim replaced
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    kind: str
+    message: str
+    data: Any
+    fence: int
+    attempt: int
+    triggered_by: str | None
+    at: datetime
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    action: str
+    holder_uid: str
+    holder_run: str
+    fence: int
+    previous_holder_uid: str | None
+    triggered_by: str | None
+    at: datetime
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    """SQLite hands datetimes back without a zone; everything stored is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def async_url(url: str) -> str:
+    """Accept the plain forms operators write (postgresql://, sqlite:///) and pick the async drivers."""
+    for prefix, driver in (("postgresql://", "postgresql+psycopg://"), ("postgres://", "postgresql+psycopg://"),
+                           ("sqlite:///", "sqlite+aiosqlite:///")):  # fmt: skip
+        if url.startswith(prefix):
+            return driver + url[len(prefix) :]
+    return url
+
+
+def sync_url(url: str) -> str:
+    url = async_url(url)
+    return url.replace("sqlite+aiosqlite://", "sqlite://", 1)
+
+
+def _unavailable(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Database outages surface as StoreUnavailable (retryable), never as a silent success."""
+
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await func(*args, **kwargs)
+        except (exc.OperationalError, exc.InterfaceError, OSError, ConnectionError) as err:
+            raise StoreUnavailable(
+                f"{func.__name__}: database unavailable: {err.__class__.__name__}: {err}"
+            ) from err
+        except exc.DBAPIError as err:
+            if err.connection_invalidated:
+                raise StoreUnavailable(f"{func.__name__}: connection lost: {err}") from err
+            raise
+
+    return wrapper
+
+
+class Store:
+    def __init__(self, url: str, clock: Callable[[], datetime] = utcnow, pool_size: int = 10) -> None:
+        self.url = async_url(url)
+        self.clock = clock
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        if self.url.startswith("sqlite"):
+            kwargs["connect_args"] = {"timeout": 30}
+        else:
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size)
+        self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
+        self.dialect = self.engine.dialect.name
+        if self.dialect == "sqlite":
+            sa.event.listen(self.engine.sync_engine, "connect", _sqlite_pragmas)
+
+    @classmethod
+    async def open(cls, url: str, migrate: bool = True, **kwargs: Any) -> "Store":
+        store = cls(url, **kwargs)
+        if migrate:
+            await store.migrate()
+        return store
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    @_unavailable
+    async def migrate(self) -> None:
+        """Bring the schema to the newest revision (a no-op when it is there already)."""
+        async with self.engine.begin() as conn:
+            await conn.run_sync(_upgrade)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        async with self.engine.begin() as conn:
+            yield conn
+
+    async def _in(self, conn: AsyncConnection | None, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        if conn is not None:
+            return await work(conn)
+        async with self.engine.begin() as own:
+            return await work(own)
+
+    def _insert(self, table: sa.Table) -> Any:
+        return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
+
+    # --- claims -------------------------------------------------------------------------------------------
+
+    @_unavailable
+    async def claim(
+        self, work_item_ref: str, holder: Holder, lease_seconds: float, conn: AsyncConnection | None = None
+    ) -> ClaimResult:
+        """Take the item if it is free, expired, or already ours; the fence goes up either way."""
+
+        async def work(c: AsyncConnection) -> ClaimResult:
+            now = self.clock()
+            await c.execute(
+                self._insert(claims)
+                .values(work_item_ref=work_item_ref, fence=0, updated_at=now)
+                .on_conflict_do_nothing(index_elements=["work_item_ref"])
+            )
+            until = now + timedelta(seconds=lease_seconds)
+            row = (
+                await c.execute(
+                    sa.update(claims)
+                    .where(
+                        claims.c.work_item_ref == work_item_ref,
+                        sa.or_(
+                            claims.c.holder_uid.is_(None),
+                            claims.c.holder_uid == holder.uid,
+                            claims.c.lease_expires_at < now,
+                        ),
+                    )
+                    .values(
+                        previous_holder_uid=claims.c.holder_uid,
+                        holder_uid=holder.uid,
+                        holder_run=holder.run,
+                        fence=claims.c.fence + 1,
+                        lease_expires_at=until,
+                        triggered_by=holder.triggered_by,
+                        updated_at=now,
+                    )
+                    .returning(claims.c.fence, claims.c.previous_holder_uid)
+                )
+            ).first()
+            if row is None:
+                current = (
+                    await c.execute(sa.select(claims).where(claims.c.work_item_ref == work_item_ref))
+                ).first()
+                raise WorkItemHeld(
+                    work_item_ref,
+                    current.holder_run if current else None,
+                    _utc(current.lease_expires_at) if current and current.lease_expires_at else None,
+                )
+            took_over = row.previous_holder_uid if row.previous_holder_uid not in (None, holder.uid) else None
+            await self._history(c, work_item_ref, "took-over" if took_over else "claimed", holder, row.fence, now,
+                                previous=row.previous_holder_uid)  # fmt: skip
+            return ClaimResult(fence=row.fence, lease_expires_at=until, took_over_from=took_over)
+
+        return await self._in(conn, work)
+
+    async def _guarded_update(
+        self, c: AsyncConnection, work_item_ref: str, holder: Holder, fence: int, values: dict[str, Any]
+    ) -> Any:
+        row = (
+            await c.execute(
+                sa.update(claims)
+                .where(
+                    claims.c.work_item_ref == work_item_ref,
+                    claims.c.holder_uid == holder.uid,
+                    claims.c.fence == fence,
+                )
+                .values(**values)
+                .returning(claims.c.fence, claims.c.lease_expires_at)
+            )
+        ).first()
+        if row is None:
+            raise StaleFence(f"{work_item_ref}: fence {fence} of {holder.run} is no longer current")
+        return row
+
+    @_unavailable
+    async def renew(self, work_item_ref: str, holder: Holder, fence: int, lease_seconds: float) -> datetime:
+        """Extend the lease of a claim we hold with `fence` (heartbeats call this)."""
+        async with self.engine.begin() as c:
+            now = self.clock()
+            until = now + timedelta(seconds=lease_seconds)
+            await self._guarded_update(
+                c, work_item_ref, holder, fence, {"lease_expires_at": until, "updated_at": now}
+            )
+            return until
+
+    @_unavailable
+    async def fence_bump(
+        self, work_item_ref: str, holder: Holder, fence: int, conn: AsyncConnection | None = None
+    ) -> int:
+        """The fence step of fence-then-release: from now on every write with `fence` is refused."""
+
+        async def work(c: AsyncConnection) -> int:
+            now = self.clock()
+            row = await self._guarded_update(c, work_item_ref, holder, fence,
+                                             {"fence": claims.c.fence + 1, "updated_at": now})  # fmt: skip
+            await self._history(c, work_item_ref, "fenced", holder, row.fence, now)
+            return int(row.fence)
+
+        return await self._in(conn, work)
+
+    @_unavailable
+    async def release(self, work_item_ref: str, holder: Holder, fence: int) -> None:
+        """Give the item up; refused (StaleFence) when `fence` is not the current fence of this holder."""
+        async with self.engine.begin() as c:
+            now = self.clock()
+            await self._guarded_update(c, work_item_ref, holder, fence,
+                                       {"holder_uid": None, "holder_run": None, "lease_expires_at": None,
+                                        "previous_holder_uid": holder.uid, "updated_at": now})  # fmt: skip
+            await self._history(c, work_item_ref, "released", holder, fence, now)
+
+    async def _history(
+        self, c: AsyncConnection, ref: str, action: str, holder: Holder, fence: int, now: datetime,
+        previous: str | None = None,
+    ) -> None:  # fmt: skip
+        await c.execute(
+            sa.insert(claim_history).values(
+                work_item_ref=ref,
+                action=action,
+                holder_uid=holder.uid,
+                holder_run=holder.run,
+                fence=fence,
+                previous_holder_uid=previous,
+                triggered_by=holder.triggered_by,
+                at=now,
+            )
+        )
+
+    @_unavailable
+    async def begin_attempt(self, holder: Holder, attempt: int) -> None:
+        """A run without a work item starts attempt `attempt`: writes of earlier attempts are refused."""
+        async with self.engine.begin() as c:
+            now = self.clock()
+            stmt = self._insert(run_fences).values(
+                run_uid=holder.uid, run=holder.run, fence=attempt, updated_at=now
+            )
+            await c.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["run_uid"],
+                    set_={"fence": stmt.excluded.fence, "updated_at": stmt.excluded.updated_at},
+                    where=run_fences.c.fence < stmt.excluded.fence,
+                )
+            )
+
+    # --- fenced writes ------------------------------------------------------------------------------------
+
+    def _fence_holds(self, holder: Holder, fence: int, work_item_ref: str | None) -> sa.Exists:
+        """True while `fence` is current. FOR SHARE: a fence bump waits for this write, or this write for it."""
+        if work_item_ref is not None:
+            guard = sa.select(sa.literal(1)).where(
+                claims.c.work_item_ref == work_item_ref,
+                claims.c.holder_uid == holder.uid,
+                claims.c.fence == fence,
+            )
+        else:
+            guard = sa.select(sa.literal(1)).where(
+                run_fences.c.run_uid == holder.uid, run_fences.c.fence == fence
+            )
+        if self.dialect == "postgresql":
+            guard = guard.with_for_update(read=True)
+        return sa.exists(guard)
+
+    async def _fenced_insert(
+        self, c: AsyncConnection, table: sa.Table, values: dict[str, Any], holder: Holder, fence: int,
+        work_item_ref: str | None,
+    ) -> Any:  # fmt: skip
+        columns = list(values)
+        select = sa.select(*[sa.literal(v, type_=table.c[k].type).label(k) if not isinstance(v, sa.ColumnElement)
+                             else v.label(k) for k, v in values.items()])  # fmt: skip
+        select = select.where(self._fence_holds(holder, fence, work_item_ref))
+        row = (await c.execute(sa.insert(table).from_select(columns, select).returning(table.c.id))).first()
+        if row is None:
+            where = work_item_ref or f"attempt fence of {holder.run}"
+            raise StaleFence(f"{where}: fence {fence} is no longer current; write refused")
+        return row
+
+    @_unavailable
+    async def append_event(
+        self, holder: Holder, fence: int, attempt: int, kind: str, message: str = "", data: Any = None,
+        work_item_ref: str | None = None, conn: AsyncConnection | None = None,
+    ) -> int:  # fmt: skip
+        """Append to the run's ordered event log; returns its sequence number (the streaming cursor)."""
+
+        async def work(c: AsyncConnection) -> int:
+            # Taking the number locks the run's sequence row: writers of one run take turns. A refused
+            # write rolls back, number included, so sequences stay dense.
+            upsert = self._insert(run_sequences).values(run_uid=holder.uid, last_seq=1)
+            seq = (
+                await c.execute(
+                    upsert.on_conflict_do_update(
+                        index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq + 1}
+                    ).returning(run_sequences.c.last_seq)
+                )
+            ).scalar_one()
+            await self._fenced_insert(
+                c, run_events,
+                {"run_uid": holder.uid, "run": holder.run, "seq": seq, "work_item_ref": work_item_ref,
+                 "fence": fence, "attempt": attempt, "kind": kind, "message": message, "data": data,
+                 "triggered_by": holder.triggered_by, "at": self.clock()},
+                holder, fence, work_item_ref,
+            )  # fmt: skip
+            return int(seq)
+
+        return await self._in(conn, work)
+
+    @_unavailable
+    async def add_comment(self, work_item_ref: str, holder: Holder, fence: int, body: str) -> int:
+        async with self.engine.begin() as c:
+            row = await self._fenced_insert(
+                c, comments,
+                {"work_item_ref": work_item_ref, "run_uid": holder.uid, "run": holder.run, "fence": fence,
+                 "body": body, "triggered_by": holder.triggered_by, "at": self.clock()},
+                holder, fence, work_item_ref,
+            )  # fmt: skip
+            return int(row.id)
+
+    @_unavailable
+    async def put_artifact(
+        self, holder: Holder, fence: int, name: str, *, uri: str | None = None, media_type: str | None = None,
+        content: bytes | None = None, work_item_ref: str | None = None,
+    ) -> int:  # fmt: skip
+        async with self.engine.begin() as c:
+            row = await self._fenced_insert(
+                c, artifacts,
+                {"run_uid": holder.uid, "run": holder.run, "work_item_ref": work_item_ref, "fence": fence,
+                 "name": name, "uri": uri, "media_type": media_type,
+                 "size": len(content) if content is not None else None, "content": content,
+                 "triggered_by": holder.triggered_by, "at": self.clock()},
+                holder, fence, work_item_ref,
+            )  # fmt: skip
+            return int(row.id)
+
+    # --- reads --------------------------------------------------------------------------------------------
+
+    @_unavailable
+    async def events(self, run_uid: str, after: int = 0, limit: int = 500) -> list[Event]:
+        """The run's events after sequence number `after`, in order (resume a stream from its last seq)."""
+        async with self.engine.connect() as c:
+            rows = await c.execute(
+                sa.select(run_events)
+                .where(run_events.c.run_uid == run_uid, run_events.c.seq > after)
+                .order_by(run_events.c.seq)
+                .limit(limit)
+            )
+            return [
+                Event(seq=r.seq, kind=r.kind, message=r.message, data=r.data,
+                      fence=r.fence, attempt=r.attempt, triggered_by=r.triggered_by, at=_utc(r.at))
+                for r in rows
+            ]  # fmt: skip
+
+    @_unavailable
+    async def claim_history(self, work_item_ref: str) -> list[HistoryEntry]:
+        async with self.engine.connect() as c:
+            rows = await c.execute(
+                sa.select(claim_history)
+                .where(claim_history.c.work_item_ref == work_item_ref)
+                .order_by(claim_history.c.id)
+            )
+            return [
+                HistoryEntry(action=r.action, holder_uid=r.holder_uid, holder_run=r.holder_run, fence=r.fence,
+                             previous_holder_uid=r.previous_holder_uid, triggered_by=r.triggered_by, at=_utc(r.at))
+                for r in rows
+            ]  # fmt: skip
+
+    @_unavailable
+    async def holder_of(self, work_item_ref: str) -> tuple[str | None, int]:
+        """(holder uid or None, current fence)."""
+        async with self.engine.connect() as c:
+            row = (
+                await c.execute(
+                    sa.select(claims.c.holder_uid, claims.c.fence).where(
+                        claims.c.work_item_ref == work_item_ref
+                    )
+                )
+            ).first()
+            return (row.holder_uid, int(row.fence)) if row else (None, 0)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers do not block the writer
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _upgrade(connection: sa.Connection) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    command.upgrade(config, "head")

@@ -1,0 +1,115 @@
+"""The coordination store's tables: claims on work items (with fences), their history, and everything a run
+writes on its own behalf (events, comments, artifacts), each write carrying the fence it was made under.
+
+One schema for PostgreSQL (production) and SQLite (the embedded default); Alembic migrations in
+`migrations/` create it. Times are UTC, passed in by the store (one clock for both databases).
+"""
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+Timestamp = sa.DateTime(timezone=True)
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER PRIMARY KEY only
+
+# At most one holder per work item: a claim bumps the fence, and only (holder_uid, fence) may write.
+claims = sa.Table(
+    "claims",
+    metadata,
+    sa.Column("work_item_ref", sa.String(1024), primary_key=True),
+    sa.Column("holder_uid", sa.String(128), nullable=True),  # the Run's uid: a recreated Run is a new holder
+    sa.Column("holder_run", sa.String(512), nullable=True),  # "<namespace>/<name>", for people
+    sa.Column("previous_holder_uid", sa.String(128), nullable=True),
+    sa.Column("fence", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    sa.Column("triggered_by", sa.String(512), nullable=True),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+claim_history = sa.Table(
+    "claim_history",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("work_item_ref", sa.String(1024), nullable=False, index=True),
+    sa.Column("action", sa.String(32), nullable=False),  # claimed | took-over | renewed | fenced | released
+    sa.Column("holder_uid", sa.String(128), nullable=False),
+    sa.Column("holder_run", sa.String(512), nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("previous_holder_uid", sa.String(128), nullable=True),
+    sa.Column("triggered_by", sa.String(512), nullable=True),
+    sa.Column("at", Timestamp, nullable=False),
+)
+
+# Runs without a work item fence their writes by attempt: the newest attempt seen is the only valid fence.
+run_fences = sa.Table(
+    "run_fences",
+    metadata,
+    sa.Column("run_uid", sa.String(128), primary_key=True),
+    sa.Column("run", sa.String(512), nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# The last sequence number given to each run's events: incrementing it locks the row, so writers of one run
+# take turns and numbers are dense and ordered.
+run_sequences = sa.Table(
+    "run_sequences",
+    metadata,
+    sa.Column("run_uid", sa.String(128), primary_key=True),
+    sa.Column("last_seq", sa.BigInteger, nullable=False),
+)
+
+run_events = sa.Table(
+    "run_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("run_uid", sa.String(128), nullable=False),
+    sa.Column("run", sa.String(512), nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),  # 1, 2, ... per run: the streaming cursor
+    sa.Column("work_item_ref", sa.String(1024), nullable=True),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(64), nullable=False),  # progress | status | artifact | ...
+    sa.Column("message", sa.Text, nullable=False, server_default=""),
+    sa.Column("data", sa.JSON, nullable=True),
+    sa.Column("triggered_by", sa.String(512), nullable=True),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.UniqueConstraint("run_uid", "seq"),
+)
+
+comments = sa.Table(
+    "comments",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("work_item_ref", sa.String(1024), nullable=False, index=True),
+    sa.Column("run_uid", sa.String(128), nullable=False),
+    sa.Column("run", sa.String(512), nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("triggered_by", sa.String(512), nullable=True),
+    sa.Column("at", Timestamp, nullable=False),
+)
+
+artifacts = sa.Table(
+    "artifacts",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("run_uid", sa.String(128), nullable=False),
+    sa.Column("run", sa.String(512), nullable=False),
+    sa.Column("work_item_ref", sa.String(1024), nullable=True),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("name", sa.String(512), nullable=False),
+    sa.Column("uri", sa.Text, nullable=True),
+    sa.Column("media_type", sa.String(256), nullable=True),
+    sa.Column("size", sa.BigInteger, nullable=True),
+    sa.Column("content", sa.LargeBinary, nullable=True),  # small artifacts inline; large ones by uri
+    sa.Column("triggered_by", sa.String(512), nullable=True),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.UniqueConstraint("run_uid", "name"),
+)
