@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
@@ -24,6 +23,7 @@ from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from activities.store import migrations
 from activities.store.schema import (
     artifacts,
     claim_history,
@@ -34,7 +34,6 @@ from activities.store.schema import (
     run_sequences,
 )
 
-MIGRATIONS = Path(__file__).with_name("migrations")
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -170,7 +169,7 @@ class Store:
     async def migrate(self) -> None:
         """Bring the schema to the newest revision (a no-op when it is there already)."""
         async with self.engine.begin() as conn:
-            await conn.run_sync(_upgrade)
+            await conn.run_sync(migrations.upgrade)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
@@ -469,13 +468,3 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
-
-
-def _upgrade(connection: sa.Connection) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["connection"] = connection
-    command.upgrade(config, "head")

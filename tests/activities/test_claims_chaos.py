@@ -1,0 +1,95 @@
+"""Chaos on PostgreSQL: claiming processes are SIGKILLed at random moments, over and over. The store never
+lets two holders write interleaved, and never loses a release it acknowledged."""
+
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from activities.store import sync_url
+from activities.store.migrations import upgrade_sync
+from activities.store.schema import claim_history, comments
+from tests.support.postgres import PostgresServer
+
+WORKERS = 6
+KILLS = 120
+SECONDS = 30.0
+
+
+def test_killed_claimers_never_make_two_holders_or_lose_a_release(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.create_database(f"chaos_{uuid.uuid4().hex[:8]}")
+    engine = sa.create_engine(sync_url(url))
+    upgrade_sync(engine)
+    rng = random.Random(20261130)
+    logs: dict[str, Path] = {}
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def spawn(slot: int) -> None:
+        # Half the restarts come back as the same run (a retried activity), half as another run.
+        uid = (
+            f"w{slot}" if rng.random() < 0.5 or f"w{slot}" not in logs else f"w{slot}-{uuid.uuid4().hex[:4]}"
+        )
+        logs.setdefault(uid, tmp_path / f"{uid}.log")
+        procs[slot] = subprocess.Popen(
+            [sys.executable, "-m", "tests.activities.chaos_claimer", url, uid, str(logs[uid])],
+            cwd=Path(__file__).parents[2], stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    for slot in range(WORKERS):
+        spawn(slot)
+    kills = 0
+    deadline = time.monotonic() + SECONDS
+    while kills < KILLS and time.monotonic() < deadline:
+        time.sleep(rng.uniform(0.05, 0.3))
+        slot = rng.randrange(WORKERS)
+        procs[slot].send_signal(signal.SIGKILL)
+        procs[slot].wait()
+        kills += 1
+        spawn(slot)
+    for proc in procs.values():
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    with engine.connect() as conn:
+        written = conn.execute(
+            sa.select(comments.c.id, comments.c.run_uid, comments.c.fence).order_by(comments.c.id)
+        ).all()
+        history = conn.execute(sa.select(claim_history).order_by(claim_history.c.id)).all()
+    engine.dispose()
+
+    # 1. One holder per fence, and accepted writes never go back to an older fence: no interleaving.
+    holder_of_fence = {h.fence: h.holder_uid for h in history if h.action in ("claimed", "took-over")}
+    for row in written:
+        assert holder_of_fence[row.fence] == row.run_uid, (
+            f"comment {row.id} by {row.run_uid} under {row.fence}"
+        )
+    fences = [row.fence for row in written]
+    assert fences == sorted(fences), "a write of an older fence was accepted after a newer holder wrote"
+
+    # 2. Every release and write a process was told succeeded is in the database.
+    released = {(h.holder_uid, h.fence) for h in history if h.action == "released"}
+    stored = {(row.run_uid, row.id) for row in written}
+    told: dict[str, int] = defaultdict(int)
+    for uid, path in logs.items():
+        for line in path.read_text().splitlines() if path.exists() else []:
+            kind, *rest = line.split()
+            told[kind] += 1
+            if kind == "released":
+                assert (uid, int(rest[0])) in released, f"{uid}: release of fence {rest[0]} lost"
+            if kind == "wrote":
+                assert (uid, int(rest[1])) in stored, f"{uid}: acknowledged comment {rest[1]} lost"
+
+    takeovers = sum(h.action == "took-over" for h in history)
+    print(f"\nchaos: {kills} kills, {len(logs)} holders, {told['claimed']} claims, {takeovers} takeovers of expired "
+          f"leases, {told['released']} releases, {len(written)} fenced writes, {told['stale']} stale holders refused")  # fmt: skip
+    assert kills >= 60, "enough chaos to mean something"
+    assert takeovers >= 5, "killed holders' leases expired and were taken over"
+    assert told["released"] >= 50
