@@ -46,7 +46,7 @@ class ClaimActivities:
         try:
             result = await self.store.claim(req.work_item_ref, holder_of(req.run), req.lease_seconds)
         except (WorkItemHeld, StoreUnavailable) as err:
-            raise as_activity_error(err) from err
+            raise as_activity_error(err) from None  # the message says it all; a chain would not fit
         if result.took_over_from:
             log.info(
                 "%s: took %s over from expired holder %s",
@@ -63,7 +63,7 @@ class ClaimActivities:
         try:
             fence = await self.store.fence_bump(upd.work_item_ref, holder_of(upd.run), upd.fence)
         except (StaleFence, StoreUnavailable) as err:
-            raise as_activity_error(err) from err
+            raise as_activity_error(err) from None  # the message says it all; a chain would not fit
         return Claim(work_item_ref=upd.work_item_ref, fence=fence)
 
     @activity.defn(name=Activity.RENEW_CLAIM)
@@ -73,7 +73,7 @@ class ClaimActivities:
                 upd.work_item_ref, holder_of(upd.run), upd.fence, upd.lease_seconds
             )
         except (StaleFence, StoreUnavailable) as err:
-            raise as_activity_error(err) from err
+            raise as_activity_error(err) from None  # the message says it all; a chain would not fit
         return Claim(work_item_ref=upd.work_item_ref, fence=upd.fence, lease_expires_at=until)
 
     @activity.defn(name=Activity.RELEASE_WORK_ITEM)
@@ -81,7 +81,7 @@ class ClaimActivities:
         try:
             await self.store.release(upd.work_item_ref, holder_of(upd.run), upd.fence)
         except (StaleFence, StoreUnavailable) as err:
-            raise as_activity_error(err) from err
+            raise as_activity_error(err) from None  # the message says it all; a chain would not fit
 
     def all(self) -> list[object]:
         return [self.claim_work_item, self.fence_work_item, self.renew_claim, self.release_work_item]

@@ -122,6 +122,13 @@ def sync_url(url: str) -> str:
     return url.replace("sqlite+aiosqlite://", "sqlite://", 1)
 
 
+def _reason(err: BaseException) -> str:
+    """The driver's own first line, not SQLAlchemy's statement dump (it would not fit a Temporal failure)."""
+    cause = err.orig if isinstance(err, exc.DBAPIError) and err.orig is not None else err
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"[:500]
+
+
 def _unavailable(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     """Database outages surface as StoreUnavailable (retryable), never as a silent success."""
 

@@ -8,7 +8,7 @@ the credential and gate workflows) are the real ones: they talk to the real Temp
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -331,6 +331,13 @@ class World:
         return [self.resolve_references, self.mirror_status]
 
 
+def activity_name(fn: Any) -> str:
+    definition = activity._Definition.from_callable(fn)
+    assert definition is not None
+    assert definition.name is not None
+    return definition.name
+
+
 def server_now() -> datetime:
     """The Temporal server's clock as the running activity sees it (skipped time included)."""
     return activity.info().current_attempt_scheduled_time or datetime.now(UTC)
@@ -356,16 +363,18 @@ async def running_world(env: WorkflowEnvironment, world: World) -> AsyncIterator
 
 
 @asynccontextmanager
-async def running_world_on(target: str, world: World) -> AsyncIterator[Client]:
-    """The same against a server at `target` (the dev server)."""
-    async with serving(await connect(target), world) as client:
+async def running_world_on(target: str, world: World, real: Sequence[Any] = ()) -> AsyncIterator[Client]:
+    """The same against a server at `target` (the dev server); `real` activities replace the world's."""
+    async with serving(await connect(target), world, real) as client:
         yield client
 
 
 @asynccontextmanager
-async def serving(client: Client, world: World) -> AsyncIterator[Client]:
+async def serving(client: Client, world: World, real: Sequence[Any] = ()) -> AsyncIterator[Client]:
     await register_search_attributes(client)
-    worker = build_worker(client, WORKER_TASK_QUEUE, world.activities())
+    replaced = {activity_name(a) for a in real}
+    fakes = [a for a in world.activities() if activity_name(a) not in replaced]
+    worker = build_worker(client, WORKER_TASK_QUEUE, [*fakes, *real])
     bridge = Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=world.bridge_activities())
     async with worker, bridge:
         yield client
