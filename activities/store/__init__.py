@@ -202,33 +202,31 @@ class Store:
 
         async def work(c: AsyncConnection) -> ClaimResult:
             now = self.clock()
-            await c.execute(
-                self._insert(claims)
-                .values(work_item_ref=work_item_ref, fence=0, updated_at=now)
-                .on_conflict_do_nothing(index_elements=["work_item_ref"])
-            )
             until = now + timedelta(seconds=lease_seconds)
+            # One statement: insert a new claim, or take the existing row when it is free, expired or ours.
+            upsert = self._insert(claims).values(
+                work_item_ref=work_item_ref, holder_uid=holder.uid, holder_run=holder.run, fence=1,
+                lease_expires_at=until, triggered_by=holder.triggered_by, updated_at=now,
+            )  # fmt: skip
             row = (
                 await c.execute(
-                    sa.update(claims)
-                    .where(
-                        claims.c.work_item_ref == work_item_ref,
-                        sa.or_(
+                    upsert.on_conflict_do_update(
+                        index_elements=["work_item_ref"],
+                        set_={
+                            "previous_holder_uid": claims.c.holder_uid,
+                            "holder_uid": holder.uid,
+                            "holder_run": holder.run,
+                            "fence": claims.c.fence + 1,
+                            "lease_expires_at": until,
+                            "triggered_by": holder.triggered_by,
+                            "updated_at": now,
+                        },
+                        where=sa.or_(
                             claims.c.holder_uid.is_(None),
                             claims.c.holder_uid == holder.uid,
                             claims.c.lease_expires_at < now,
                         ),
-                    )
-                    .values(
-                        previous_holder_uid=claims.c.holder_uid,
-                        holder_uid=holder.uid,
-                        holder_run=holder.run,
-                        fence=claims.c.fence + 1,
-                        lease_expires_at=until,
-                        triggered_by=holder.triggered_by,
-                        updated_at=now,
-                    )
-                    .returning(claims.c.fence, claims.c.previous_holder_uid)
+                    ).returning(claims.c.fence, claims.c.previous_holder_uid)
                 )
             ).first()
             if row is None:

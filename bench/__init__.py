@@ -1,0 +1,1 @@
+"""Benchmarks: each prints JSON and compares against a baseline measured in the same run."""
