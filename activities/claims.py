@@ -8,8 +8,9 @@ and must not act as if it had it).
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -83,7 +84,7 @@ class ClaimActivities:
         except (StaleFence, StoreUnavailable) as err:
             raise as_activity_error(err) from None  # the message says it all; a chain would not fit
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [self.claim_work_item, self.fence_work_item, self.renew_claim, self.release_work_item]
 
 

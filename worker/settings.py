@@ -3,17 +3,18 @@
 import os
 from dataclasses import dataclass
 
-TASK_QUEUE = "ksquad"  # the worker's queue: workflows and their activities
-BRIDGE_TASK_QUEUE = (
-    "ksquad-bridge"  # activities that touch ksquad.io objects (mirror_status, resolve_references)
-)
+from workflows.activity_types import WORKER_TASK_QUEUE
+
+DEFAULT_DATABASE_URL = "sqlite:///.ksquad/ksquad.db"  # the embedded default; PostgreSQL in production
 
 
 @dataclass(frozen=True)
 class Settings:
     temporal_address: str = "127.0.0.1:7233"
     temporal_namespace: str = "default"
-    task_queue: str = TASK_QUEUE
+    task_queue: str = WORKER_TASK_QUEUE
+    # postgresql://user@host/db (the password from PGPASSWORD or ~/.pgpass, never in a manifest) or sqlite:///
+    database_url: str = DEFAULT_DATABASE_URL
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -21,4 +22,5 @@ class Settings:
             temporal_address=os.environ.get("KSQUAD_TEMPORAL_ADDRESS", cls.temporal_address),
             temporal_namespace=os.environ.get("KSQUAD_TEMPORAL_NAMESPACE", cls.temporal_namespace),
             task_queue=os.environ.get("KSQUAD_TASK_QUEUE", cls.task_queue),
+            database_url=os.environ.get("KSQUAD_DATABASE_URL", cls.database_url),
         )
