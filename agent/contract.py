@@ -1,0 +1,126 @@
+"""The agent's view of the ExecutionContract (`apiVersion: ksquad.io/contract-v1`).
+
+The agent is a separate image that speaks only A2A, so it does not import ksquad's workflow types: it reads
+the fields it needs and ignores the rest, which lets the orchestrator add fields without breaking deployed
+agents. tests/agent/test_contract.py checks that it reads what the orchestrator writes.
+"""
+
+import json
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+CONTRACT_ENV = "KSQUAD_EXECUTION_CONTRACT"
+SUPPORTED_API_VERSIONS = ("ksquad.io/contract-v1",)
+
+
+class _Read(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, extra="ignore"
+    )
+
+
+class Credential(_Read):
+    secret_name: str
+    key: str = "apiKey"
+
+
+class Model(_Read):
+    name: str
+    url: str | None = None
+    credential: Credential | None = None
+
+
+class MCPServer(_Read):
+    name: str
+    url: str
+    transport: str = "streamable-http"
+
+
+class Tool(_Read):
+    name: str
+    tool_name: str
+    description: str = ""
+    mcp_server: MCPServer | None = None
+
+
+class Skill(_Read):
+    name: str
+    description: str = ""
+    instructions: str = ""
+
+
+class Agent(_Read):
+    name: str
+    system_prompt: str = ""
+    tools: list[Tool] = Field(default_factory=list)
+    allowed_tools: list[str] = Field(default_factory=list)
+    skills: list[Skill] = Field(default_factory=list)
+    fallback_model: Model | None = None
+
+
+class Run(_Read):
+    namespace: str
+    name: str
+    uid: str
+    attempt: int
+    fence: int
+    work_item_ref: str | None = None
+
+
+class Contract(_Read):
+    api_version: str
+    run: Run
+    inputs: dict[str, str] = Field(default_factory=dict)
+    agent: Agent
+    model: Model
+
+    def offered_tools(self) -> list[Tool]:
+        """The tools the model may call: only those in allowedTools (none when the list is empty)."""
+        allowed = set(self.agent.allowed_tools)
+        return [t for t in self.agent.tools if t.name in allowed or t.tool_name in allowed]
+
+
+class ContractError(ValueError):
+    pass
+
+
+def parse_contract(data: Any) -> Contract:
+    if isinstance(data, str | bytes):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as err:
+            raise ContractError(f"the execution contract is not JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ContractError("the execution contract must be a JSON object")
+    version = data.get("apiVersion")
+    if version not in SUPPORTED_API_VERSIONS:
+        raise ContractError(
+            f"unsupported contract apiVersion {version!r}; this agent reads {SUPPORTED_API_VERSIONS}"
+        )
+    try:
+        return Contract.model_validate(data)
+    except ValueError as err:
+        raise ContractError(f"invalid execution contract: {err}") from None
+
+
+def contract_from_env() -> Contract | None:
+    raw = os.environ.get(CONTRACT_ENV)
+    return parse_contract(raw) if raw else None
+
+
+def build_prompt(contract: Contract) -> list[dict[str, str]]:
+    """The conversation's opening: the system prompt with each skill's instructions, then the inputs."""
+    system = contract.agent.system_prompt.strip()
+    for skill in contract.agent.skills:
+        if skill.instructions.strip():
+            system += f"\n\n## Skill: {skill.name}\n{skill.instructions.strip()}"
+    task = contract.inputs.get("task", "")
+    others = {k: v for k, v in contract.inputs.items() if k != "task"}
+    user = task
+    if others:
+        user += "\n\nInputs:\n" + "\n".join(f"- {k}: {v}" for k, v in sorted(others.items()))
+    messages = [{"role": "system", "content": system}] if system else []
+    return [*messages, {"role": "user", "content": user.strip() or "Carry out the task."}]

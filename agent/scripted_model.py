@@ -1,0 +1,214 @@
+"""A scripted OpenAI-compatible model server, for demos and tests (a stand-in for a paid model provider).
+
+    ksquad-model-server --script script.yaml --port 8400
+
+It serves `/v1/chat/completions` (streaming and not) and `/v1/models`. Each model name answers from its
+own list of steps, one step per request, in order; the last step repeats. A step is one of:
+
+    - text: "The flaky test is fixed."         # an assistant answer (streamed in chunks when asked to)
+    - tool_calls: [{name: add_note, arguments: {text: "hi"}}]
+    - error: 429                               # with retry_after: "120" | retry_after_ms: "1500" |
+      retry_after: "120"                       #      retry_after_date_in: 120 (an HTTP-date 120 s ahead)
+    - error: 401                               # or 500, or any status
+    - malformed: true                          # 200 with a body that is not JSON
+    - delay: 2.5                               # (with any step) wait this long first
+
+Models without a script answer with DEFAULT_TEXT. `POST /_script` replaces the script (the same shape as
+the file, as JSON), `GET /_calls` lists the requests received (model, credential, stream), `POST /_reset`
+clears both. Nothing here is secret: credentials are recorded by a short fingerprint only.
+"""
+
+import argparse
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+DEFAULT_TEXT = "Done: the task is complete."
+
+
+@dataclass
+class Call:
+    model: str
+    credential: str  # a fingerprint of the bearer token, never the token
+    stream: bool
+    messages: int
+    tools: list[str]
+    at: float
+
+
+@dataclass
+class ScriptedModel:
+    script: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    in_flight: int = 0
+
+    def load(self, data: dict[str, Any]) -> None:
+        models = data.get("models", data)
+        for name, steps in models.items():
+            if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+                raise ValueError(f"models.{name}: a list of steps is expected")
+        self.script = {name: list(steps) for name, steps in models.items()}
+        self.positions = {}
+
+    def next_step(self, model: str) -> dict[str, Any]:
+        steps = self.script.get(model) or self.script.get("default") or [{"text": DEFAULT_TEXT}]
+        key = model if model in self.script else "default"
+        position = self.positions.get(key, 0)
+        self.positions[key] = position + 1
+        return steps[min(position, len(steps) - 1)]
+
+
+def fingerprint(authorization: str | None) -> str:
+    token = (authorization or "").removeprefix("Bearer ").strip()
+    return hashlib.sha256(token.encode()).hexdigest()[:12] if token else "-"
+
+
+def build_app(state: ScriptedModel) -> Starlette:
+    async def completions(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return JSONResponse({"error": {"message": "request body is not JSON", "type": "invalid_request_error"}},
+                                status_code=400)  # fmt: skip
+        model = str(body.get("model", ""))
+        stream = bool(body.get("stream"))
+        state.calls.append(Call(model, fingerprint(request.headers.get("authorization")), stream,
+                                len(body.get("messages") or []),
+                                [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
+                                time.time()))  # fmt: skip
+        step = state.next_step(model)
+        state.in_flight += 1
+        try:
+            if step.get("delay"):
+                await asyncio.sleep(float(step["delay"]))  # a disconnecting client cancels this
+            return answer(step, model, stream)
+        finally:
+            state.in_flight -= 1
+
+    async def models(_: Request) -> Response:
+        names = sorted(n for n in state.script if n != "default")
+        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0,
+                                                         "owned_by": "ksquad-scripted"} for n in names]})  # fmt: skip
+
+    async def set_script(request: Request) -> Response:
+        try:
+            state.load(await request.json())
+        except (json.JSONDecodeError, ValueError, AttributeError) as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
+        return JSONResponse({"models": sorted(state.script)})
+
+    async def calls(_: Request) -> Response:
+        return JSONResponse([c.__dict__ for c in state.calls])
+
+    async def reset(_: Request) -> Response:
+        state.calls.clear()
+        state.positions.clear()
+        return JSONResponse({"ok": True})
+
+    async def health(_: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    return Starlette(routes=[
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+        Route("/v1/models", models),
+        Route("/_script", set_script, methods=["POST"]),
+        Route("/_calls", calls),
+        Route("/_reset", reset, methods=["POST"]),
+        Route("/healthz", health),
+    ])  # fmt: skip
+
+
+def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
+    if "error" in step:
+        status = int(step["error"])
+        headers = {"date": format_datetime(datetime.now(UTC), usegmt=True)}
+        if "retry_after" in step:
+            headers["retry-after"] = str(step["retry_after"])
+        if "retry_after_ms" in step:
+            headers["retry-after-ms"] = str(step["retry_after_ms"])
+        if "retry_after_date_in" in step:
+            when = datetime.now(UTC) + timedelta(seconds=float(step["retry_after_date_in"]))
+            headers["retry-after"] = format_datetime(when, usegmt=True)
+        kind = {429: "rate_limit_exceeded", 401: "invalid_api_key"}.get(status, "server_error")
+        explanation = step.get("message") or {
+            429: "Rate limit reached",
+            401: "Incorrect API key provided",
+        }.get(status, "The server had an error")
+        return JSONResponse({"error": {"message": explanation, "type": kind, "code": kind}}, status_code=status,
+                            headers=headers)  # fmt: skip
+    if step.get("malformed"):
+        return Response("{this is not json", media_type="application/json")
+    completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+    tool_calls = [
+        {"id": f"call_{uuid.uuid4().hex[:10]}", "type": "function",
+         "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}))}}
+        for c in step.get("tool_calls", [])
+    ]  # fmt: skip
+    text = step.get("text", "" if tool_calls else DEFAULT_TEXT)
+    if stream:
+        return StreamingResponse(
+            stream_chunks(completion_id, model, text, tool_calls), media_type="text/event-stream"
+        )
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return JSONResponse({
+        "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text.split())), "total_tokens": 10},
+    })  # fmt: skip
+
+
+async def stream_chunks(
+    completion_id: str, model: str, text: str, tool_calls: list[dict[str, Any]]
+) -> AsyncIterator[str]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return "data: " + json.dumps({"id": completion_id, "object": "chat.completion.chunk", "created": 0,
+                                      "model": model, "choices": [{"index": 0, "delta": delta,
+                                                                   "finish_reason": finish}]}) + "\n\n"  # fmt: skip
+
+    yield chunk({"role": "assistant", "content": ""})
+    for word in text.split(" ") if text else []:
+        yield chunk({"content": word + " "})
+        await asyncio.sleep(0)
+    for index, call in enumerate(tool_calls):
+        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})  # fmt: skip
+        yield chunk(
+            {"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]}
+        )
+    yield chunk({}, "tool_calls" if tool_calls else "stop")
+    yield "data: [DONE]\n\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ksquad-model-server", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--script", type=Path, help="YAML or JSON: {models: {name: [steps]}}")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8400)
+    args = parser.parse_args(argv)
+    state = ScriptedModel()
+    if args.script:
+        state.load(yaml.safe_load(args.script.read_text()) or {})
+    uvicorn.run(build_app(state), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
