@@ -1,0 +1,113 @@
+"""The MCP tools a run may call: only those in the Agent's allowedTools, over MCP's streamable HTTP.
+
+The model sees each tool under its Tool object's name (unique in the namespace), so two MCP servers with
+a same-named tool never collide. Every call carries an idempotency key `<run-uid>-a<attempt>-<call-number>`
+and the run's identity in the request's `_meta`, so a tool can refuse or deduplicate a side effect that a
+retried attempt repeats.
+"""
+
+import contextlib
+import json
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx2
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+
+from agent.contract import Contract, Tool
+
+META_IDEMPOTENCY_KEY = "ksquad.io/idempotency-key"
+META_RUN = "ksquad.io/run"
+META_RUN_UID = "ksquad.io/run-uid"
+META_ATTEMPT = "ksquad.io/attempt"
+CALL_TIMEOUT_SECONDS = 300.0
+
+
+@dataclass
+class OfferedTool:
+    tool: Tool
+    client: Client
+    description: str
+    input_schema: dict[str, Any]
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as the OpenAI chat API takes it."""
+        return {"type": "function", "function": {"name": self.tool.name, "description": self.description,
+                                                 "parameters": self.input_schema}}  # fmt: skip
+
+
+@dataclass
+class ToolResult:
+    text: str
+    is_error: bool
+
+
+class ToolBox:
+    """`async with ToolBox(contract) as tools:` connects to the MCP servers of the allowed tools."""
+
+    def __init__(self, contract: Contract) -> None:
+        self.contract = contract
+        self.offered: dict[str, OfferedTool] = {}
+        self.calls = 0
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> "ToolBox":
+        wanted = self.contract.offered_tools()
+        by_server: dict[str, list[Tool]] = {}
+        for tool in wanted:
+            if tool.mcp_server is None:
+                raise ValueError(f"tool {tool.name} has no MCP server")
+            by_server.setdefault(tool.mcp_server.url, []).append(tool)
+        try:
+            for url, tools in by_server.items():
+                http = await self._stack.enter_async_context(
+                    httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=CALL_TIMEOUT_SECONDS))
+                )
+                client = await self._stack.enter_async_context(
+                    Client(streamable_http_client(url, http_client=http), read_timeout_seconds=30, cache=None)
+                )
+                listed = {t.name: t for t in (await client.list_tools()).tools}
+                for tool in tools:
+                    remote = listed.get(tool.tool_name)
+                    if remote is None:
+                        raise ValueError(f"MCP server {url} has no tool {tool.tool_name} (tool {tool.name})")
+                    self.offered[tool.name] = OfferedTool(
+                        tool, client, tool.description or remote.description or "", dict(remote.input_schema)
+                    )
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        await self._stack.aclose()
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return [t.definition() for t in self.offered.values()]
+
+    async def call(self, name: str, arguments: str) -> ToolResult:
+        """Call a tool the model asked for. A tool that was not offered is refused, never run."""
+        self.calls += 1
+        offered = self.offered.get(name)
+        if offered is None:
+            return ToolResult(f"tool {name!r} is not available to this agent", is_error=True)
+        try:
+            args = json.loads(arguments or "{}")
+        except json.JSONDecodeError as err:
+            return ToolResult(f"arguments of {name} are not JSON: {err}", is_error=True)
+        run = self.contract.run
+        meta: Any = {  # RequestParamsMeta is an open TypedDict of namespaced keys
+            META_IDEMPOTENCY_KEY: f"{run.uid}-a{run.attempt}-{self.calls}",
+            META_RUN: f"{run.namespace}/{run.name}",
+            META_RUN_UID: run.uid,
+            META_ATTEMPT: run.attempt,
+        }
+        try:
+            result = await offered.client.call_tool(offered.tool.tool_name, args, meta=meta,
+                                                    read_timeout_seconds=CALL_TIMEOUT_SECONDS)  # fmt: skip
+        except MCPError as err:
+            return ToolResult(f"tool {name} failed: {err.error.message}", is_error=True)
+        text = "".join(getattr(block, "text", "") for block in result.content)
+        return ToolResult(text, bool(result.is_error))
