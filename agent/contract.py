@@ -25,6 +25,7 @@ class _Read(BaseModel):
 class Credential(_Read):
     secret_name: str
     key: str = "apiKey"
+    env: str = ""  # where a cold sandbox gets the value
 
 
 class Model(_Read):

@@ -57,6 +57,7 @@ class ScriptedModel:
     positions: dict[str, int] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     in_flight: int = 0
+    abandoned: int = 0  # requests whose client hung up while the model was still "thinking"
 
     def load(self, data: dict[str, Any]) -> None:
         models = data.get("models", data)
@@ -95,8 +96,9 @@ def build_app(state: ScriptedModel) -> Starlette:
         step = state.next_step(model)
         state.in_flight += 1
         try:
-            if step.get("delay"):
-                await asyncio.sleep(float(step["delay"]))  # a disconnecting client cancels this
+            if step.get("delay") and await hung_up_within(request, float(step["delay"])):
+                state.abandoned += 1
+                return Response(status_code=499)  # nobody is listening any more
             return answer(step, model, stream)
         finally:
             state.in_flight -= 1
@@ -132,6 +134,16 @@ def build_app(state: ScriptedModel) -> Starlette:
         Route("/_reset", reset, methods=["POST"]),
         Route("/healthz", health),
     ])  # fmt: skip
+
+
+async def hung_up_within(request: Request, seconds: float) -> bool:
+    """Wait `seconds`, watching for the client to disconnect (an abandoned call)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if await request.is_disconnected():
+            return True
+        await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    return False
 
 
 def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
@@ -184,8 +196,9 @@ async def stream_chunks(
                                                                    "finish_reason": finish}]}) + "\n\n"  # fmt: skip
 
     yield chunk({"role": "assistant", "content": ""})
-    for word in text.split(" ") if text else []:
-        yield chunk({"content": word + " "})
+    words = text.split(" ") if text else []
+    for i, word in enumerate(words):
+        yield chunk({"content": word + (" " if i < len(words) - 1 else "")})
         await asyncio.sleep(0)
     for index, call in enumerate(tool_calls):
         yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",

@@ -18,6 +18,9 @@ from workflows.status import Artifact, SandboxStatus
 
 WORKER_TASK_QUEUE = "ksquad"
 BRIDGE_TASK_QUEUE = "ksquad-bridge"
+CLAIM_LEASE_SECONDS = (
+    120  # a claim's lease; the Running activity renews it, a pause extends it to cover itself
+)
 
 
 class Activity(StrEnum):

@@ -5,9 +5,10 @@ a warm one reads them from its own mounted credential. The contract travels in `
 (cold) or in the first A2A message (warm), so its shape is versioned.
 """
 
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from workflows.model import KsquadModel
 
@@ -17,6 +18,16 @@ CONTRACT_API_VERSION: Literal["ksquad.io/contract-v1"] = "ksquad.io/contract-v1"
 class CredentialRef(KsquadModel):
     secret_name: str
     key: str = "apiKey"
+    # The environment variable a cold sandbox holds the value in (through a secretKeyRef); derived when empty.
+    env: str = ""
+
+    @model_validator(mode="after")
+    def _env_name(self) -> "CredentialRef":
+        if not self.env:
+            self.env = "KSQUAD_CREDENTIAL_" + re.sub(
+                r"[^A-Z0-9]", "_", f"{self.secret_name}_{self.key}".upper()
+            )
+        return self
 
     def throttle_key(self, namespace: str) -> str:
         """Throttling is per credential: `<namespace>/<secret>`."""

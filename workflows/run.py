@@ -34,6 +34,7 @@ from temporalio.workflow import ActivityCancellationType
 from workflows import search_attributes as sa
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
+    CLAIM_LEASE_SECONDS,
     Activity,
     AgentError,
     AgentInvocation,
@@ -105,7 +106,6 @@ T = TypeVar("T")
 # take the old path. tests/workflows/test_replay.py replays such histories.
 PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
 
-CLAIM_LEASE_SECONDS = 120  # renewed by the Running activity's heartbeats; a pause renews it to cover itself
 AGENT_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MIRROR_FLUSH_SECONDS = 60.0  # at the end, wait this long for the last status to be mirrored
 RESOLVE_RETRY_MAX_SECONDS = 30.0

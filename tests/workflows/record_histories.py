@@ -87,7 +87,7 @@ async def dump(client: Client, world: World, folder: Path) -> list[str]:
             history.to_json_dict(), sort_keys=True
         )
     shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)  # noqa: ASYNC240 - a one-off recording script
+    folder.mkdir(parents=True)
     for name, text in histories.items():
         (folder / name).write_text(text + "\n")
     return list(histories)

@@ -1,0 +1,453 @@
+"""`invoke_agent`: one agent turn over A2A, idempotent across activity retries.
+
+- One message per attempt (`messageId = <run-uid>-a<attempt>`, follow-ups `-t<turn>`), in a context of the
+  attempt's own (`<run-uid>-a<attempt>`). Before sending, a retried activity looks for the task it started:
+  the task id in its heartbeat details, else a task in the attempt's context holding this message id. It
+  resubscribes to that task (or reads it, when it is already over) instead of starting a second one.
+- Events stream in: status messages become run events and artifacts are stored, each write fenced (a holder
+  fenced off by the workflow cannot write); the claim's lease is renewed meanwhile; the activity heartbeats
+  the remote task id.
+- Outcomes: COMPLETED returns outputs; everything else raises a typed, non-retryable ApplicationError
+  (RateLimited with the raw Retry-After, CredentialExpired, InputRequired, AgentFailed with the agent's
+  message, InvalidAgentResponse, SandboxLost) the workflow maps to its policies.
+- Cancelled (the run is cancelled, paused or throttled): CancelTask, then wait (bounded) for CANCELED.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from a2a.client import (
+    A2AClientError,
+    A2AClientTimeoutError,
+    AgentCardResolutionError,
+    Client,
+    ClientCallContext,
+    ClientConfig,
+    ClientFactory,
+)
+from a2a.helpers import get_data_parts, get_message_text, get_text_parts, new_data_part
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    ListTasksRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    SubscribeToTaskRequest,
+    Task,
+    TaskState,
+)
+from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
+from google.protobuf.json_format import MessageToDict
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.claims import as_activity_error, holder_of, keep_lease
+from activities.store import Holder, StaleFence, Store, StoreError
+from workflows.activity_types import (
+    CLAIM_LEASE_SECONDS,
+    Activity,
+    AgentError,
+    AgentInvocation,
+    AgentResult,
+    FailureDetails,
+    RateLimitDetails,
+    RunRef,
+    TaskPause,
+)
+from workflows.status import Artifact
+
+log = logging.getLogger(__name__)
+
+CONTRACT_PART = "ksquad.io/contract"
+MODEL_OVERRIDE = "ksquad.io/model"
+OUTPUTS_ARTIFACT = "ksquad.io/outputs"
+ERROR_KEY = "ksquad.io/error"
+DUPLICATE_OF = "ksquad.io/duplicate-of"
+
+MAX_OUTPUTS = 32  # keys in status.outputs
+MAX_OUTPUT_VALUE = 4096  # characters per output value
+MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
+TERMINAL = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
+            TaskState.TASK_STATE_REJECTED}  # fmt: skip
+PAUSED = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
+
+
+def agent_error(kind: AgentError, message: str, details: Any) -> ApplicationError:
+    return ApplicationError(message[:2000], details, type=kind.value, non_retryable=True)
+
+
+def struct(message: Any) -> dict[str, Any]:
+    """A protobuf Struct field as a dict ({} when unset)."""
+    return MessageToDict(message) if message is not None and message.ListFields() else {}
+
+
+@dataclass
+class Timing:
+    heartbeat_seconds: float = 5.0
+    stall_seconds: float = 20.0  # no event for this long: ask the agent whether it is still there
+    probe_seconds: float = 5.0
+    cancel_wait_seconds: float = 10.0
+    lease_seconds: float = CLAIM_LEASE_SECONDS
+
+
+@dataclass
+class Progress:
+    """What the activity has seen of the remote task (also its heartbeat details)."""
+
+    task_id: str | None = None
+    state: str = ""
+    events: int = 0
+    artifacts: list[Artifact] = field(default_factory=list)
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    def heartbeat(self) -> dict[str, Any]:
+        return {"taskId": self.task_id, "state": self.state, "events": self.events}
+
+
+class AgentActivities:
+    def __init__(self, store: Store, timing: Timing | None = None) -> None:
+        self.store = store
+        self.timing = timing or Timing()
+
+    @activity.defn(name=Activity.INVOKE_AGENT)
+    async def invoke_agent(self, inv: AgentInvocation) -> AgentResult:
+        run = inv.contract.run
+        holder = holder_of(
+            RunRef(namespace=run.namespace, name=run.name, uid=run.uid, triggered_by=run.triggered_by)
+        )
+        try:
+            if run.work_item_ref is None:
+                await self.store.begin_attempt(holder, run.attempt)
+        except StoreError as err:
+            raise as_activity_error(err) from None
+        progress = Progress(task_id=_previous_task_id())
+        beat = asyncio.create_task(self._heartbeat(progress))
+        try:
+            async with (
+                httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds)) as http,
+                keep_lease(self.store, run.work_item_ref, holder, run.fence, self.timing.lease_seconds,
+                           self.timing.lease_seconds / 3) as lease,
+            ):  # fmt: skip
+                client = await self._connect(http, inv)
+                try:
+                    call = Invocation(self, client, inv, holder, progress)
+                    work = asyncio.ensure_future(call.run())
+                    lost = asyncio.ensure_future(lease.lost.wait())
+                    try:
+                        await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
+                    except asyncio.CancelledError:
+                        await _cancel_and_wait(work)
+                        await call.cancel_remote()
+                        raise
+                    finally:
+                        lost.cancel()
+                    if not work.done():  # the claim moved to another holder: stop acting for the run
+                        await _cancel_and_wait(work)
+                        await call.cancel_remote()
+                        raise ApplicationError(
+                            f"lost the claim: {lease.reason}", type="StaleFence", non_retryable=True
+                        )
+                    return work.result()
+                finally:
+                    await client.close()
+        finally:
+            beat.cancel()
+
+    async def _connect(self, http: httpx.AsyncClient, inv: AgentInvocation) -> Client:
+        try:
+            return await ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create_from_url(
+                inv.endpoint
+            )
+        except AgentCardResolutionError as err:
+            raise agent_error(AgentError.SANDBOX_LOST, f"cannot reach the agent at {inv.endpoint}: {err.message}",
+                              FailureDetails(message=f"agent card: {err.message}")) from None  # fmt: skip
+        except (A2AError, ValidationError, ValueError) as err:
+            raise agent_error(AgentError.INVALID_AGENT_RESPONSE, f"invalid agent card at {inv.endpoint}: {err}",
+                              FailureDetails(message=str(err))) from None  # fmt: skip
+
+    async def _heartbeat(self, progress: Progress) -> None:
+        while True:
+            activity.heartbeat(progress.heartbeat())
+            await asyncio.sleep(self.timing.heartbeat_seconds)
+
+
+def _previous_task_id() -> str | None:
+    """The remote task an earlier attempt of this activity started, from its last heartbeat."""
+    details = activity.info().heartbeat_details
+    if details and isinstance(details[0], dict):
+        task_id = details[0].get("taskId")
+        return str(task_id) if task_id else None
+    return None
+
+
+async def _cancel_and_wait(task: "asyncio.Future[Any]") -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+class Invocation:
+    """One run of invoke_agent against one agent."""
+
+    def __init__(self, acts: AgentActivities, client: Client, inv: AgentInvocation, holder: Holder,
+                 progress: Progress) -> None:  # fmt: skip
+        self.store = acts.store
+        self.timing = acts.timing
+        self.client = client
+        self.inv = inv
+        self.holder = holder
+        self.progress = progress
+        self.identity = inv.contract.run
+
+    async def run(self) -> AgentResult:
+        try:
+            return await self._run()
+        except A2AClientError as err:  # outside a stream: a broken answer, or nobody answering at all
+            if _network_failure(err):
+                raise agent_error(AgentError.SANDBOX_LOST, f"the agent stopped answering: {err.message}",
+                                  FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+            raise agent_error(AgentError.INVALID_AGENT_RESPONSE, f"invalid A2A response: {err.message}",
+                              FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+        except A2AError as err:
+            raise agent_error(AgentError.INVALID_AGENT_RESPONSE,
+                              f"the agent answered with an error: {type(err).__name__}: {err.message}",
+                              FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+
+    async def _run(self) -> AgentResult:
+        task = await self._find_task()
+        events = self._follow(task) if task is not None else self._send()
+        while True:
+            try:
+                final = await self._consume(events)
+            except A2AClientTimeoutError:
+                final = None  # a long silence: is the agent still there?
+            except InternalError as err:
+                raise agent_error(AgentError.AGENT_FAILED, f"the agent crashed: {err.message}",
+                                  FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+            except A2AClientError as err:
+                if not _network_failure(err):
+                    raise
+                final = None  # the stream broke: is the agent still there?
+            if final is None or final.status.state not in TERMINAL | PAUSED:
+                task = await self._probe()
+                if task.status.state in TERMINAL | PAUSED:
+                    final = task
+                else:
+                    events = self._follow(task)
+                    continue
+            duplicate_of = struct(final.metadata).get(DUPLICATE_OF)
+            if final.status.state == TaskState.TASK_STATE_REJECTED and duplicate_of:
+                # our own agent refused a repeated message id: follow the original task instead
+                self.progress.task_id = str(duplicate_of)
+                events = self._follow(await self._get(str(duplicate_of)))
+                continue
+            return self._outcome(final)
+
+    # --- finding, sending, following ----------------------------------------------------------------------
+
+    async def _find_task(self) -> Task | None:
+        if self.progress.task_id:
+            return await self._get(self.progress.task_id)
+        if self.inv.continue_task is not None:
+            return None
+        listed = await self.client.list_tasks(
+            ListTasksRequest(context_id=self.inv.context_id, history_length=50)
+        )
+        for task in listed.tasks:
+            if any(m.message_id == self.inv.message_id for m in task.history):
+                log.info("%s: found task %s for message %s", self.identity.name, task.id, self.inv.message_id)
+                self.progress.task_id = task.id
+                return task
+        return None
+
+    async def _get(self, task_id: str) -> Task:
+        return await self.client.get_task(GetTaskRequest(id=task_id, history_length=1))
+
+    def _message(self) -> Message:
+        run = self.identity
+        text = f"Attempt {run.attempt} of run {run.namespace}/{run.name}."  # A2A wants a non-empty text
+        if self.inv.continue_task is not None:
+            text = self.inv.continue_task.text or "The credential was refreshed: continue."
+        parts = [Part(text=text)]
+        if self.inv.deliver_contract and self.inv.continue_task is None:
+            parts.append(new_data_part({CONTRACT_PART: self.inv.contract.model_dump(mode="json")}))
+        message = Message(role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id,
+                          parts=parts)  # fmt: skip
+        message.metadata.update(
+            {MODEL_OVERRIDE: self.inv.contract.model.model_dump(mode="json", exclude_none=True)}
+        )
+        if self.inv.continue_task is not None:
+            message.task_id = self.inv.continue_task.task_id
+            message.context_id = self.inv.continue_task.context_id
+        return message
+
+    async def _send(self) -> AsyncIterator[StreamResponse]:
+        async for event in self.client.send_message(SendMessageRequest(message=self._message())):
+            yield event
+
+    async def _follow(self, task: Task) -> AsyncIterator[StreamResponse]:
+        """Resubscribe to a running task: its snapshot first, then live events."""
+        self.progress.task_id = task.id
+        if task.status.state in TERMINAL | PAUSED:
+            yield StreamResponse(task=task)
+            return
+        try:
+            async for event in self.client.subscribe(SubscribeToTaskRequest(id=task.id)):
+                yield event
+        except UnsupportedOperationError:  # it ended meanwhile
+            yield StreamResponse(task=await self._get(task.id))
+
+    async def _consume(self, events: AsyncIterator[StreamResponse]) -> Task | None:
+        """Record the events; return the task once it is over or waits, None when the stream just ended."""
+        final: Task | None = None
+        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]
+            async for event in stream:
+                self.progress.events += 1
+                kind = event.WhichOneof("payload")
+                if kind == "task":
+                    final = event.task
+                    self.progress.task_id = event.task.id
+                    self.progress.state = TaskState.Name(event.task.status.state)
+                elif kind == "status_update":
+                    update = event.status_update
+                    self.progress.task_id = update.task_id
+                    self.progress.state = TaskState.Name(update.status.state)
+                    await self._record_status(
+                        update.status.state, update.status.message, struct(update.metadata)
+                    )
+                    if update.status.state in TERMINAL | PAUSED:
+                        final = Task(id=update.task_id, context_id=update.context_id, status=update.status,
+                                     metadata=update.metadata)  # fmt: skip
+                elif kind == "artifact_update":
+                    await self._record_artifact(event.artifact_update.artifact)
+                elif kind == "message":
+                    raise agent_error(AgentError.INVALID_AGENT_RESPONSE, "the agent answered with a bare message, "
+                                      "not a task", FailureDetails(message=get_message_text(event.message)))  # fmt: skip
+                activity.heartbeat(self.progress.heartbeat())
+                if final is not None and final.status.state in TERMINAL | PAUSED:
+                    return final
+        return final
+
+    async def _probe(self) -> Task:
+        """The stream went quiet or broke: ask for the task. An agent that does not answer is lost."""
+        if not self.progress.task_id:
+            raise agent_error(AgentError.SANDBOX_LOST, "the agent stopped answering before it started a task",
+                              FailureDetails(message="no task id"))  # fmt: skip
+        try:
+            return await self.client.get_task(
+                GetTaskRequest(id=self.progress.task_id, history_length=1),
+                context=ClientCallContext(timeout=self.timing.probe_seconds),
+            )
+        except (A2AClientError, A2AError) as err:
+            raise agent_error(AgentError.SANDBOX_LOST, f"the agent stopped answering: {err.message}",
+                              FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+
+    async def cancel_remote(self) -> None:
+        """CancelTask, then wait (bounded) until the agent reports CANCELED."""
+        if not self.progress.task_id:
+            return
+        with contextlib.suppress(A2AError, A2AClientError):
+            await self.client.cancel_task(CancelTaskRequest(id=self.progress.task_id),
+                                          context=ClientCallContext(timeout=self.timing.probe_seconds))  # fmt: skip
+        deadline = asyncio.get_running_loop().time() + self.timing.cancel_wait_seconds
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(A2AError, A2AClientError):
+                task = await self._get(self.progress.task_id)
+                if task.status.state in TERMINAL:
+                    return
+            await asyncio.sleep(0.2)
+        log.warning("%s: task %s not CANCELED after %.0fs", self.identity.name, self.progress.task_id,
+                    self.timing.cancel_wait_seconds)  # fmt: skip
+
+    # --- recording (fenced) -------------------------------------------------------------------------------
+
+    async def _record_status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
+        text = get_message_text(message) if message.parts else ""
+        await self._fenced(self.store.append_event(
+            self.holder, self.identity.fence, self.identity.attempt, "status", text[:4000],
+            {"state": TaskState.Name(state), **_small(metadata)}, work_item_ref=self.identity.work_item_ref,
+        ))  # fmt: skip
+
+    async def _record_artifact(self, artifact: Any) -> None:
+        name = artifact.name or artifact.artifact_id
+        data = get_data_parts(list(artifact.parts))
+        texts = get_text_parts(list(artifact.parts))
+        if name == OUTPUTS_ARTIFACT:
+            for part in data:
+                if isinstance(part, dict):
+                    for key, value in list(part.items())[:MAX_OUTPUTS]:
+                        self.progress.outputs[str(key)] = str(value)[:MAX_OUTPUT_VALUE]
+            return
+        content = ("\n".join(texts) if texts else json.dumps(data)).encode()
+        if len(content) > MAX_ARTIFACT_BYTES:
+            raise agent_error(AgentError.INVALID_AGENT_RESPONSE,
+                              f"artifact {name} is {len(content)} bytes, more than the {MAX_ARTIFACT_BYTES} allowed",
+                              FailureDetails(message="artifact too large", task_id=self.progress.task_id))  # fmt: skip
+        media_type = "text/plain" if texts else "application/json"
+        await self._fenced(self.store.put_artifact(self.holder, self.identity.fence, name, media_type=media_type,
+                                                   content=content, work_item_ref=self.identity.work_item_ref))  # fmt: skip
+        self.progress.artifacts.append(Artifact(name=name, media_type=media_type, size=len(content),
+                                                uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}"))  # fmt: skip
+
+    async def _fenced(self, write: Any) -> None:
+        try:
+            await write
+        except StaleFence as err:
+            raise ApplicationError(f"fenced off: {err}", type="StaleFence", non_retryable=True) from None
+        except StoreError as err:
+            raise as_activity_error(err) from None
+
+    # --- outcomes -----------------------------------------------------------------------------------------
+
+    def _outcome(self, task: Task) -> AgentResult:
+        state = task.status.state
+        text = get_message_text(task.status.message) if task.status.message.parts else ""
+        metadata = {**struct(task.metadata), **struct(task.status.message.metadata)}
+        if state == TaskState.TASK_STATE_COMPLETED:
+            return AgentResult(task_id=task.id, outputs=self.progress.outputs, artifacts=self.progress.artifacts,
+                               summary=text[:500])  # fmt: skip
+        pause = TaskPause(task_id=task.id, context_id=task.context_id, message=text[:2000])
+        if state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            raise agent_error(AgentError.INPUT_REQUIRED, text or "the agent needs input", pause)
+        if state == TaskState.TASK_STATE_AUTH_REQUIRED:
+            raise agent_error(
+                AgentError.CREDENTIAL_EXPIRED, text or "the agent's credential was refused", pause
+            )
+        if state == TaskState.TASK_STATE_FAILED and metadata.get(ERROR_KEY) == "rate_limited":
+            details = RateLimitDetails(
+                retry_after=_str(metadata.get("retryAfter")), retry_after_ms=_str(metadata.get("retryAfterMs")),
+                response_date=_str(metadata.get("date")), observed_at=datetime.now(UTC),
+                model=_str(metadata.get("model")), credential=_str(metadata.get("credential")),
+            )  # fmt: skip
+            raise agent_error(AgentError.RATE_LIMITED, text or "rate limited", details)
+        what = {TaskState.TASK_STATE_CANCELED: "the agent cancelled the task",
+                TaskState.TASK_STATE_REJECTED: "the agent rejected the task"}.get(state, "the agent failed")  # fmt: skip
+        message = f"{what}: {text}" if text else what
+        raise agent_error(
+            AgentError.AGENT_FAILED, message, FailureDetails(message=message[:2000], task_id=task.id)
+        )
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _small(metadata: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in list(metadata.items())[:20] if len(json.dumps(v, default=str)) < 1000}
+
+
+def _network_failure(err: A2AClientError) -> bool:
+    """Transport failures (the agent is gone or unreachable), as opposed to answers we cannot read."""
+    cause = err.__cause__
+    return isinstance(cause, httpx.TransportError) or "Network communication error" in (err.message or "")

@@ -1,0 +1,272 @@
+"""The reference agent's A2A executor: contract in, model and tool loop, status and artifacts out.
+
+One task per message (the orchestrator sends one message per attempt, follow-ups for input and refreshed
+credentials). Outcomes are reported in A2A terms the orchestrator maps back:
+- COMPLETED, with the answer as an artifact and `ksquad.io/outputs` (a small string map) as a data artifact;
+- FAILED with metadata `ksquad.io/error: rate_limited` plus the raw `retryAfter`/`retryAfterMs`/`date`,
+  the model and the credential, when the model answers 429;
+- AUTH_REQUIRED when the model refuses the credential (401); INPUT_REQUIRED when the model asks the user;
+- CANCELED on CancelTask or SIGTERM; FAILED with the reason for anything else.
+A message id seen before is never run again: its task is REJECTED, pointing at the original.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from a2a.helpers import (
+    get_data_parts,
+    get_message_text,
+    new_data_part,
+    new_task_from_user_message,
+    new_text_part,
+)
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types import Message, TaskState
+from google.protobuf.json_format import MessageToDict
+
+from agent.contract import Contract, ContractError, Model, build_prompt, parse_contract
+from agent.model import ModelFailed, RateLimited, Unauthorized, complete
+from agent.tools import ToolBox
+
+log = logging.getLogger("ksquad.agent")
+T = TypeVar("T")
+
+CONTRACT_PART = "ksquad.io/contract"  # a data part {"ksquad.io/contract": {...}} carries the contract
+MODEL_OVERRIDE = "ksquad.io/model"  # message metadata: the model to use now (a fallback switch)
+OUTPUTS_ARTIFACT = "ksquad.io/outputs"
+ERROR_KEY = "ksquad.io/error"
+DUPLICATE_OF = "ksquad.io/duplicate-of"
+ASK_USER = "ksquad_request_input"  # the agent's own tool: the model asks the user a question
+MAX_STEPS = 25
+KEEPALIVE_SECONDS = 10.0  # a status while the model thinks, so a silent agent means a dead one
+MAX_OUTPUT_CHARS = 2000
+
+ASK_USER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": ASK_USER,
+        "description": "Ask the person who started the run a question, when you cannot go on without the answer.",
+        "parameters": {
+            "type": "object",
+            "properties": {"question": {"type": "string"}},
+            "required": ["question"],
+        },
+    },
+}
+
+
+@dataclass
+class Conversation:
+    contract: Contract
+    model: Model
+    messages: list[dict[str, Any]]
+    pending_question: str | None = None  # the tool call id of an unanswered ksquad_request_input
+
+
+@dataclass
+class Stats:
+    """What this agent was asked to do; tests assert on it (`GET /ksquad/stats`)."""
+
+    messages: int = 0  # distinct new messages executed
+    follow_ups: int = 0
+    duplicates: int = 0  # repeated message ids, refused
+    cancelled: int = 0
+    completed: int = 0
+    message_ids: list[str] = field(default_factory=list)
+
+
+class KsquadAgentExecutor(AgentExecutor):
+    def __init__(self, contract: Contract | None = None) -> None:
+        self.env_contract = contract
+        self.conversations: dict[str, Conversation] = {}
+        self.seen: dict[str, str] = {}  # message id -> task id
+        self.running: dict[str, asyncio.Task[Any]] = {}
+        self.stats = Stats()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        message = context.message
+        assert message is not None and context.task_id is not None and context.context_id is not None
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        if context.current_task is None:
+            await event_queue.enqueue_event(new_task_from_user_message(message))
+            original = self.seen.get(message.message_id)
+            if original is not None:  # the same message again (a retried sender): never run it twice
+                self.stats.duplicates += 1
+                await updater.update_status(
+                    TaskState.TASK_STATE_REJECTED, self._text(updater, f"message {message.message_id} already runs"),
+                    metadata={DUPLICATE_OF: original},
+                )  # fmt: skip
+                return
+            self.seen[message.message_id] = context.task_id
+            self.stats.messages += 1
+            self.stats.message_ids.append(message.message_id)
+            try:
+                conversation = self._start(message)
+            except ContractError as err:
+                await updater.update_status(TaskState.TASK_STATE_FAILED, self._text(updater, str(err)),
+                                            metadata={ERROR_KEY: "invalid_contract"})  # fmt: skip
+                return
+            self.conversations[context.task_id] = conversation
+        else:
+            self.stats.follow_ups += 1
+            existing = self.conversations.get(context.task_id)
+            if existing is None:
+                await updater.update_status(TaskState.TASK_STATE_FAILED,
+                                            self._text(updater, "this agent has no memory of the task (restarted?)"),
+                                            metadata={ERROR_KEY: "unknown_task"})  # fmt: skip
+                return
+            conversation = existing
+            self._resume(conversation, message)
+        current = asyncio.current_task()
+        assert current is not None
+        self.running[context.task_id] = current
+        try:
+            await self._work(conversation, updater)
+        except asyncio.CancelledError:
+            self.stats.cancelled += 1
+            with contextlib.suppress(RuntimeError):  # cancel() may have reported CANCELED already
+                await updater.cancel(self._text(updater, "cancelled"))
+            raise
+        finally:
+            self.running.pop(context.task_id, None)
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        with contextlib.suppress(RuntimeError):
+            await updater.cancel(self._text(updater, "cancelled on request"))
+
+    async def cancel_all(self) -> None:
+        """SIGTERM: stop every task (each reports CANCELED) and wait, briefly, for them to finish."""
+        tasks = list(self.running.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+
+    # --- the conversation ---------------------------------------------------------------------------------
+
+    def _start(self, message: Message) -> Conversation:
+        contract = self.env_contract
+        for part in get_data_parts(list(message.parts)):
+            if isinstance(part, dict) and CONTRACT_PART in part:
+                contract = parse_contract(part[CONTRACT_PART])
+        if contract is None:
+            raise ContractError(
+                "no execution contract: set KSQUAD_EXECUTION_CONTRACT or send it in the message"
+            )
+        # The message's text only says which attempt this is: the task itself comes from the contract.
+        return Conversation(contract, self._model(contract, message), build_prompt(contract))
+
+    def _resume(self, conversation: Conversation, message: Message) -> None:
+        text = get_message_text(message).strip()
+        conversation.model = self._model(conversation.contract, message, conversation.model)
+        if conversation.pending_question is not None:  # the answer to the model's question
+            conversation.messages.append({"role": "tool", "tool_call_id": conversation.pending_question,
+                                          "content": text or "(no answer)"})  # fmt: skip
+            conversation.pending_question = None
+        # else: the credential was refreshed; the conversation goes on where it stopped
+
+    def _model(self, contract: Contract, message: Message, current: Model | None = None) -> Model:
+        metadata = MessageToDict(message.metadata) if message.HasField("metadata") else {}
+        override = metadata.get(MODEL_OVERRIDE)
+        if isinstance(override, dict):
+            return Model.model_validate(override)
+        return current or contract.model
+
+    async def _work(self, conversation: Conversation, updater: TaskUpdater) -> None:
+        contract = conversation.contract
+        async with ToolBox(contract) as tools:
+            definitions = [*tools.definitions(), ASK_USER_TOOL]
+            for step in range(1, MAX_STEPS + 1):
+                model = conversation.model
+                await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                            self._text(updater, f"step {step}: asking {model.name}"),
+                                            metadata={"ksquad.io/step": step})  # fmt: skip
+                try:
+                    turn = await self._keepalive(
+                        complete(model, conversation.messages, definitions), updater, model
+                    )
+                except RateLimited as err:
+                    credential = model.credential.secret_name if model.credential else None
+                    await updater.update_status(TaskState.TASK_STATE_FAILED, self._text(updater, str(err)), metadata={
+                        ERROR_KEY: "rate_limited", "retryAfter": err.retry_after, "retryAfterMs": err.retry_after_ms,
+                        "date": err.date, "model": model.name,
+                        "credential": f"{contract.run.namespace}/{credential}" if credential else None,
+                    })  # fmt: skip
+                    return
+                except Unauthorized as err:
+                    await updater.update_status(TaskState.TASK_STATE_AUTH_REQUIRED, self._text(updater, str(err)),
+                                                metadata={ERROR_KEY: "unauthorized", "model": model.name})  # fmt: skip
+                    return
+                except ModelFailed as err:
+                    await updater.update_status(TaskState.TASK_STATE_FAILED, self._text(updater, str(err)),
+                                                metadata={ERROR_KEY: "model_failed", "model": model.name})  # fmt: skip
+                    return
+                conversation.messages.append(turn.assistant_message())
+                if not turn.tool_calls:
+                    await self._finish(turn.text, updater)
+                    return
+                for call in turn.tool_calls:
+                    if call.name == ASK_USER:
+                        conversation.pending_question = call.id
+                        question = _argument(call.arguments, "question") or "The agent needs input."
+                        await updater.requires_input(self._text(updater, question))
+                        return
+                    await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                                self._text(updater, f"calling tool {call.name}"),
+                                                metadata={"ksquad.io/tool": call.name})  # fmt: skip
+                    result = await tools.call(call.name, call.arguments)
+                    conversation.messages.append(
+                        {"role": "tool", "tool_call_id": call.id, "content": result.text}
+                    )
+                    await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                                self._text(updater, f"{call.name}: {result.text[:200]}"),
+                                                metadata={"ksquad.io/tool": call.name,
+                                                          "ksquad.io/tool-error": result.is_error})  # fmt: skip
+            await updater.update_status(TaskState.TASK_STATE_FAILED,
+                                        self._text(updater, f"no answer after {MAX_STEPS} steps"),
+                                        metadata={ERROR_KEY: "too_many_steps"})  # fmt: skip
+
+    async def _finish(self, text: str, updater: TaskUpdater) -> None:
+        await updater.add_artifact([new_text_part(text)], name="answer")
+        await updater.add_artifact(
+            [new_data_part({"answer": text[:MAX_OUTPUT_CHARS]})], name=OUTPUTS_ARTIFACT
+        )
+        self.stats.completed += 1
+        await updater.complete(self._text(updater, text[:MAX_OUTPUT_CHARS]))
+
+    async def _keepalive(self, work: Awaitable[T], updater: TaskUpdater, model: Model) -> T:
+        """Await the model, reporting every KEEPALIVE_SECONDS that the agent is alive and waiting."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait([task], timeout=KEEPALIVE_SECONDS)
+                if done:
+                    return task.result()
+                await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                            self._text(updater, f"waiting for {model.name}"))  # fmt: skip
+        finally:
+            if not task.done():
+                task.cancel()  # a cancelled task abandons the model call: the HTTP request is dropped
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    @staticmethod
+    def _text(updater: TaskUpdater, text: str) -> Message:
+        return updater.new_agent_message([new_text_part(text)])
+
+
+def _argument(arguments: str, name: str) -> str:
+    try:
+        value = json.loads(arguments or "{}").get(name)
+    except (json.JSONDecodeError, AttributeError):
+        return ""
+    return str(value) if value is not None else ""

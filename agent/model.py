@@ -1,0 +1,127 @@
+"""Calling the model: an OpenAI-compatible endpoint through the `openai` client, with its own retries off.
+
+Retrying is the orchestrator's job (it knows about other runs on the same credential), so a 429 surfaces at
+once as RateLimited with the raw Retry-After headers, a 401 as Unauthorized, anything else malformed as
+ModelFailed with a reason.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+
+from agent.contract import Credential, Model
+
+SECRETS_DIR_ENV = "KSQUAD_SECRETS_DIR"  # mounted Secrets (kept current by the kubelet): <dir>/<secret>/<key>
+DEFAULT_SECRETS_DIR = "/var/run/ksquad/secrets"
+REQUEST_TIMEOUT = 300.0
+
+
+class ModelError(Exception):
+    pass
+
+
+class RateLimited(ModelError):
+    def __init__(
+        self, model: str, retry_after: str | None, retry_after_ms: str | None, date: str | None
+    ) -> None:
+        super().__init__(f"{model}: rate limited (Retry-After {retry_after or retry_after_ms or 'absent'})")
+        self.model = model
+        self.retry_after = retry_after
+        self.retry_after_ms = retry_after_ms
+        self.date = date
+
+
+class Unauthorized(ModelError):
+    pass
+
+
+class ModelFailed(ModelError):
+    pass
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Turn:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def assistant_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return message
+
+
+def api_key(credential: Credential | None) -> str:
+    """The credential's value: the mounted Secret file (refreshed in place), else its environment variable."""
+    if credential is None:
+        return os.environ.get("OPENAI_API_KEY", "unused")
+    mounted = (
+        Path(os.environ.get(SECRETS_DIR_ENV, DEFAULT_SECRETS_DIR)) / credential.secret_name / credential.key
+    )
+    if mounted.is_file():
+        return mounted.read_text().strip()
+    if credential.env and credential.env in os.environ:
+        return os.environ[credential.env]
+    raise Unauthorized(
+        f"credential {credential.secret_name}/{credential.key} is not mounted at {mounted} nor set in ${credential.env}"
+    )
+
+
+async def complete(model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Turn:
+    """One model turn, streamed; returns the text and the tool calls the model asked for."""
+    client = openai.AsyncOpenAI(
+        base_url=model.url or os.environ.get("OPENAI_BASE_URL"), api_key=api_key(model.credential), max_retries=0,
+        timeout=REQUEST_TIMEOUT, _strict_response_validation=True,
+    )  # fmt: skip
+    try:
+        kwargs: dict[str, Any] = {"model": model.name, "messages": messages, "stream": True}
+        if tools:
+            kwargs["tools"] = tools
+        turn = Turn()
+        calls: dict[int, ToolCall] = {}
+        async with await client.chat.completions.create(**kwargs) as stream:
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    turn.text += delta.content or ""
+                    for d in delta.tool_calls or []:
+                        call = calls.setdefault(d.index, ToolCall("", "", ""))
+                        if d.id:
+                            call.id = d.id
+                        if d.function and d.function.name:
+                            call.name = d.function.name
+                        if d.function and d.function.arguments:
+                            call.arguments += d.function.arguments
+        turn.tool_calls = [calls[i] for i in sorted(calls)]
+        if not turn.text.strip() and not turn.tool_calls:
+            # A body the SSE parser could not read ends the stream quietly: never take silence for an answer.
+            raise ModelFailed(f"{model.name}: malformed response: no content and no tool calls")
+        return turn
+    except openai.RateLimitError as err:
+        headers = err.response.headers
+        raise RateLimited(model.name, headers.get("retry-after"), headers.get("retry-after-ms"),
+                          headers.get("date")) from None  # fmt: skip
+    except openai.AuthenticationError as err:
+        raise Unauthorized(f"{model.name}: {err.message}") from None
+    except openai.APIStatusError as err:
+        raise ModelFailed(f"{model.name}: HTTP {err.status_code}: {err.message}") from None
+    except openai.APIConnectionError as err:
+        raise ModelFailed(f"{model.name}: cannot reach {model.url or 'the model endpoint'}: {err}") from None
+    except (openai.APIError, json.JSONDecodeError, ValueError) as err:
+        raise ModelFailed(f"{model.name}: malformed response: {err}") from None
+    finally:
+        await client.close()

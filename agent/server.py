@@ -1,0 +1,114 @@
+"""`ksquad-agent`: the reference sandbox agent as an A2A server (JSON-RPC binding).
+
+    ksquad-agent --host $(POD_IP) --port 8080
+
+Serves the agent card at `/.well-known/agent-card.json`, A2A JSON-RPC at `/`, `/healthz` (alive),
+`/readyz` (ready to take a task: it has a contract or can get one in the first message) and `/ksquad/stats`
+(what it was asked to do). On SIGTERM it cancels its tasks (each reports CANCELED), then stops.
+"""
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+from types import FrameType
+
+import uvicorn
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore
+from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agent.contract import contract_from_env
+from agent.executor import KsquadAgentExecutor
+
+log = logging.getLogger("ksquad.agent")
+
+
+def agent_card(url: str, name: str = "ksquad-agent") -> AgentCard:
+    return AgentCard(
+        name=name,
+        description="ksquad's reference sandbox agent: a model and MCP tools, driven by an execution contract.",
+        version="0.1.0",
+        supported_interfaces=[AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain", "application/json"],
+        default_output_modes=["text/plain", "application/json"],
+        skills=[
+            AgentSkill(
+                id="run",
+                name="Run a ksquad work item",
+                description="Carries out a Run's task.",
+                tags=["ksquad"],
+            )
+        ],
+    )
+
+
+def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
+    card = agent_card(url)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+
+    async def healthz(_: Request) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    async def readyz(_: Request) -> JSONResponse:
+        return JSONResponse({"ready": True, "contract": executor.env_contract is not None})
+
+    async def stats(_: Request) -> JSONResponse:
+        return JSONResponse(dataclasses.asdict(executor.stats))
+
+    routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/ksquad/stats", stats)]
+    return Starlette(
+        routes=routes + create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/")
+    )
+
+
+class AgentServer(uvicorn.Server):
+    """uvicorn, but SIGTERM first cancels the agent's tasks so each reports CANCELED to its watchers."""
+
+    def __init__(self, config: uvicorn.Config, executor: KsquadAgentExecutor) -> None:
+        super().__init__(config)
+        self.executor = executor
+        self._draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._draining is None and self.executor.running:
+            log.info("SIGTERM: cancelling %d task(s)", len(self.executor.running))
+            self._draining = asyncio.get_event_loop().create_task(self._drain(sig, frame))
+            return
+        super().handle_exit(sig, frame)
+
+    async def _drain(self, sig: int, frame: FrameType | None) -> None:
+        await self.executor.cancel_all()
+        await asyncio.sleep(0.5)  # let the CANCELED events reach the open streams
+        super().handle_exit(sig, frame)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ksquad-agent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--host", default=os.environ.get("KSQUAD_AGENT_HOST", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("KSQUAD_AGENT_PORT", "8080")))
+    parser.add_argument("--url", default=os.environ.get("KSQUAD_AGENT_URL"),
+                        help="the URL the agent card advertises (default: http://<host>:<port>/)")  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("a2a").setLevel(logging.WARNING)
+    executor = KsquadAgentExecutor(contract_from_env())
+    advertised = args.host if args.host not in ("0.0.0.0", "::") else os.environ.get("POD_IP", "127.0.0.1")
+    url = args.url or f"http://{advertised}:{args.port}/"
+    config = uvicorn.Config(build_app(executor, url), host=args.host, port=args.port, log_level="warning",
+                            lifespan="off")  # fmt: skip
+    log.info("ksquad-agent serving A2A at %s", url)
+    asyncio.run(AgentServer(config, executor).serve())
+
+
+if __name__ == "__main__":
+    main()

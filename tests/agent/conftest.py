@@ -1,0 +1,159 @@
+"""Real things for the agent tests: the scripted model and an MCP server in-process, the reference agent as
+its own process (ksquad-agent), all over HTTP on loopback."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp.server.mcpserver import Context, MCPServer
+
+from agent.scripted_model import ScriptedModel, build_app
+from tests.support.asgi import free_port, serving
+from workflows.contract import (
+    CredentialRef,
+    ExecutionContract,
+    MCPServerRef,
+    ModelRef,
+    ResolvedAgent,
+    RunIdentity,
+    ToolSpec,
+)
+
+MODEL_KEY = "sk-test-model-key"
+
+
+@dataclass
+class ModelEndpoint:
+    url: str  # the OpenAI base URL (…/v1)
+    state: ScriptedModel
+
+    def script(self, model: str, *steps: dict[str, Any]) -> None:
+        self.state.script[model] = list(steps)
+        self.state.positions.pop(model, None)
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[ModelEndpoint]:
+    state = ScriptedModel()
+    async with serving(build_app(state)) as url:
+        yield ModelEndpoint(f"{url}/v1", state)
+
+
+@dataclass
+class ToolServer:
+    url: str
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every call any tool received, with its _meta
+
+
+@pytest.fixture
+async def tool_server() -> AsyncIterator[ToolServer]:
+    mcp = MCPServer("test-tools", log_level="WARNING")
+    record = ToolServer("")
+
+    @mcp.tool()
+    def add_note(text: str, ctx: Context) -> str:
+        """Add a note to the work item."""
+        record.calls.append({"tool": "add_note", "text": text, "meta": dict(ctx.request_context.meta or {})})
+        return f"noted: {text}"
+
+    @mcp.tool()
+    def run_shell(command: str, ctx: Context) -> str:
+        """Run a shell command (dangerous: not allowed for the test agent)."""
+        record.calls.append(
+            {"tool": "run_shell", "command": command, "meta": dict(ctx.request_context.meta or {})}
+        )
+        return "ran"
+
+    async with serving(
+        mcp.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1"), lifespan="on"
+    ) as url:
+        record.url = f"{url}/mcp"
+        yield record
+
+
+def contract(model: ModelEndpoint, tools: ToolServer | None = None, *, attempt: int = 1, fence: int = 1,
+             work_item_ref: str | None = "wi-1", uid: str = "uid-r", model_name: str = "dev-model") -> ExecutionContract:  # fmt: skip
+    tool_specs = []
+    if tools is not None:
+        server = MCPServerRef(name="kb", url=tools.url)
+        tool_specs = [ToolSpec(name="notes", tool_name="add_note", mcp_server=server),
+                      ToolSpec(name="shell", tool_name="run_shell", mcp_server=server)]  # fmt: skip
+    model_ref = ModelRef(name=model_name, url=model.url, credential=CredentialRef(secret_name="model-key"))
+    agent = ResolvedAgent(name="dev-1", model=model_ref, system_prompt="You fix flaky tests.", tools=tool_specs,
+                          allowed_tools=["notes"])  # fmt: skip
+    run = RunIdentity(namespace="payments", name="r", uid=uid, attempt=attempt, fence=fence,
+                      triggered_by="alice@example.com", work_item_ref=work_item_ref)  # fmt: skip
+    return ExecutionContract(run=run, inputs={"task": "Stabilize the flaky payment-retry test."}, agent=agent,
+                             model=model_ref)  # fmt: skip
+
+
+@dataclass
+class AgentProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    async def stats(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{self.url}ksquad/stats", timeout=5)
+            result: dict[str, Any] = response.json()
+            return result
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+
+AgentFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def start_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    """Start `ksquad-agent` as its own process: `await start_agent(contract=None)`; stopped afterwards."""
+    started: list[AgentProcess] = []
+
+    async def start(contract: ExecutionContract | None = None) -> AgentProcess:
+        port = free_port()
+        env = {
+            **os.environ,
+            "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY,
+            "KSQUAD_SECRETS_DIR": str(tmp_path / "no-secrets"),
+        }
+        if contract is not None:
+            env["KSQUAD_EXECUTION_CONTRACT"] = contract.model_dump_json()
+        log = tmp_path / f"agent-{port}.log"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        agent = AgentProcess(f"http://127.0.0.1:{port}/", process, log)
+        started.append(agent)
+        async with httpx.AsyncClient() as http:
+            for _ in range(200):
+                if process.poll() is not None:
+                    raise RuntimeError(f"ksquad-agent exited {process.returncode}: {log.read_text()[-2000:]}")
+                try:
+                    if (await http.get(f"{agent.url}readyz", timeout=1)).status_code == 200:
+                        return agent
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"ksquad-agent not ready: {log.read_text()[-2000:]}")
+
+    yield start
+    for agent in started:
+        if agent.process.poll() is None:
+            agent.process.kill()
+        agent.process.wait(10)
+
+
+def tool_meta(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [json.loads(json.dumps(c["meta"])) for c in calls]

@@ -1,0 +1,43 @@
+"""Serve an ASGI app (Starlette, an MCP server, the scripted model) in the test's event loop, on loopback."""
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import uvicorn
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def serving(
+    app: Any, host: str = "127.0.0.1", lifespan: Literal["auto", "on", "off"] = "auto"
+) -> AsyncIterator[str]:
+    """Yields the base URL (`http://host:port`) while uvicorn serves `app`."""
+    port = free_port(host)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan))
+    task = asyncio.create_task(server.serve())
+    for _ in range(500):
+        if server.started:
+            break
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    else:
+        raise RuntimeError(f"uvicorn did not start on {host}:{port}")
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(task, 10)
+        except TimeoutError:
+            server.force_exit = True
+            await asyncio.wait_for(task, 5)
