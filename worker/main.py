@@ -6,6 +6,7 @@ import logging
 import signal
 from pathlib import Path
 
+from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
 from activities.store import Store
 from worker.registry import build_worker
@@ -20,7 +21,8 @@ async def serve(settings: Settings) -> None:
         Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     store = await Store.open(settings.database_url)  # migrates to the newest schema first
     client = await connect(settings.temporal_address, settings.temporal_namespace)
-    worker = build_worker(client, settings.task_queue, ClaimActivities(store).all())
+    activities = [*ClaimActivities(store).all(), AgentActivities(store).invoke_agent]
+    worker = build_worker(client, settings.task_queue, activities)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

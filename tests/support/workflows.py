@@ -3,8 +3,10 @@
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 
 from workflows import search_attributes as sa
+from workflows.activity_types import Activity, AgentInvocation, AgentResult
 
 
 @workflow.defn
@@ -25,3 +27,20 @@ class TaggedWorkflow:
     @workflow.run
     async def run(self, phase: str) -> None:
         workflow.upsert_search_attributes([sa.PHASE.value_set(phase), sa.ATTEMPT.value_set(1)])
+
+
+@workflow.defn
+class InvokeAgentOnce:
+    """Runs invoke_agent once with a short heartbeat timeout, so a killed worker is noticed quickly."""
+
+    @workflow.run
+    async def run(self, invocation: AgentInvocation) -> AgentResult:
+        result: AgentResult = await workflow.execute_activity(
+            Activity.INVOKE_AGENT,
+            invocation,
+            result_type=AgentResult,
+            start_to_close_timeout=timedelta(seconds=120),
+            heartbeat_timeout=timedelta(seconds=3),
+            retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
+        )
+        return result

@@ -1,0 +1,26 @@
+"""A worker process for the worker-crash test: InvokeAgentOnce and the real invoke_agent activity.
+
+python -m tests.agent.invoke_worker TARGET TASK_QUEUE DATABASE_URL
+"""
+
+import asyncio
+import sys
+
+from activities.agents import AgentActivities, Timing
+from activities.store import Store
+from tests.support.workflows import InvokeAgentOnce
+from worker.registry import build_worker
+from worker.temporal import connect
+
+
+async def main(target: str, task_queue: str, database_url: str) -> None:
+    store = await Store.open(database_url)
+    client = await connect(target)
+    agents = AgentActivities(store, Timing(heartbeat_seconds=0.5))
+    async with build_worker(client, task_queue, [agents.invoke_agent], workflows=[InvokeAgentOnce]):
+        print("worker ready", flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))

@@ -1,0 +1,74 @@
+"""The worker running invoke_agent is SIGKILLed mid-stream: the retried activity resubscribes to the same
+remote task, and the agent received exactly one message."""
+
+import asyncio
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from temporalio.api.enums.v1 import EventType
+
+from activities.store import Holder, Store
+from tests.agent.conftest import AgentFactory, ModelEndpoint, contract
+from tests.support.workflows import InvokeAgentOnce
+from worker.devserver import DevServer
+from worker.temporal import connect
+from workflows.activity_types import AgentInvocation
+
+
+def start_worker(dev_server: DevServer, task_queue: str, db: str, log: Path) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.agent.invoke_worker", dev_server.target, task_queue, db],
+        stdout=subprocess.PIPE, stderr=log.open("ab"), cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == b"worker ready", log.read_text()[-2000:]
+    return process
+
+
+async def test_a_killed_worker_does_not_make_the_agent_run_twice(
+    dev_server: DevServer, model: ModelEndpoint, start_agent: AgentFactory, tmp_path: Path
+) -> None:
+    db = f"sqlite:///{tmp_path / 'ksquad.db'}"
+    store = await Store.open(db)
+    fence = (await store.claim("wi-1", Holder("uid-r", "payments/r", "alice@example.com"), 120)).fence
+    model.script("dev-model", {"delay": 6, "text": "Fixed, once."})
+    c = contract(model, fence=fence)
+    agent = await start_agent(c)
+    invocation = AgentInvocation(contract=c, endpoint=agent.url, message_id="uid-r-a1", context_id="uid-r-a1")
+    task_queue = f"crash-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "workers.log"
+
+    first = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log)
+    client = await connect(dev_server.target)
+    handle = await client.start_workflow(InvokeAgentOnce.run, invocation, id=f"crash-{uuid.uuid4()}",
+                                         task_queue=task_queue)  # fmt: skip
+    for _ in range(400):  # until the agent is mid-task (its model call in flight)
+        if model.state.in_flight == 1:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(1.0)  # a heartbeat or two carry the remote task id
+    first.kill()
+    first.wait()
+    second = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log)
+    try:
+        result = await asyncio.wait_for(handle.result(), 60)
+    finally:
+        second.kill()
+        second.wait()
+        await store.close()
+
+    assert result.outputs == {"answer": "Fixed, once."}
+    stats = await agent.stats()
+    assert stats["messages"] == 1, "the agent received exactly one message"
+    assert stats["duplicates"] == 0, "the retried activity did not even send it again"
+    assert len(model.state.calls) == 1, "the model was called once"
+    started = [
+        e
+        async for e in handle.fetch_history_events()
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+    ]
+    assert started[-1].activity_task_started_event_attributes.attempt == 2, (
+        "the activity ran again, on the new worker"
+    )
