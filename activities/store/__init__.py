@@ -353,13 +353,21 @@ class Store:
 
     async def _fenced_insert(
         self, c: AsyncConnection, table: sa.Table, values: dict[str, Any], holder: Holder, fence: int,
-        work_item_ref: str | None,
+        work_item_ref: str | None, replace_on: list[str] | None = None,
     ) -> Any:  # fmt: skip
+        """Insert the row only while `fence` is current. With `replace_on`, a row with the same key is
+        replaced (a later attempt's artifact supersedes the earlier one's)."""
         columns = list(values)
         select = sa.select(*[sa.literal(v, type_=table.c[k].type).label(k) if not isinstance(v, sa.ColumnElement)
                              else v.label(k) for k, v in values.items()])  # fmt: skip
         select = select.where(self._fence_holds(holder, fence, work_item_ref))
-        row = (await c.execute(sa.insert(table).from_select(columns, select).returning(table.c.id))).first()
+        statement = self._insert(table).from_select(columns, select)
+        if replace_on:
+            statement = statement.on_conflict_do_update(
+                index_elements=replace_on,
+                set_={k: statement.excluded[k] for k in columns if k not in replace_on},
+            )
+        row = (await c.execute(statement.returning(table.c.id))).first()
         if row is None:
             where = work_item_ref or f"attempt fence of {holder.run}"
             raise StaleFence(f"{where}: fence {fence} is no longer current; write refused")
@@ -417,7 +425,7 @@ class Store:
                  "name": name, "uri": uri, "media_type": media_type,
                  "size": len(content) if content is not None else None, "content": content,
                  "triggered_by": holder.triggered_by, "at": self.clock()},
-                holder, fence, work_item_ref,
+                holder, fence, work_item_ref, replace_on=["run_uid", "name"],
             )  # fmt: skip
             return int(row.id)
 

@@ -181,3 +181,13 @@ async def test_migrations_run_from_empty_are_idempotent_and_match_the_schema(sto
         engine.dispose()
     assert diff == [], "the migrations create exactly the schema the code uses"
     assert version == "0001"
+
+
+async def test_a_later_attempts_artifact_replaces_the_earlier_one(store: Store) -> None:
+    await store.begin_attempt(A, 1)
+    first = await store.put_artifact(A, 1, "answer", content=b"attempt 1", media_type="text/plain")
+    await store.begin_attempt(A, 2)
+    second = await store.put_artifact(A, 2, "answer", content=b"attempt two", media_type="text/plain")
+    assert first == second, "one artifact per name and run: the newest attempt's"
+    with pytest.raises(StaleFence):
+        await store.put_artifact(A, 1, "answer", content=b"late attempt 1")
