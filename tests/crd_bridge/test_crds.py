@@ -1,0 +1,81 @@
+"""The CRDs are generated from the pydantic models, the committed copy matches, and the real API server
+accepts the seed's Run and rejects invalid ones with messages naming the field."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crd_bridge.crds import render
+from tests.cluster.controlplane import ControlPlane
+
+ROOT = Path(__file__).parents[2]
+CRDS = ROOT / "charts" / "ksquad" / "crds" / "ksquad.io.yaml"
+SEED = ROOT / "examples" / "fix-flaky-tests.yaml"
+
+
+def test_the_committed_crds_are_the_generated_ones() -> None:
+    assert CRDS.read_text() == render(), "run `python -m crd_bridge.crds > charts/ksquad/crds/ksquad.io.yaml`"
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: ControlPlane) -> ControlPlane:
+    cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    return cluster
+
+
+def run_manifest(name: str, namespace: str, **spec: object) -> str:
+    doc = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"agents": ["dev-1"], **spec}}  # fmt: skip
+    return yaml.safe_dump(doc)
+
+
+def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane, namespace: str) -> None:
+    seed = yaml.safe_load(SEED.read_text())
+    seed["metadata"]["namespace"] = namespace
+    crds.kubectl("apply", "-f", "-", input=yaml.safe_dump(seed))
+    got = json.loads(crds.kubectl("get", "kr", "fix-flaky-tests", "-n", namespace, "-o", "json").stdout)
+    assert got["spec"]["sandboxPolicy"] == {"runtimeClass": "gvisor", "class": "interactive"}, (
+        "defaults applied"
+    )
+    assert got["spec"]["retryPolicy"]["backoffSeconds"] == 10
+    table = crds.kubectl("get", "ksquad", "-n", namespace).stdout
+    assert table.split("\n")[0].split() == ["NAME", "PHASE", "AGENT", "ATTEMPT", "RESUME-AT", "AGE"]
+    crds.kubectl("patch", "kr", "fix-flaky-tests", "-n", namespace, "--subresource=status", "--type=merge",
+                 "-p", json.dumps({"status": {"phase": "Running", "agent": "dev-1", "attempt": 1, "revision": 3}}))  # fmt: skip
+    row = crds.kubectl("get", "kr", "fix-flaky-tests", "-n", namespace, "--no-headers").stdout.split()
+    assert row[1:4] == ["Running", "dev-1", "1"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        ({"retryPolicy": {"maxRetries": 50}}, "spec.retryPolicy.maxRetries: Invalid value: 50"),
+        (
+            {"sandboxPolicy": {"runtimeClass": "docker"}},
+            'spec.sandboxPolicy.runtimeClass: Unsupported value: "docker"',
+        ),
+        ({"timeouts": {"claimSeconds": -5}}, "spec.timeouts.claimSeconds: Invalid value: -5"),
+        ({"retryPolicy": {"backoffSeconds": 60, "maxBackoffSeconds": 5}}, "spec.retryPolicy: Invalid value"),
+        ({"agents": []}, "name at least one agent in spec.agents"),
+        ({"agents": ["Not_A_Name"]}, "spec.agents[0]"),
+    ],
+)
+def test_invalid_runs_are_rejected_naming_the_field(
+    crds: ControlPlane, namespace: str, spec: dict, words: str
+) -> None:  # type: ignore[type-arg]
+    done = crds.kubectl("apply", "-f", "-", input=run_manifest("bad", namespace, **spec), check=False)
+    assert done.returncode != 0
+    assert words in done.stderr, done.stderr
+
+
+def test_every_resource_kind_is_served(crds: ControlPlane, namespace: str) -> None:
+    kinds = crds.kubectl("api-resources", "--api-group=ksquad.io", "-o", "name").stdout.split()
+    assert sorted(kinds) == sorted(f"{p}.ksquad.io" for p in ("runs", "agents", "modelendpoints", "tools",
+                                                              "mcpservers", "skills", "teams", "projects"))  # fmt: skip
+    agent = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "dev-1", "namespace": namespace},
+             "spec": {"model": "gpt-x", "modelEndpointRef": "openai", "allowedTools": ["notes"]}}  # fmt: skip
+    crds.kubectl("apply", "-f", "-", input=yaml.safe_dump(agent))
+    assert "gpt-x" in crds.kubectl("get", "kagent", "-n", namespace).stdout
