@@ -64,8 +64,8 @@ def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane
     ],
 )
 def test_invalid_runs_are_rejected_naming_the_field(
-    crds: ControlPlane, namespace: str, spec: dict, words: str
-) -> None:  # type: ignore[type-arg]
+    crds: ControlPlane, namespace: str, spec: dict[str, object], words: str
+) -> None:
     done = crds.kubectl("apply", "-f", "-", input=run_manifest("bad", namespace, **spec), check=False)
     assert done.returncode != 0
     assert words in done.stderr, done.stderr
