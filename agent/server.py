@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import signal
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -51,6 +52,14 @@ def agent_card(url: str, name: str = "ksquad-agent") -> AgentCard:
     )
 
 
+def staged_toolchains() -> list[str]:
+    """The files the sandbox's init containers staged for this agent's skills."""
+    root = Path(os.environ.get("KSQUAD_TOOLCHAINS_DIR", "/opt/ksquad/toolchains"))
+    if not root.is_dir():
+        return []
+    return sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
+
+
 def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
     card = agent_card(url)
     handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
@@ -62,7 +71,8 @@ def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
         return JSONResponse({"ready": True, "contract": executor.env_contract is not None})
 
     async def stats(_: Request) -> JSONResponse:
-        return JSONResponse(dataclasses.asdict(executor.stats))
+        staged = await asyncio.to_thread(staged_toolchains)
+        return JSONResponse({**dataclasses.asdict(executor.stats), "toolchains": staged})
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/ksquad/stats", stats)]
     return Starlette(

@@ -86,7 +86,8 @@ class ClaimUpdate(KsquadModel):
 class SandboxRequest(KsquadModel):
     contract: ExecutionContract
     policy: SandboxPolicy
-    timeout_seconds: int
+    timeout_seconds: int  # to become ready
+    run_seconds: int = 3600  # how long the attempt may run: bounds the sandbox's life (activeDeadlineSeconds)
 
 
 class Sandbox(KsquadModel):

@@ -589,6 +589,7 @@ class RunWorkflow:
                         contract=self._contract(attempt, fence),
                         policy=self.spec.sandbox_policy,
                         timeout_seconds=remaining,
+                        run_seconds=self.spec.timeouts.run_seconds,
                     ),
                     Sandbox,
                     deadline=deadline,

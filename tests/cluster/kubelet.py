@@ -411,6 +411,8 @@ class PodRunner:
                 for run in self.init_containers:
                     await self.start_container(run, volumes)
                     await self.report()
+                    if run.spec.get("restartPolicy") == "Always":
+                        continue  # a native sidecar: it runs beside the containers, not before them
                     assert run.process is not None
                     code = await self._wait_or_delete(run.process)
                     if code is None:
@@ -449,6 +451,7 @@ class PodRunner:
                 task.cancel()
             return await self.finish_deletion()
         deletion.cancel()
+        await self.stop_sidecars()
         codes = [r.terminated["exitCode"] for r in self.containers if r.terminated]
         self.phase = "Succeeded" if all(c == 0 for c in codes) else "Failed"
         for run in self.containers:
@@ -545,6 +548,15 @@ class PodRunner:
         except (OSError, httpx.HTTPError, TimeoutError, ValueError):
             return False
         return False
+
+    async def stop_sidecars(self) -> None:
+        """The main containers are done: native sidecars end with them."""
+        for run in self.init_containers:
+            if run.spec.get("restartPolicy") == "Always" and run.process and run.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.process.pid, signal.SIGTERM)
+                code = await run.process.wait()
+                run.terminated = self._terminated(run, code)
 
     async def stop_processes(self, grace: float) -> None:
         runs = [

@@ -1,0 +1,223 @@
+"""A small async Kubernetes API client on httpx, shared by the activities (sandboxes, outputs) and the bridge.
+
+Objects are plain dicts, as the API serves them. It reads a kubeconfig (client certificates, tokens, CA
+files or inline data) or the in-cluster service account, and offers get, list, create, patch (merge,
+strategic, JSON, server-side apply), delete and watch, with errors that keep the API's status and message.
+"""
+
+import base64
+import builtins
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import yaml
+
+Obj = dict[str, Any]
+PatchType = Literal["merge", "strategic", "json", "apply"]
+_CONTENT_TYPES = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ApiError(Exception):
+    """A failed API call: `status` is the HTTP status (404, 409, 422, 403...), `reason` the API's reason."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class Unreachable(Exception):
+    """The API server could not be reached (connection refused, timeout): retry later."""
+
+
+def path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None,
+         subresource: str | None = None) -> str:  # fmt: skip
+    """The REST path of a resource: ("batch/v1", "jobs", "ns", "x") -> /apis/batch/v1/namespaces/ns/jobs/x."""
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{name}"
+    if subresource:
+        base += f"/{subresource}"
+    return base
+
+
+@dataclass
+class Config:
+    server: str
+    ssl_context: ssl.SSLContext | bool
+    headers: dict[str, str]
+    cert: tuple[str, str] | None = None
+    namespace: str = "default"
+
+    @classmethod
+    def load(cls, kubeconfig: str | None = None) -> "Config":
+        """The kubeconfig at `kubeconfig` or $KUBECONFIG or ~/.kube/config, else the in-cluster account."""
+        candidate = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+        if Path(candidate).is_file():
+            return cls.from_kubeconfig(Path(candidate))
+        if (IN_CLUSTER / "token").is_file():
+            return cls.in_cluster()
+        raise FileNotFoundError(f"no kubeconfig at {candidate} and not running in a cluster")
+
+    @classmethod
+    def in_cluster(cls) -> "Config":
+        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        context = ssl.create_default_context(cafile=str(IN_CLUSTER / "ca.crt"))
+        token = (IN_CLUSTER / "token").read_text().strip()
+        namespace = (IN_CLUSTER / "namespace").read_text().strip()
+        return cls(
+            f"https://{host}:{port}", context, {"Authorization": f"Bearer {token}"}, namespace=namespace
+        )
+
+    @classmethod
+    def from_kubeconfig(cls, file: Path) -> "Config":
+        doc = yaml.safe_load(file.read_text())
+        current = doc.get("current-context")
+        context = next(c["context"] for c in doc["contexts"] if c["name"] == current)
+        cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == context["cluster"])
+        user = next(u["user"] for u in doc["users"] if u["name"] == context["user"])
+
+        def material(key: str) -> str | None:
+            """A file path for `key`, writing inline `<key>-data` to a private temporary file when given."""
+            if f"{key}-data" in user or f"{key}-data" in cluster:
+                data = base64.b64decode(user.get(f"{key}-data") or cluster[f"{key}-data"])
+                handle = tempfile.NamedTemporaryFile(prefix="ksquad-kube-", delete=False)  # noqa: SIM115
+                handle.write(data)
+                handle.close()
+                os.chmod(handle.name, 0o600)
+                return handle.name
+            value = user.get(key) or cluster.get(key)
+            return str(value) if value else None
+
+        ca = material("certificate-authority")
+        ssl_context: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
+        if cluster.get("insecure-skip-tls-verify"):
+            ssl_context = False
+        headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
+        cert, key = material("client-certificate"), material("client-key")
+        return cls(cluster["server"], ssl_context, headers, (cert, key) if cert and key else None,
+                   context.get("namespace", "default"))  # fmt: skip
+
+
+class Kube:
+    """`async with Kube(Config.load()) as kube: await kube.get(path("v1", "pods", "ns", "x"))`."""
+
+    def __init__(self, config: Config, timeout: float = 30.0) -> None:
+        self.config = config
+        verify: ssl.SSLContext | bool = config.ssl_context
+        if config.cert and isinstance(verify, ssl.SSLContext):
+            verify.load_cert_chain(*config.cert)
+        self.http = httpx.AsyncClient(base_url=config.server, headers=config.headers, verify=verify,
+                                      timeout=httpx.Timeout(timeout))  # fmt: skip
+
+    async def __aenter__(self) -> "Kube":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> Obj:
+        try:
+            response = await self.http.request(method, url, **kwargs)
+        except httpx.TransportError as err:
+            raise Unreachable(f"{method} {url}: {type(err).__name__}: {err}") from None
+        if response.status_code >= 400:
+            raise _api_error(response)
+        body: Obj = response.json()
+        return body
+
+    async def get(self, url: str) -> Obj:
+        return await self._call("GET", url)
+
+    async def list(self, url: str, labels: dict[str, str] | str | None = None, fields: str | None = None,
+                   limit: int | None = None) -> Obj:  # fmt: skip
+        params: dict[str, Any] = {}
+        if labels:
+            params["labelSelector"] = (
+                labels if isinstance(labels, str) else ",".join(f"{k}={v}" for k, v in labels.items())
+            )
+        if fields:
+            params["fieldSelector"] = fields
+        if limit:
+            params["limit"] = limit
+        return await self._call("GET", url, params=params)
+
+    async def create(self, url: str, body: Obj, field_manager: str = "ksquad") -> Obj:
+        return await self._call("POST", url, json=body, params={"fieldManager": field_manager})
+
+    async def replace(self, url: str, body: Obj, field_manager: str = "ksquad") -> Obj:
+        return await self._call("PUT", url, json=body, params={"fieldManager": field_manager})
+
+    async def patch(self, url: str, body: Obj | builtins.list[Obj], kind: PatchType = "merge", field_manager: str = "ksquad",
+                    force: bool = False) -> Obj:  # fmt: skip
+        params: dict[str, Any] = {"fieldManager": field_manager}
+        if kind == "apply" and force:
+            params["force"] = "true"
+        return await self._call("PATCH", url, content=json.dumps(body), params=params,
+                                headers={"Content-Type": _CONTENT_TYPES[kind]})  # fmt: skip
+
+    async def delete(self, url: str, propagation: Literal["Foreground", "Background", "Orphan"] | None = None,
+                     grace_seconds: int | None = None, missing_ok: bool = True) -> Obj | None:  # fmt: skip
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        if propagation:
+            options["propagationPolicy"] = propagation
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        try:
+            return await self._call("DELETE", url, json=options)
+        except ApiError as err:
+            if err.status == 404 and missing_ok:
+                return None
+            raise
+
+    async def watch(self, url: str, resource_version: str | None = None, labels: str | None = None,
+                    timeout_seconds: int = 300, bookmarks: bool = True) -> AsyncIterator[Obj]:  # fmt: skip
+        """Watch events ({"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": {...}}) until the server
+        ends the stream. An ERROR event with code 410 means the resource version is gone: list again."""
+        params: dict[str, Any] = {"watch": "true", "timeoutSeconds": timeout_seconds,
+                                  "allowWatchBookmarks": "true" if bookmarks else "false"}  # fmt: skip
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        if labels:
+            params["labelSelector"] = labels
+        try:
+            async with self.http.stream(
+                "GET", url, params=params, timeout=httpx.Timeout(30.0, read=timeout_seconds + 30)
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _api_error(response)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        event: Obj = json.loads(line)
+                        yield event
+        except httpx.TransportError as err:
+            raise Unreachable(f"watch {url}: {type(err).__name__}: {err}") from None
+
+
+def _api_error(response: httpx.Response) -> ApiError:
+    try:
+        status = response.json()
+        return ApiError(response.status_code, status.get("reason", ""), status.get("message", response.text))
+    except (json.JSONDecodeError, ValueError, AttributeError):
+        return ApiError(response.status_code, response.reason_phrase, response.text[:500])
