@@ -81,3 +81,17 @@ def namespace(cluster: ControlPlane) -> Iterator[str]:
     cluster.wait_for_default_service_account(name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+CRDS = Path(__file__).parents[1] / "charts" / "ksquad" / "crds" / "ksquad.io.yaml"
+
+
+@pytest.fixture(scope="session")
+def ksquad_cluster(cluster: ControlPlane) -> ControlPlane:
+    """The control plane with ksquad's CRDs installed and the RuntimeClasses runs ask for."""
+    cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
+        cluster.kubectl("apply", "-f", "-", input=f"apiVersion: node.k8s.io/v1\nkind: RuntimeClass\n"
+                                                 f"metadata: {{name: {name}}}\nhandler: {handler}\n")  # fmt: skip
+    return cluster

@@ -170,7 +170,6 @@ class PodRunner:
             "podIP": self.ip,
             "podIPs": [{"ip": self.ip}],
             "startTime": self.start_time,
-            "qosClass": "BestEffort",
             "conditions": [
                 cond("PodReadyToStartContainers", True),
                 cond("Initialized", self.initialized, "ContainersNotInitialized"),
@@ -322,6 +321,10 @@ class PodRunner:
             for m in container.get("volumeMounts") or []
             if m["name"] in volumes
         ]
+        # A mount over a directory that holds other sources (/tmp, where the state dir may live) goes last,
+        # or it would hide them.
+        sources = [str(src) for src, _ in mounts]  # (a list under sort() reads as empty: copy it first)
+        mounts.sort(key=lambda mount: any(src.startswith(mount[1].rstrip("/") + "/") for src in sources))
         security = {
             **(self.pod["spec"].get("securityContext") or {}),
             **(container.get("securityContext") or {}),
@@ -441,6 +444,9 @@ class PodRunner:
         probes = [asyncio.create_task(self.probe(run)) for run in self.containers]
         deletion: asyncio.Future[Any] = asyncio.ensure_future(self.deleting.wait())
         exits: asyncio.Future[Any] = asyncio.gather(*watchers)
+        exits.add_done_callback(
+            lambda f: f.cancelled() or f.exception()
+        )  # retrieved: no "never retrieved" noise
         try:
             await asyncio.wait([exits, deletion], return_when=asyncio.FIRST_COMPLETED)
         finally:

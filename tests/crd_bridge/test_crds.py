@@ -19,11 +19,9 @@ def test_the_committed_crds_are_the_generated_ones() -> None:
     assert CRDS.read_text() == render(), "run `python -m crd_bridge.crds > charts/ksquad/crds/ksquad.io.yaml`"
 
 
-@pytest.fixture(scope="module")
-def crds(cluster: ControlPlane) -> ControlPlane:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
-    return cluster
+@pytest.fixture
+def crds(ksquad_cluster: ControlPlane) -> ControlPlane:
+    return ksquad_cluster
 
 
 def run_manifest(name: str, namespace: str, **spec: object) -> str:

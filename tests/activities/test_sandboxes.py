@@ -1,0 +1,278 @@
+"""Sandboxes on the real control plane with the loopback kubelet: cold Jobs that run the reference agent,
+warm pools that never double-bind, toolchains, no secrets in specs, pods that cannot start."""
+
+import asyncio
+import base64
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.agents import AgentActivities
+from activities.sandboxes import (
+    ContainerSpec,
+    KubernetesSandboxes,
+    SandboxActivities,
+    SandboxSettings,
+    job_name,
+)
+from activities.store import Store
+from kube import ApiError, Config, Kube, path
+from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
+from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
+from tests.support.agents import model as model
+from workflows.activity_types import AgentInvocation, OutputsRequest, RunRef, SandboxRelease, SandboxRequest
+from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
+from workflows.spec import SandboxPolicy
+
+CHART = Path(__file__).parents[2] / "charts" / "ksquad"
+AGENT = [sys.executable, "-m", "agent.server"]
+STAGE_JQ = [sys.executable, "-c", "import os; d = os.environ['KSQUAD_TOOLCHAIN_DIR'] + '/bin'; os.makedirs(d); "
+            "open(d + '/jq', 'w').write('#!/bin/sh\\necho jq')"]  # fmt: skip
+
+
+def settings(**overrides: Any) -> SandboxSettings:
+    base: dict[str, Any] = {"image": "ksquad/agent:test", "command": AGENT, "poll_seconds": 0.1,
+                            "toolchains": {"jq": ContainerSpec(image="ksquad/toolchain-jq:test", command=STAGE_JQ)}}  # fmt: skip
+    return SandboxSettings(**{**base, **overrides})
+
+
+def helm_template(namespace: str, values: dict[str, Any]) -> str:
+    import subprocess
+
+    done = subprocess.run(
+        [str(cached_binaries_dir() / "helm"), "template", "ksquad", str(CHART), "--namespace", "ksquad-system",
+         "--values", "-"],
+        input=yaml.safe_dump(values), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
+@pytest.fixture
+async def kube(ksquad_cluster: ControlPlane) -> AsyncIterator[Kube]:
+    async with Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as client:
+        yield client
+
+
+@pytest.fixture
+def run_ns(ksquad_cluster: ControlPlane, namespace: str) -> str:
+    """A namespace of Runs: the chart's sandbox ServiceAccount and NetworkPolicy, and the model's Secret."""
+    ksquad_cluster.kubectl(
+        "apply", "-f", "-", input=helm_template(namespace, {"sandbox": {"namespaces": [namespace]}})
+    )
+    ksquad_cluster.kubectl(
+        "create", "secret", "generic", "model-key", "-n", namespace, f"--from-literal=apiKey={MODEL_KEY}"
+    )
+    return namespace
+
+
+def create_run(cluster: ControlPlane, namespace: str, name: str) -> str:
+    doc = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"agents": ["dev-1"]}}  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
+    created = json.loads(cluster.kubectl("get", "kr", name, "-n", namespace, "-o", "json").stdout)
+    return str(created["metadata"]["uid"])
+
+
+def request(c: ExecutionContract, policy: SandboxPolicy | None = None, timeout: int = 60) -> SandboxRequest:
+    return SandboxRequest(
+        contract=c, policy=policy or SandboxPolicy(), timeout_seconds=timeout, run_seconds=600
+    )
+
+
+async def acquire(backend: KubernetesSandboxes, req: SandboxRequest) -> Any:
+    return await ActivityEnvironment().run(SandboxActivities(backend).acquire_sandbox, req)
+
+
+async def release(
+    backend: KubernetesSandboxes, c: ExecutionContract, sandbox: Any, confirm: bool = True
+) -> None:
+    run = RunRef(namespace=c.run.namespace, name=c.run.name, uid=c.run.uid)
+    await ActivityEnvironment().run(SandboxActivities(backend).release_sandbox,
+                                    SandboxRelease(run=run, sandbox=sandbox, confirm=confirm))  # fmt: skip
+
+
+async def gone(kube: Kube, url: str, within: float = 60) -> bool:
+    for _ in range(int(within / 0.2)):
+        try:
+            await kube.get(url)
+        except ApiError as err:
+            if err.status == 404:
+                return True
+            raise
+        await asyncio.sleep(0.2)
+    return False
+
+
+async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run_owns_everything(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint, tmp_path: Path
+) -> None:
+    model.script("dev-model", {"text": "The flaky test is fixed."})
+    uid = create_run(ksquad_cluster, run_ns, "fix-flaky-tests")
+    c = contract(model, namespace=run_ns, name="fix-flaky-tests", uid=uid, work_item_ref=None)
+    backend = KubernetesSandboxes(kube, settings())
+    sandbox = await acquire(backend, request(c, SandboxPolicy(class_="batch")))
+    assert (sandbox.kind, sandbox.name) == ("cold", "fix-flaky-tests-exec-1")
+    job = await kube.get(path("batch/v1", "jobs", run_ns, sandbox.name))
+    assert job["metadata"]["ownerReferences"][0]["uid"] == uid
+
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    try:
+        invocation = AgentInvocation(
+            contract=c, endpoint=sandbox.endpoint, message_id=f"{uid}-a1", context_id=f"{uid}-a1"
+        )
+        result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, invocation)
+    finally:
+        await store.close()
+    assert result.outputs == {"answer": "The flaky test is fixed."}
+    assert model.state.calls[0].credential != "-", "the agent read its credential from the Secret"
+
+    published = await ActivityEnvironment().run(
+        SandboxActivities(backend).publish_outputs,
+        OutputsRequest(run=RunRef(namespace=run_ns, name="fix-flaky-tests", uid=uid), attempt=1, fence=1,
+                       outputs=result.outputs),
+    )  # fmt: skip
+    assert published.config_map == "fix-flaky-tests-outputs"
+    config_map = await kube.get(path("v1", "configmaps", run_ns, "fix-flaky-tests-outputs"))
+    assert config_map["data"] == {"answer": "The flaky test is fixed."}
+
+    ksquad_cluster.kubectl("delete", "kr", "fix-flaky-tests", "-n", run_ns, "--wait=true")
+    assert await gone(kube, path("batch/v1", "jobs", run_ns, sandbox.name)), "the Job goes with its Run"
+    assert await gone(kube, path("v1", "configmaps", run_ns, "fix-flaky-tests-outputs")), "so do the outputs"
+    pods = await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name})
+    for _ in range(100):
+        if not pods["items"]:
+            break
+        await asyncio.sleep(0.2)
+        pods = await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name})
+    assert not pods["items"], "and its pod"
+
+
+async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
+) -> None:
+    pool = {"name": "p1", "namespace": run_ns, "replicas": 5, "runtimeClass": "gvisor", "credentials": ["model-key"],
+            "command": AGENT}  # fmt: skip
+    ksquad_cluster.kubectl("apply", "-f", "-", input=helm_template(run_ns, {"sandbox": {"namespaces": [run_ns]},
+                                                                           "pools": [pool]}))  # fmt: skip
+    await ready_warm(kube, run_ns, 5)
+    backend = KubernetesSandboxes(kube, settings())
+    contracts = []
+    for i in range(20):
+        name = f"race-{i}"
+        contracts.append(contract(model, namespace=run_ns, name=name, uid=create_run(ksquad_cluster, run_ns, name),
+                                  work_item_ref=None))  # fmt: skip
+    sandboxes = await asyncio.gather(*(acquire(backend, request(c, timeout=120)) for c in contracts))
+
+    warm = [s for s in sandboxes if s.kind == "warm"]
+    cold = [s for s in sandboxes if s.kind == "cold"]
+    assert (len(warm), len(cold)) == (5, 15)
+    assert len({s.name for s in warm}) == 5, "no pod was bound twice"
+    for c, s in zip(contracts, sandboxes, strict=True):
+        if s.kind == "warm":
+            pod = await kube.get(path("v1", "pods", run_ns, s.name))
+            assert pod["metadata"]["labels"]["ksquad.io/run"] == c.run.name
+            assert pod["metadata"]["labels"]["ksquad.io/state"] == "bound"
+            assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "ksquad.io/v1alpha1", "kind": "Run",
+                                                           "name": c.run.name, "uid": c.run.uid, "controller": True,
+                                                           "blockOwnerDeletion": True}]  # fmt: skip
+    await ready_warm(kube, run_ns, 5)  # the ReplicaSet replenished the pool
+
+    await asyncio.gather(*(release(backend, c, s) for c, s in zip(contracts, sandboxes, strict=True)))
+    for s in warm:
+        assert await gone(kube, path("v1", "pods", run_ns, s.name), within=5), (
+            f"bound pod {s.name} was deleted"
+        )
+    leftover = await kube.list(path("v1", "pods", run_ns), labels="ksquad.io/state=bound")
+    assert not leftover["items"]
+
+
+async def ready_warm(kube: Kube, namespace: str, count: int, within: float = 90) -> list[Any]:
+    from activities.sandboxes import pod_ready
+
+    for _ in range(int(within / 0.2)):
+        pods = (await kube.list(path("v1", "pods", namespace), labels="ksquad.io/state=warm"))["items"]
+        ready = [p for p in pods if pod_ready(p)]
+        if len(ready) == count:
+            return ready
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{count} warm pods not ready in {namespace}")
+
+
+async def test_a_skill_with_a_toolchain_forces_cold_and_the_agent_sees_the_toolchain(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
+) -> None:
+    import httpx
+
+    skill = SkillSpec(name="json", instructions="Use jq.", requires=SkillRequirements(toolchains=["jq"]))
+    uid = create_run(ksquad_cluster, run_ns, "needs-jq")
+    c = contract(model, namespace=run_ns, name="needs-jq", uid=uid, skills=[skill], work_item_ref=None)
+    backend = KubernetesSandboxes(kube, settings())
+    sandbox = await acquire(backend, request(c, SandboxPolicy(class_="interactive")))
+    assert sandbox.kind == "cold", "a warm pod cannot gain an init container"
+    async with httpx.AsyncClient() as http:
+        stats = (await http.get(f"{sandbox.endpoint}ksquad/stats", timeout=5)).json()
+    assert stats["toolchains"] == ["jq/bin/jq"]
+    await release(backend, c, sandbox)
+
+
+async def test_no_spec_holds_a_secret_and_sandboxes_run_non_root_without_a_token(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
+) -> None:
+    uid = create_run(ksquad_cluster, run_ns, "secretive")
+    c = contract(model, namespace=run_ns, name="secretive", uid=uid, work_item_ref=None)
+    backend = KubernetesSandboxes(kube, settings())
+    sandbox = await acquire(backend, request(c, SandboxPolicy(class_="batch")))
+    job = await kube.get(path("batch/v1", "jobs", run_ns, sandbox.name))
+    (pod,) = (await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name}))["items"]
+    for obj in (job, pod):
+        text = json.dumps(obj)
+        assert MODEL_KEY not in text
+        assert base64.b64encode(MODEL_KEY.encode()).decode() not in text
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] != 0
+    assert spec["runtimeClassName"] == "gvisor"
+    assert not any(v.get("projected") for v in spec.get("volumes", [])), "no service-account token volume"
+    (agent,) = spec["containers"]
+    refs = [e["valueFrom"]["secretKeyRef"] for e in agent["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert refs == [{"name": "model-key", "key": "apiKey"}]
+    assert agent["securityContext"]["allowPrivilegeEscalation"] is False
+    await release(backend, c, sandbox)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"command": []}, "ErrImagePull"),
+        ({"node_selector": {"gpu": "h100"}, "unschedulable_grace_seconds": 1.0}, "cannot be scheduled"),
+        (
+            {"service_account": "nobody", "pod_creation_grace_seconds": 1.0},
+            'serviceaccount "nobody" not found',
+        ),
+    ],
+)
+async def test_a_pod_that_cannot_start_fails_the_acquisition_with_its_reason(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint, overrides: dict[str, Any],
+    words: str,
+) -> None:  # fmt: skip
+    name = f"broken-{uuid.uuid4().hex[:6]}"
+    c = contract(
+        model, namespace=run_ns, name=name, uid=create_run(ksquad_cluster, run_ns, name), work_item_ref=None
+    )
+    backend = KubernetesSandboxes(kube, settings(**overrides))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ApplicationError) as caught:
+        await acquire(backend, request(c, SandboxPolicy(class_="batch"), timeout=45))
+    assert caught.value.type == "SandboxFailed"
+    assert words in str(caught.value)
+    assert asyncio.get_running_loop().time() - started < 45, "within the claim timeout"
+    assert job_name(name, 1) in str(caught.value)
