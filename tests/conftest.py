@@ -13,6 +13,8 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from tests.cluster.controlplane import ControlPlane
+from tests.support.agents import model as model  # the scripted model, a fixture for every test
+from tests.support.agents import tool_server as tool_server  # an MCP server, likewise
 from tests.support.postgres import PostgresServer
 from tests.support.temporal import start_time_skipping
 from worker.devserver import DevServer

@@ -27,7 +27,6 @@ from activities.store import Store
 from kube import ApiError, Config, Kube, path
 from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
 from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
-from tests.support.agents import model as model
 from workflows.activity_types import AgentInvocation, OutputsRequest, RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
 from workflows.spec import SandboxPolicy
@@ -276,3 +275,39 @@ async def test_a_pod_that_cannot_start_fails_the_acquisition_with_its_reason(
     assert words in str(caught.value)
     assert asyncio.get_running_loop().time() - started < 45, "within the claim timeout"
     assert job_name(name, 1) in str(caught.value)
+
+
+async def test_the_run_workflow_completes_on_a_cold_sandbox(
+    ksquad_cluster: ControlPlane,
+    run_ns: str,
+    kube: Kube,
+    model: ModelEndpoint,
+    dev_server: Any,
+    tmp_path: Path,
+) -> None:
+    from activities.claims import ClaimActivities
+    from tests.workflows.world import World, run_input, running_world_on, start_run
+    from workflows.status import Phase
+
+    model.script("dev-model", {"text": "Stabilized the payment-retry test."})
+    uid = create_run(ksquad_cluster, run_ns, "whole-run")
+    world = World()
+    world.agents["dev-1"] = contract(model, namespace=run_ns, name="whole-run", uid=uid).agent
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    real = [*ClaimActivities(store).all(), AgentActivities(store).invoke_agent,
+            *SandboxActivities(KubernetesSandboxes(kube, settings())).all()]  # fmt: skip
+    try:
+        async with running_world_on(dev_server.target, world, real) as client:
+            inp = run_input("whole-run", namespace=run_ns, uid=uid, work_item_ref="wi-whole",
+                            sandboxPolicy={"class": "batch"})  # fmt: skip
+            status = await (await start_run(client, inp)).result()
+    finally:
+        await store.close()
+    assert status.phase == Phase.SUCCEEDED, status.message
+    assert status.sandbox is None, "released"
+    assert status.outputs == {"answer": "Stabilized the payment-retry test."}
+    config_map = await kube.get(path("v1", "configmaps", run_ns, "whole-run-outputs"))
+    assert config_map["data"]["answer"] == "Stabilized the payment-retry test."
+    assert await gone(kube, path("batch/v1", "jobs", run_ns, "whole-run-exec-1"))
+    running = next(e for e in world.events["whole-run"] if e.phase == Phase.RUNNING)
+    assert (running.message or "").endswith("dev-1 on whole-run-exec-1")

@@ -16,8 +16,6 @@ import httpx
 import pytest
 
 from tests.support.agents import MODEL_KEY
-from tests.support.agents import model as model
-from tests.support.agents import tool_server as tool_server
 from tests.support.asgi import free_port
 from workflows.contract import ExecutionContract
 

@@ -1,0 +1,42 @@
+"""The embedded default's sandboxes: the reference agent as a local process on a loopback address."""
+
+from pathlib import Path
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.agents import AgentActivities
+from activities.sandboxes import LocalSandboxes, SandboxActivities, SandboxSettings
+from activities.store import Store
+from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
+from workflows.activity_types import AgentInvocation, RunRef, SandboxRelease, SandboxRequest
+from workflows.spec import SandboxPolicy
+
+
+async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
+    model: ModelEndpoint, tmp_path: Path
+) -> None:
+    model.script("dev-model", {"text": "done locally"})
+    c = contract(model, work_item_ref=None)
+    assert c.model.credential is not None
+    backend = LocalSandboxes(SandboxSettings(backend="local"), credentials={c.model.credential.env: MODEL_KEY},
+                             log_dir=tmp_path)  # fmt: skip
+    acts = SandboxActivities(backend)
+    sandbox = await ActivityEnvironment().run(
+        acts.acquire_sandbox, SandboxRequest(contract=c, policy=SandboxPolicy(), timeout_seconds=30)
+    )
+    assert sandbox.kind == "local"
+    assert sandbox.endpoint.startswith("http://127.0.0.1:")
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    try:
+        inv = AgentInvocation(
+            contract=c, endpoint=sandbox.endpoint, message_id="uid-r-a1", context_id="uid-r-a1"
+        )
+        result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, inv)
+    finally:
+        await store.close()
+    assert result.outputs == {"answer": "done locally"}
+    process = backend.processes[sandbox.name]
+    await ActivityEnvironment().run(acts.release_sandbox, SandboxRelease(
+        run=RunRef(namespace="payments", name="r", uid="uid-r"), sandbox=sandbox, confirm=True))  # fmt: skip
+    assert process.returncode is not None, "the agent process ended"
+    assert (tmp_path / "payments_r-exec-1.log").is_file()
