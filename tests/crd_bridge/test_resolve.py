@@ -1,0 +1,100 @@
+"""Reference resolution: precedence, missing objects named, allowedTools enforced, scopes from Team/Project."""
+
+from typing import Any
+
+import pytest
+
+from crd_bridge.resolve import resolve
+from workflows.spec import parse_run_spec
+
+OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
+    ("Agent", "dev-1"): {"model": "gpt-agent", "modelEndpointRef": "openai", "tools": ["notes"],
+                         "allowedTools": ["notes", "search"], "skillRefs": ["pytest"],
+                         "credentialSecretRef": {"name": "dev-1-key"},
+                         "fallbackModel": {"model": "gpt-small"}, "systemPrompt": "You fix tests."},
+    ("Agent", "dev-2"): {"modelEndpointRef": "openai"},
+    ("ModelEndpoint", "openai"): {"url": "https://api.example/v1", "model": "gpt-endpoint",
+                                  "credentialSecretRef": {"name": "openai-key", "key": "token"}},
+    ("ModelEndpoint", "local"): {"url": "http://127.0.0.1:1/v1", "model": "llama"},
+    ("Tool", "notes"): {"mcpServerRef": "kb", "toolName": "add_note"},
+    ("Tool", "search"): {"mcpServerRef": "kb", "toolName": "search"},
+    ("MCPServer", "kb"): {"url": "http://kb.example/mcp"},
+    ("Skill", "pytest"): {"instructions": "Run it three times.", "toolRefs": ["search"],
+                          "requires": {"toolchains": ["python"]}},
+    ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3},
+    ("Project", "payments-api"): {"maxConcurrentRuns": 10},
+}  # fmt: skip
+
+
+def lookup(objects: dict[tuple[str, str], dict[str, Any]]) -> Any:
+    async def get(kind: str, name: str) -> dict[str, Any] | None:
+        return objects.get((kind, name))
+
+    return get
+
+
+async def test_run_overrides_beat_agent_defaults_and_the_agents_credential_wins() -> None:
+    r = await resolve("payments", parse_run_spec({"agents": ["dev-1", "dev-2"], "teamRef": "payments-squad",
+                                                  "projectRef": "payments-api"}), lookup(OBJECTS))  # fmt: skip
+    assert r.outcome == "resolved"
+    dev1, dev2 = r.agents
+    assert (dev1.model.name, dev1.model.url) == ("gpt-agent", "https://api.example/v1")
+    assert dev1.model.credential is not None
+    assert dev1.model.credential.secret_name == "dev-1-key", "the Agent's own credential beats the endpoint's"
+    assert dev1.fallback_model is not None
+    assert (dev1.fallback_model.name, dev1.fallback_model.url) == ("gpt-small", "https://api.example/v1")
+    assert [t.tool_name for t in dev1.tools] == ["add_note", "search"], "its tools and its skills' tools"
+    assert dev1.skills[0].requires.toolchains == ["python"]
+    assert dev1.forces_cold
+    assert (dev2.model.name, dev2.model.credential.key if dev2.model.credential else None) == (
+        "gpt-endpoint",
+        "token",
+    )
+    assert [(s.key, s.limit) for s in r.scopes] == [("team/payments/payments-squad", 3),
+                                                    ("project/payments/payments-api", 10)]  # fmt: skip
+
+    overridden = await resolve("payments", parse_run_spec({"agents": ["dev-1"], "model": "gpt-run",
+                                                           "modelEndpointRef": "local"}), lookup(OBJECTS))  # fmt: skip
+    model = overridden.agents[0].model
+    assert (model.name, model.url, model.endpoint_ref) == ("gpt-run", "http://127.0.0.1:1/v1", "local")
+
+
+async def test_an_empty_agent_list_means_the_teams_agents() -> None:
+    r = await resolve("payments", parse_run_spec({"teamRef": "payments-squad"}), lookup(OBJECTS))
+    assert [a.name for a in r.agents] == ["dev-2", "dev-1"]
+
+
+async def test_missing_objects_are_all_named() -> None:
+    objects = {k: v for k, v in OBJECTS.items() if k not in {("Skill", "pytest"), ("MCPServer", "kb")}}
+    r = await resolve(
+        "payments", parse_run_spec({"agents": ["dev-1", "ghost"], "teamRef": "nobody"}), lookup(objects)
+    )
+    assert r.outcome == "missing"
+    assert r.missing == [
+        "Team payments/nobody",
+        "Skill payments/pytest",
+        "MCPServer payments/kb",
+        "Agent payments/ghost",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (
+            {("Agent", "dev-1"): {**OBJECTS[("Agent", "dev-1")], "allowedTools": ["notes"]}},
+            "uses tool(s) search outside its allowedTools (notes)",
+        ),
+        ({("Agent", "dev-1"): {"model": "x"}}, "has no modelEndpointRef"),
+        (
+            {("ModelEndpoint", "openai"): {"url": "ftp://nope"}},
+            "ModelEndpoint payments/openai is invalid: spec.url",
+        ),
+    ],
+)
+async def test_runs_that_can_never_work_are_invalid_with_the_reason(
+    change: dict[Any, Any], words: str
+) -> None:
+    r = await resolve("payments", parse_run_spec({"agents": ["dev-1"]}), lookup({**OBJECTS, **change}))
+    assert r.outcome == "invalid"
+    assert words in (r.error or "")
