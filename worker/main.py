@@ -14,7 +14,7 @@ from activities.store import Store
 from kube import Config, Kube
 from worker.registry import build_worker
 from worker.settings import Settings
-from worker.temporal import connect
+from workflows.client import connect
 
 log = logging.getLogger("ksquad.worker")
 

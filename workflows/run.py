@@ -223,7 +223,9 @@ class RunWorkflow:
 
     @workflow.signal(name="credential_refreshed")
     def on_credential_refreshed(self, credential: str | None = None) -> None:
-        self.refreshed = True
+        """A credential was rotated; `credential` ("<namespace>/<secret>") names which, None means any."""
+        if credential is None or credential == self._credential_key():
+            self.refreshed = True
 
     @workflow.signal(name="input")
     def on_input(self, text: str) -> None:

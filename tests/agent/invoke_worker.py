@@ -10,7 +10,7 @@ from activities.agents import AgentActivities, Timing
 from activities.store import Store
 from tests.support.workflows import InvokeAgentOnce
 from worker.registry import build_worker
-from worker.temporal import connect
+from workflows.client import connect
 
 
 async def main(target: str, task_queue: str, database_url: str) -> None:

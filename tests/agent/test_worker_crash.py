@@ -14,8 +14,8 @@ from tests.agent.conftest import AgentFactory
 from tests.support.agents import ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
 from worker.devserver import DevServer
-from worker.temporal import connect
 from workflows.activity_types import AgentInvocation
+from workflows.client import connect
 
 
 def start_worker(dev_server: DevServer, task_queue: str, db: str, log: Path) -> subprocess.Popen[bytes]:

@@ -22,7 +22,6 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from worker.registry import build_worker
-from worker.temporal import connect, register_search_attributes, with_converter
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
     WORKER_TASK_QUEUE,
@@ -43,6 +42,7 @@ from workflows.activity_types import (
     SandboxRequest,
     TaskPause,
 )
+from workflows.client import connect, register_search_attributes, with_converter
 from workflows.contract import ConcurrencyScope, CredentialRef, ModelRef, Resolution, ResolvedAgent
 from workflows.run import RunWorkflow
 from workflows.spec import RunInput, parse_run_spec

@@ -1,0 +1,76 @@
+"""Credential rotation: when a Secret labelled `ksquad.io/credential` changes, the runs paused because that
+credential was refused get `credential_refreshed` (the workflow ignores it if it uses another credential)."""
+
+import asyncio
+import hashlib
+import json
+import logging
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from kube import ApiError, Kube, Unreachable, path
+from workflows import search_attributes as sa
+from workflows.status import Phase
+
+log = logging.getLogger(__name__)
+CREDENTIAL_LABEL = "ksquad.io/credential"
+
+
+class CredentialWatcher:
+    def __init__(self, kube: Kube, temporal: Client) -> None:
+        self.kube = kube
+        self.temporal = temporal
+        self.versions: dict[str, str] = {}  # secret -> the data version last seen
+        self.signalled = 0
+
+    async def run(self) -> None:
+        url = path("v1", "secrets")
+        while True:
+            try:
+                listed = await self.kube.list(url, labels=CREDENTIAL_LABEL)
+                for secret in listed["items"]:
+                    self.versions[_key(secret)] = _data_version(secret)
+                version: str | None = listed["metadata"]["resourceVersion"]
+                while version is not None:
+                    version = await self._follow(url, version)
+            except (Unreachable, ApiError) as err:
+                log.warning("watching credentials: %s", err)
+                await asyncio.sleep(2)
+
+    async def _follow(self, url: str, version: str) -> str | None:
+        async for event in self.kube.watch(url, resource_version=version, labels=CREDENTIAL_LABEL):
+            kind, secret = event["type"], event["object"]
+            if kind == "ERROR":
+                return None
+            version = secret["metadata"]["resourceVersion"]
+            if kind in ("ADDED", "MODIFIED"):
+                key, data = _key(secret), _data_version(secret)
+                if self.versions.get(key) not in (None, data) or (
+                    kind == "ADDED" and key not in self.versions
+                ):
+                    await self.refreshed(secret["metadata"]["namespace"], secret["metadata"]["name"])
+                self.versions[key] = data
+        return version
+
+    async def refreshed(self, namespace: str, secret: str) -> None:
+        query = f"{sa.PHASE.name} = '{Phase.PAUSED.value}' AND {sa.NAMESPACE.name} = '{namespace}'"
+        async for workflow in self.temporal.list_workflows(query):
+            try:
+                await self.temporal.get_workflow_handle(workflow.id).signal(
+                    "credential_refreshed", f"{namespace}/{secret}"
+                )
+                self.signalled += 1
+            except RPCError as err:
+                log.warning("credential_refreshed to %s: %s", workflow.id, err)
+        log.info("credential %s/%s refreshed", namespace, secret)
+
+
+def _key(secret: dict[str, Any]) -> str:
+    return f"{secret['metadata']['namespace']}/{secret['metadata']['name']}"
+
+
+def _data_version(secret: dict[str, Any]) -> str:
+    """A fingerprint of the Secret's data (its resourceVersion also moves on label edits)."""
+    return hashlib.sha256(json.dumps(secret.get("data", {}), sort_keys=True).encode()).hexdigest()

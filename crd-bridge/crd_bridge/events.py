@@ -1,0 +1,59 @@
+"""Kubernetes Events on Runs, one per phase change, aggregated like client-go's recorder: the same reason and
+message on the same Run bump one Event's count instead of adding another."""
+
+import hashlib
+import logging
+from datetime import UTC, datetime
+
+from kube import ApiError, Kube, path
+from workflows.status import Phase, PhaseEvent
+
+log = logging.getLogger(__name__)
+RUN_API = "ksquad.io/v1alpha1"
+REVISION_ANNOTATION = (
+    "ksquad.io/revision"  # the newest revision counted: a retried snapshot is not counted twice
+)
+
+
+def _time(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    def __init__(self, kube: Kube, instance: str) -> None:
+        self.kube = kube
+        self.instance = instance
+
+    async def record(self, namespace: str, run: str, uid: str, event: PhaseEvent) -> None:
+        reason = event.reason or event.phase.value
+        message = f"{event.phase.value}: {event.message or reason}"[:1024]
+        digest = hashlib.sha256(f"{uid}|{reason}|{message}".encode()).hexdigest()[:16]
+        name = f"{run[:200]}.{digest}"
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": {REVISION_ANNOTATION: str(event.revision)}},
+            "involvedObject": {"apiVersion": RUN_API, "kind": "Run", "name": run, "namespace": namespace, "uid": uid},
+            "reason": reason, "message": message,
+            "type": "Warning" if event.phase == Phase.FAILED else "Normal",
+            "source": {"component": "ksquad-bridge"},
+            "reportingComponent": "ksquad.io/bridge", "reportingInstance": self.instance,
+            "firstTimestamp": _time(event.at), "lastTimestamp": _time(event.at), "count": 1,
+        }  # fmt: skip
+        url = path("v1", "events", namespace)
+        try:
+            await self.kube.create(url, body)
+            return
+        except ApiError as err:
+            if err.status != 409:
+                log.warning("event on %s/%s: %s", namespace, run, err)
+                return
+        existing = await self.kube.get(path("v1", "events", namespace, name))
+        counted = int(existing["metadata"].get("annotations", {}).get(REVISION_ANNOTATION, "0"))
+        if event.revision <= counted:
+            return
+        await self.kube.patch(path("v1", "events", namespace, name), {
+            "metadata": {"resourceVersion": existing["metadata"]["resourceVersion"],
+                         "annotations": {REVISION_ANNOTATION: str(event.revision)}},
+            "count": int(existing.get("count") or 1) + 1, "lastTimestamp": _time(event.at),
+        })  # fmt: skip

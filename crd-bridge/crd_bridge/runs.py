@@ -1,0 +1,274 @@
+"""The Run reconciler: every Run has exactly one workflow, and a deleted Run's workflow ends first.
+
+It lists Runs, then watches from that resourceVersion (bookmarks on; 410 Gone means relist), and hands each
+Run to a reconciler, one at a time per Run:
+- a new Run gets the finalizer, then its workflow, started idempotently (workflow id `<namespace>/<name>`, the
+  Run's uid in the memo and a search attribute): a workflow of this uid that exists, running or closed, is
+  never started again, so a bridge restart or a replayed event cannot run a Run twice;
+- the annotation `ksquad.io/cancel-requested` becomes the `cancel` signal;
+- a Run being deleted has its workflow cancelled; once it ended Cancelled (or after a bounded wait), the
+  finalizer goes and Kubernetes deletes the Run and, through owner references, its Job and outputs;
+- a closed workflow whose final status never reached the Run (an API outage at the end) has it written.
+"""
+
+import asyncio
+import contextlib
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from crd_bridge.activities import BridgeActivities, run_path
+from crd_bridge.settings import BridgeSettings
+from kube import ApiError, Kube, Unreachable
+from workflows import search_attributes as sa
+from workflows.model import InvalidObject
+from workflows.run import RunWorkflow
+from workflows.spec import RunInput, parse_run_spec, run_workflow_id
+from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "ksquad.io/workflow"
+CANCEL_ANNOTATION = "ksquad.io/cancel-requested"
+TRIGGERED_BY_ANNOTATION = "ksquad.io/triggered-by"
+CLOSED = {WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
+          WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT}  # fmt: skip
+
+
+class RunReconciler:
+    def __init__(
+        self, kube: Kube, temporal: Client, settings: BridgeSettings, bridge: BridgeActivities
+    ) -> None:
+        self.kube = kube
+        self.temporal = temporal
+        self.settings = settings
+        self.bridge = bridge
+        self.started: set[str] = set()  # uids whose workflow exists (a cache; Temporal is the truth)
+        self.cancel_sent: set[str] = set()
+        self.pending: dict[str, dict[str, Any]] = {}  # key -> the newest object seen
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.busy: set[str] = set()
+        self.relists = 0
+
+    # --- watching -----------------------------------------------------------------------------------------
+
+    def _urls(self) -> list[str]:
+        if self.settings.watch_namespaces:
+            return [run_path(ns) for ns in self.settings.watch_namespaces]
+        return [run_path(None)]  # /apis/ksquad.io/v1alpha1/runs: every namespace
+
+    async def run(self) -> None:
+        workers = [asyncio.create_task(self._work()) for _ in range(self.settings.reconcilers)]
+        try:
+            await asyncio.gather(*(self._watch(url) for url in self._urls()))
+        finally:
+            for worker in workers:
+                worker.cancel()
+
+    async def _watch(self, url: str) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                listed = await self.kube.list(url)
+                for item in listed["items"]:
+                    self.enqueue(item)
+                version = listed["metadata"]["resourceVersion"]
+                backoff = 0.5
+                while version is not None:
+                    version = await self._follow(url, version)
+                self.relists += 1  # the version expired (410 Gone): list again
+            except (Unreachable, ApiError) as err:
+                log.warning("watching runs: %s; again in %.1fs", err, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    async def _follow(self, url: str, version: str) -> str | None:
+        """Watch from `version`; return the version to go on from, None when it is gone."""
+        async for event in self.kube.watch(url, resource_version=version):
+            kind, obj = event["type"], event["object"]
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    return None
+                raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""))
+            version = obj["metadata"]["resourceVersion"]
+            if kind != "BOOKMARK":
+                self.enqueue(obj)
+        return version
+
+    def enqueue(self, run: dict[str, Any]) -> None:
+        key = f"{run['metadata']['namespace']}/{run['metadata']['name']}"
+        fresh = key not in self.pending
+        self.pending[key] = run
+        if fresh:
+            self.queue.put_nowait(key)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            if key in self.busy:  # another reconciler has this Run: come back to it
+                await asyncio.sleep(0.05)
+                self.queue.put_nowait(key)
+                continue
+            run = self.pending.pop(key, None)
+            if run is None:
+                continue
+            self.busy.add(key)
+            try:
+                retry = await self.reconcile(run)
+            except Exception:
+                log.exception("reconciling %s", key)
+                retry = True
+            finally:
+                self.busy.discard(key)
+            if retry:
+                asyncio.get_running_loop().call_later(1.0, self._requeue, key, run)
+
+    def _requeue(self, key: str, run: dict[str, Any]) -> None:
+        if key not in self.pending:
+            self.enqueue(run)
+
+    # --- reconciling --------------------------------------------------------------------------------------
+
+    async def reconcile(self, run: dict[str, Any]) -> bool:
+        """Bring one Run and its workflow in line; True to try again shortly."""
+        meta = run["metadata"]
+        if meta.get("deletionTimestamp"):
+            return await self.finalize(run)
+        if FINALIZER not in meta.get("finalizers", []):
+            try:
+                await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
+                    "finalizers": [*meta.get("finalizers", []), FINALIZER],
+                    "resourceVersion": meta["resourceVersion"]}})  # fmt: skip
+            except ApiError as err:
+                if err.status in (404, 409):
+                    return err.status == 409  # changed meanwhile: the watch brings the new version
+                raise
+        retry = await self.ensure_workflow(run)
+        annotation = meta.get("annotations", {}).get(CANCEL_ANNOTATION)
+        if annotation is not None and meta["uid"] not in self.cancel_sent:
+            handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
+            with contextlib.suppress(RPCError):
+                await handle.signal("cancel", annotation or f"annotation {CANCEL_ANNOTATION}")
+                self.cancel_sent.add(meta["uid"])
+        return retry
+
+    async def ensure_workflow(self, run: dict[str, Any]) -> bool:
+        meta = run["metadata"]
+        uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
+        if uid in self.started:
+            return False
+        workflow_id = run_workflow_id(namespace, name)
+        handle = self.temporal.get_workflow_handle(workflow_id)
+        existing = await _describe(handle)
+        if existing is not None:
+            status, existing_uid = existing
+            if existing_uid == uid:
+                self.started.add(uid)
+                if status in CLOSED and not Phase(run.get("status", {}).get("phase", "Pending")).terminal:
+                    await self.reconcile_closed(run, handle)
+                return False
+            if status not in CLOSED:
+                return True  # the workflow of an earlier Run of this name is still ending: wait for it
+        try:
+            spec = parse_run_spec(run.get("spec"))
+        except InvalidObject as err:
+            await self.reject(run, err)
+            self.started.add(uid)
+            return False
+        triggered_by = meta.get("annotations", {}).get(TRIGGERED_BY_ANNOTATION)
+        run_input = RunInput(namespace=namespace, name=name, uid=uid, generation=meta.get("generation", 1),
+                             triggered_by=triggered_by, spec=spec)  # fmt: skip
+        attributes = [
+            SearchAttributePair(sa.PHASE, Phase.PENDING.value),
+            SearchAttributePair(sa.NAMESPACE, namespace),
+        ]
+        if triggered_by:
+            attributes.append(SearchAttributePair(sa.TRIGGERED_BY, triggered_by))
+        await self.temporal.start_workflow(
+            RunWorkflow.run, run_input, id=workflow_id, task_queue=self.settings.worker_task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            memo={"uid": uid, "generation": meta.get("generation", 1)},
+            search_attributes=TypedSearchAttributes(attributes),
+            static_summary=f"Run {namespace}/{name}",
+        )  # fmt: skip
+        self.started.add(uid)
+        log.info("started workflow %s for Run uid %s", workflow_id, uid)
+        return False
+
+    async def reject(self, run: dict[str, Any], err: InvalidObject) -> None:
+        """A spec the API server let through but the workflow cannot take: Failed at once, with the fields."""
+        meta = run["metadata"]
+        status = RunStatus(phase=Phase.FAILED, reason="InvalidSpec", message=str(err), revision=1,
+                           observed_generation=meta.get("generation"))  # fmt: skip
+        await self.bridge.write_status(StatusSnapshot(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
+                                                      status=status))  # fmt: skip
+
+    async def reconcile_closed(self, run: dict[str, Any], handle: WorkflowHandle[Any, Any]) -> None:
+        """The workflow ended but its last status did not reach the Run: write it now."""
+        meta = run["metadata"]
+        try:
+            status: RunStatus = await handle.query(RunWorkflow.state)
+        except RPCError as err:
+            log.warning("cannot read the final state of %s: %s", handle.id, err)
+            return
+        status.workflow = status.workflow or WorkflowRef(id=handle.id)
+        snapshot = StatusSnapshot(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status,
+                                  events=[PhaseEvent(revision=status.revision, phase=status.phase, reason=status.reason,
+                                                     message=status.message, at=datetime.now(UTC))])  # fmt: skip
+        await self.bridge.mirror_status(snapshot)
+
+    async def finalize(self, run: dict[str, Any]) -> bool:
+        """Deletion: cancel the workflow, wait (bounded) for it to end, then let the Run go."""
+        meta = run["metadata"]
+        if FINALIZER not in meta.get("finalizers", []):
+            return False
+        handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
+        existing = await _describe(handle)
+        if existing is not None and existing[1] == meta["uid"] and existing[0] not in CLOSED:
+            with contextlib.suppress(RPCError):
+                await handle.cancel()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.cancel_wait_seconds
+            while loop.time() < deadline:
+                described = await _describe(handle)
+                if described is None or described[0] in CLOSED:
+                    break
+                await asyncio.sleep(0.2)
+            else:
+                log.warning("%s did not end within %.0fs; removing the finalizer anyway", handle.id,
+                            self.settings.cancel_wait_seconds)  # fmt: skip
+        try:
+            await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
+                "finalizers": [f for f in meta.get("finalizers", []) if f != FINALIZER],
+                "resourceVersion": meta["resourceVersion"]}})  # fmt: skip
+        except ApiError as err:
+            if err.status == 409:
+                return True
+            if err.status != 404:
+                raise
+        self.started.discard(meta["uid"])
+        return False
+
+
+async def _describe(
+    handle: WorkflowHandle[Any, Any],
+) -> tuple[WorkflowExecutionStatus | None, str | None] | None:
+    """(status, the Run uid in its memo) of the newest workflow with this id, or None when there is none."""
+    try:
+        description = await handle.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    uid = await description.memo_value("uid", default=None)
+    return description.status, str(uid) if uid is not None else None
