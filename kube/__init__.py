@@ -28,6 +28,7 @@ _CONTENT_TYPES = {
     "apply": "application/apply-patch+yaml",
 }
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+_METADATA_ONLY = "application/json;as=PartialObjectMetadata"
 
 
 class ApiError(Exception):
@@ -150,7 +151,8 @@ class Kube:
         return await self._call("GET", url)
 
     async def list(self, url: str, labels: dict[str, str] | str | None = None, fields: str | None = None,
-                   limit: int | None = None) -> Obj:  # fmt: skip
+                   limit: int | None = None, metadata_only: bool = False) -> Obj:  # fmt: skip
+        """`metadata_only` fetches PartialObjectMetadata: names, labels, versions; never a Secret's data."""
         params: dict[str, Any] = {}
         if labels:
             params["labelSelector"] = (
@@ -160,7 +162,8 @@ class Kube:
             params["fieldSelector"] = fields
         if limit:
             params["limit"] = limit
-        return await self._call("GET", url, params=params)
+        headers = {"Accept": f"{_METADATA_ONLY}List;g=meta.k8s.io;v=v1"} if metadata_only else {}
+        return await self._call("GET", url, params=params, headers=headers)
 
     async def create(self, url: str, body: Obj, field_manager: str = "ksquad") -> Obj:
         return await self._call("POST", url, json=body, params={"fieldManager": field_manager})
@@ -191,7 +194,8 @@ class Kube:
             raise
 
     async def watch(self, url: str, resource_version: str | None = None, labels: str | None = None,
-                    timeout_seconds: int = 300, bookmarks: bool = True) -> AsyncIterator[Obj]:  # fmt: skip
+                    timeout_seconds: int = 300, bookmarks: bool = True,
+                    metadata_only: bool = False) -> AsyncIterator[Obj]:  # fmt: skip
         """Watch events ({"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": {...}}) until the server
         ends the stream. An ERROR event with code 410 means the resource version is gone: list again."""
         params: dict[str, Any] = {"watch": "true", "timeoutSeconds": timeout_seconds,

@@ -12,6 +12,7 @@ from activities.claims import ClaimActivities
 from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxActivities, SandboxSettings
 from activities.store import Store
 from kube import Config, Kube
+from kube.probes import Probes
 from worker.registry import build_worker
 from worker.settings import Settings
 from workflows.client import connect
@@ -31,7 +32,12 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             backend = KubernetesSandboxes(kube, sandbox_settings)
         else:
             backend = LocalSandboxes(sandbox_settings)
-        client = await connect(settings.temporal_address, settings.temporal_namespace)
+        client = await connect(
+            settings.temporal_address,
+            settings.temporal_namespace,
+            api_key=settings.temporal_api_key,
+            tls=settings.temporal_tls,
+        )
         activities = [*ClaimActivities(store).all(), AgentActivities(store).invoke_agent,
                       *SandboxActivities(backend).all()]  # fmt: skip
         worker = build_worker(client, settings.task_queue, activities)
@@ -42,7 +48,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         log.info("serving task queue %s on %s (namespace %s), store %s, %s sandboxes", settings.task_queue,
                  settings.temporal_address, settings.temporal_namespace, store.engine.url.render_as_string(),
                  sandbox_settings.backend)  # fmt: skip
-        async with worker:
+        async with worker, Probes(settings.health_port, lambda: True):
             await stop.wait()
     log.info("stopped")
 

@@ -15,6 +15,9 @@ class Settings:
     task_queue: str = WORKER_TASK_QUEUE
     # postgresql://user@host/db (the password from PGPASSWORD or ~/.pgpass, never in a manifest) or sqlite:///
     database_url: str = DEFAULT_DATABASE_URL
+    temporal_api_key: str | None = None
+    temporal_tls: bool = False
+    health_port: int = 8082
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -23,4 +26,7 @@ class Settings:
             temporal_namespace=os.environ.get("KSQUAD_TEMPORAL_NAMESPACE", cls.temporal_namespace),
             task_queue=os.environ.get("KSQUAD_TASK_QUEUE", cls.task_queue),
             database_url=os.environ.get("KSQUAD_DATABASE_URL", cls.database_url),
+            temporal_api_key=os.environ.get("KSQUAD_TEMPORAL_API_KEY") or None,
+            temporal_tls=os.environ.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
+            health_port=int(os.environ.get("KSQUAD_HEALTH_PORT", cls.health_port)),
         )

@@ -1,9 +1,9 @@
 """Credential rotation: when a Secret labelled `ksquad.io/credential` changes, the runs paused because that
-credential was refused get `credential_refreshed` (the workflow ignores it if it uses another credential)."""
+credential was refused get `credential_refreshed` (the workflow ignores it if it uses another credential).
+
+Only the Secrets' metadata is read (PartialObjectMetadata): the bridge never sees a credential's value."""
 
 import asyncio
-import hashlib
-import json
 import logging
 from typing import Any
 
@@ -22,16 +22,16 @@ class CredentialWatcher:
     def __init__(self, kube: Kube, temporal: Client) -> None:
         self.kube = kube
         self.temporal = temporal
-        self.versions: dict[str, str] = {}  # secret -> the data version last seen
+        self.versions: dict[str, str] = {}  # secret -> the resourceVersion last seen
         self.signalled = 0
 
     async def run(self) -> None:
         url = path("v1", "secrets")
         while True:
             try:
-                listed = await self.kube.list(url, labels=CREDENTIAL_LABEL)
+                listed = await self.kube.list(url, labels=CREDENTIAL_LABEL, metadata_only=True)
                 for secret in listed["items"]:
-                    self.versions[_key(secret)] = _data_version(secret)
+                    self.versions[_key(secret)] = secret["metadata"]["resourceVersion"]
                 version: str | None = listed["metadata"]["resourceVersion"]
                 while version is not None:
                     version = await self._follow(url, version)
@@ -40,7 +40,9 @@ class CredentialWatcher:
                 await asyncio.sleep(2)
 
     async def _follow(self, url: str, version: str) -> str | None:
-        async for event in self.kube.watch(url, resource_version=version, labels=CREDENTIAL_LABEL):
+        async for event in self.kube.watch(
+            url, resource_version=version, labels=CREDENTIAL_LABEL, metadata_only=True
+        ):
             kind, secret = event["type"], event["object"]
             if kind == "ERROR":
                 return None
@@ -69,8 +71,3 @@ class CredentialWatcher:
 
 def _key(secret: dict[str, Any]) -> str:
     return f"{secret['metadata']['namespace']}/{secret['metadata']['name']}"
-
-
-def _data_version(secret: dict[str, Any]) -> str:
-    """A fingerprint of the Secret's data (its resourceVersion also moves on label edits)."""
-    return hashlib.sha256(json.dumps(secret.get("data", {}), sort_keys=True).encode()).hexdigest()
