@@ -48,12 +48,10 @@ class CredentialWatcher:
                 return None
             version = secret["metadata"]["resourceVersion"]
             if kind in ("ADDED", "MODIFIED"):
-                key, data = _key(secret), _data_version(secret)
-                if self.versions.get(key) not in (None, data) or (
-                    kind == "ADDED" and key not in self.versions
-                ):
+                key = _key(secret)
+                if self.versions.get(key) != version:  # a new or changed credential
                     await self.refreshed(secret["metadata"]["namespace"], secret["metadata"]["name"])
-                self.versions[key] = data
+                self.versions[key] = version
         return version
 
     async def refreshed(self, namespace: str, secret: str) -> None:
