@@ -25,13 +25,13 @@ from activities.sandboxes import (
 )
 from activities.store import Store
 from kube import ApiError, Config, Kube, path
-from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
+from tests.cluster.controlplane import ControlPlane
+from tests.support import chart
 from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
 from workflows.activity_types import AgentInvocation, OutputsRequest, RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
 from workflows.spec import SandboxPolicy
 
-CHART = Path(__file__).parents[2] / "charts" / "ksquad"
 AGENT = [sys.executable, "-m", "agent.server"]
 STAGE_JQ = [sys.executable, "-c", "import os; d = os.environ['KSQUAD_TOOLCHAIN_DIR'] + '/bin'; os.makedirs(d); "
             "open(d + '/jq', 'w').write('#!/bin/sh\\necho jq')"]  # fmt: skip
@@ -43,15 +43,13 @@ def settings(**overrides: Any) -> SandboxSettings:
     return SandboxSettings(**{**base, **overrides})
 
 
-def helm_template(namespace: str, values: dict[str, Any]) -> str:
-    import subprocess
+SANDBOX_KINDS = {"ServiceAccount", "NetworkPolicy", "ReplicaSet"}
 
-    done = subprocess.run(
-        [str(cached_binaries_dir() / "helm"), "template", "ksquad", str(CHART), "--namespace", "ksquad-system",
-         "--values", "-"],
-        input=yaml.safe_dump(values), capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stdout
+
+def apply_sandbox_parts(cluster: ControlPlane, values: dict[str, Any]) -> None:
+    """The chart's sandbox parts (ServiceAccount, NetworkPolicy, pools) for the Run namespaces in `values`."""
+    docs = [d for d in chart.render(values) if d["metadata"].get("namespace") != chart.RELEASE_NAMESPACE]
+    chart.apply(cluster, docs, SANDBOX_KINDS)
 
 
 @pytest.fixture
@@ -63,9 +61,7 @@ async def kube(ksquad_cluster: ControlPlane) -> AsyncIterator[Kube]:
 @pytest.fixture
 def run_ns(ksquad_cluster: ControlPlane, namespace: str) -> str:
     """A namespace of Runs: the chart's sandbox ServiceAccount and NetworkPolicy, and the model's Secret."""
-    ksquad_cluster.kubectl(
-        "apply", "-f", "-", input=helm_template(namespace, {"sandbox": {"namespaces": [namespace]}})
-    )
+    apply_sandbox_parts(ksquad_cluster, {"namespaces": [namespace]})
     ksquad_cluster.kubectl(
         "create", "secret", "generic", "model-key", "-n", namespace, f"--from-literal=apiKey={MODEL_KEY}"
     )
@@ -159,8 +155,7 @@ async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
 ) -> None:
     pool = {"name": "p1", "namespace": run_ns, "replicas": 5, "runtimeClass": "gvisor", "credentials": ["model-key"],
             "command": AGENT}  # fmt: skip
-    ksquad_cluster.kubectl("apply", "-f", "-", input=helm_template(run_ns, {"sandbox": {"namespaces": [run_ns]},
-                                                                           "pools": [pool]}))  # fmt: skip
+    apply_sandbox_parts(ksquad_cluster, {"namespaces": [run_ns], "pools": [pool]})
     await ready_warm(kube, run_ns, 5)
     backend = KubernetesSandboxes(kube, settings())
     contracts = []

@@ -22,7 +22,22 @@ capabilities:
 
 {{- define "ksquad.sandboxNamespaces" -}}
 {{- $namespaces := list -}}
-{{- range .Values.sandbox.namespaces }}{{ $namespaces = append $namespaces . }}{{ end -}}
+{{- range .Values.namespaces }}{{ $namespaces = append $namespaces . }}{{ end -}}
 {{- range .Values.pools }}{{ $namespaces = append $namespaces .namespace }}{{ end -}}
 {{- $namespaces | uniq | toJson -}}
+{{- end -}}
+
+
+{{- define "ksquad.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+
+{{- define "ksquad.temporalEnv" -}}
+- {name: KSQUAD_TEMPORAL_ADDRESS, value: {{ .Values.temporal.address | quote }}}
+- {name: KSQUAD_TEMPORAL_NAMESPACE, value: {{ .Values.temporal.namespace | quote }}}
+- {name: KSQUAD_TEMPORAL_TLS, value: {{ .Values.temporal.tls | quote }}}
+{{- if .Values.temporal.apiKeySecret.name }}
+- name: KSQUAD_TEMPORAL_API_KEY
+  valueFrom: {secretKeyRef: {name: {{ .Values.temporal.apiKeySecret.name }}, key: {{ .Values.temporal.apiKeySecret.key }}}}
+{{- end }}
 {{- end -}}

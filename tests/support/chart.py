@@ -1,0 +1,35 @@
+"""The Helm chart, rendered by the real helm (built into the test cache) and applied piecewise in tests."""
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
+
+CHART = Path(__file__).parents[2] / "charts" / "ksquad"
+RELEASE_NAMESPACE = "ksquad-system"
+
+
+def render(values: dict[str, Any], namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [str(cached_binaries_dir() / "helm"), "template", "ksquad", str(CHART), "--namespace", namespace,
+         "--values", "-"],
+        input=yaml.safe_dump(values), capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template failed: {done.stderr}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def apply(
+    cluster: ControlPlane, docs: list[dict[str, Any]], kinds: set[str] | None = None
+) -> list[dict[str, Any]]:
+    """Apply the rendered objects of `kinds` (all when None); the release namespace is made when needed."""
+    chosen = [d for d in docs if kinds is None or d["kind"] in kinds]
+    if any(d["metadata"].get("namespace") == RELEASE_NAMESPACE for d in chosen):
+        cluster.kubectl("create", "namespace", RELEASE_NAMESPACE, check=False)
+    if chosen:
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(chosen))
+    return chosen
