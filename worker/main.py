@@ -56,3 +56,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(Settings.from_env(), SandboxSettings.from_env()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""kubectl apply a Run and watch it run: the bridge and the worker as the chart deploys them, end to end on
+the real control plane."""
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from kube import path
+from tests.crd_bridge.conftest import RUN_API, StackFactory
+from tests.support.agents import ModelEndpoint
+from workflows import search_attributes as sa
+
+SEED = Path(__file__).parents[2] / "examples" / "fix-flaky-tests.yaml"
+
+
+async def watch_phases(stack: Any, name: str, until: set[str], within: float = 120) -> list[str]:
+    """Every phase the Run's status showed, in order, until one of `until`."""
+    seen: list[str] = []
+    for _ in range(int(within / 0.05)):
+        try:
+            run = await stack.run(name)
+        except Exception:
+            run = {}
+        phase = run.get("status", {}).get("phase")
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        if phase in until:
+            return seen
+        await asyncio.sleep(0.05)
+    raise AssertionError(
+        f"{name}: phases {seen}, never {until}\n{stack.log('bridge')[-3000:]}\n{stack.log('worker')[-3000:]}"
+    )
+
+
+def in_order(seen: list[str], expected: list[str]) -> bool:
+    position = 0
+    for phase in seen:
+        if position < len(expected) and phase == expected[position]:
+            position += 1
+    return position == len(expected)
+
+
+async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_tell_the_story(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 1, "text": "Stabilized the payment-retry test."})
+    stack = await start_stack("ksquad-system")
+    stack.apply(*stack.resources(model),
+                {"apiVersion": RUN_API, "kind": "Team", "metadata": {"name": "payments-squad"}, "spec": {"agents": ["dev-1"]}},
+                {"apiVersion": RUN_API, "kind": "Project", "metadata": {"name": "payments-api"}, "spec": {}})  # fmt: skip
+    stack.kubectl("apply", "-f", str(SEED))  # verbatim
+    seen = await watch_phases(stack, "fix-flaky-tests", {"Succeeded", "Failed"})
+    run = await stack.run("fix-flaky-tests")
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
+    assert in_order(seen, ["Pending", "Claiming", "Running", "Succeeded"]), seen
+    assert status["outputs"] == {"answer": "Stabilized the payment-retry test."}
+    assert status["workItem"]["ref"] == "wi-8123"
+    assert status["observedGeneration"] == run["metadata"]["generation"]
+    assert status["triggeredBy"] == "ksquad-test-admin", "stamped at admission: the user who applied it"
+    assert run["metadata"]["annotations"]["ksquad.io/triggered-by"] == "ksquad-test-admin"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+
+    table = stack.kubectl(
+        "get", "runs", "-n", "ksquad-system", "fix-flaky-tests", "--no-headers"
+    ).stdout.split()
+    assert table[1:4] == ["Succeeded", "dev-1", "1"]
+    events = json.loads(stack.kubectl("get", "events", "-n", "ksquad-system", "--field-selector",
+                                      "involvedObject.name=fix-flaky-tests", "-o", "json").stdout)["items"]  # fmt: skip
+    story = [
+        e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["annotations"]["ksquad.io/revision"])
+    ]
+    assert in_order(story, ["Created", "Claiming", "Running", "Succeeded"]), story
+    outputs = await stack.kube.get(path("v1", "configmaps", "ksquad-system", "fix-flaky-tests-outputs"))
+    assert outputs["data"]["answer"] == "Stabilized the payment-retry test."
+
+    description = await stack.temporal.get_workflow_handle("ksquad-system/fix-flaky-tests").describe()
+    assert description.search_attributes[sa.TRIGGERED_BY.name] == ["ksquad-test-admin"]
+    assert description.search_attributes[sa.PHASE.name] == ["Succeeded"]
+    pods = await stack.kube.list(path("v1", "pods", "ksquad-system"), labels="ksquad.io/run=fix-flaky-tests")
+    for pod in pods["items"]:
+        env = json.dumps(pod["spec"])
+        assert "ksquad-test-admin" not in env, "the sandbox never gets the user's identity"
+    stack.kubectl("delete", "runs", "--all", "-n", "ksquad-system", "--wait=true", "--timeout=60s")
