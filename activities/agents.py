@@ -281,7 +281,7 @@ class Invocation:
             text = self.inv.continue_task.text or "The credential was refreshed: continue."
         parts = [Part(text=text)]
         if self.inv.deliver_contract and self.inv.continue_task is None:
-            parts.append(new_data_part({CONTRACT_PART: self.inv.contract.model_dump(mode="json")}))
+            parts.append(new_data_part({CONTRACT_PART: self.inv.contract.for_sandbox()}))
         message = Message(role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id,
                           parts=parts)  # fmt: skip
         message.metadata.update(

@@ -17,6 +17,7 @@ Kubernetes:
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import random
@@ -153,6 +154,13 @@ def job_manifest(contract: ExecutionContract, policy: SandboxPolicy, settings: S
               "app.kubernetes.io/managed-by": "ksquad", "app.kubernetes.io/component": "sandbox"}  # fmt: skip
     volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
     mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"}]
+    # Credentials are also mounted (the kubelet keeps mounted Secrets current): a rotated key reaches a
+    # running agent, which reads the file before the environment.
+    for secret in sorted({e["valueFrom"]["secretKeyRef"]["name"] for e in credential_env(contract)}):
+        volumes.append({"name": f"credential-{_dns(secret)}", "secret": {"secretName": secret}})
+        mounts.append(
+            {"name": f"credential-{_dns(secret)}", "mountPath": f"{SECRETS_DIR}/{secret}", "readOnly": True}
+        )
     init_containers: list[Obj] = []
     skills_need = {t for s in contract.agent.skills for t in s.requires.toolchains}
     sidecars_need = {t for s in contract.agent.skills for t in s.requires.sidecars}
@@ -188,8 +196,9 @@ def job_manifest(contract: ExecutionContract, policy: SandboxPolicy, settings: S
         "args": ["--host", "$(POD_IP)", "--port", str(settings.port)],
         "env": [
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "KSQUAD_EXECUTION_CONTRACT", "value": contract.model_dump_json()},
+            {"name": "KSQUAD_EXECUTION_CONTRACT", "value": json.dumps(contract.for_sandbox())},
             {"name": "KSQUAD_TOOLCHAINS_DIR", "value": TOOLCHAINS_DIR},
+            {"name": "KSQUAD_SECRETS_DIR", "value": SECRETS_DIR},
             *credential_env(contract),
         ],
         "ports": [{"name": "a2a", "containerPort": settings.port}],
@@ -492,7 +501,7 @@ class LocalSandboxes:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        env = {**os.environ, "KSQUAD_EXECUTION_CONTRACT": contract.model_dump_json()}
+        env = {**os.environ, "KSQUAD_EXECUTION_CONTRACT": json.dumps(contract.for_sandbox())}
         for item in credential_env(contract):
             var = item["name"]
             if var in self.credentials:

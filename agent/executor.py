@@ -12,8 +12,10 @@ A message id seen before is never run again: its task is REJECTED, pointing at t
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
+import os
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -32,7 +34,7 @@ from a2a.types import Message, TaskState
 from google.protobuf.json_format import MessageToDict
 
 from agent.contract import Contract, ContractError, Model, build_prompt, parse_contract
-from agent.model import ModelFailed, RateLimited, Unauthorized, complete
+from agent.model import ModelError, ModelFailed, RateLimited, Unauthorized, api_key, complete
 from agent.tools import ToolBox
 
 log = logging.getLogger("ksquad.agent")
@@ -47,6 +49,7 @@ ASK_USER = "ksquad_request_input"  # the agent's own tool: the model asks the us
 MAX_STEPS = 25
 KEEPALIVE_SECONDS = 10.0  # a status while the model thinks, so a silent agent means a dead one
 MAX_OUTPUT_CHARS = 2000
+ROTATION_WAIT_SECONDS = float(os.environ.get("KSQUAD_CREDENTIAL_ROTATION_WAIT_SECONDS", "120"))
 
 ASK_USER_TOOL = {
     "type": "function",
@@ -68,6 +71,7 @@ class Conversation:
     model: Model
     messages: list[dict[str, Any]]
     pending_question: str | None = None  # the tool call id of an unanswered ksquad_request_input
+    refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
 
 
 @dataclass
@@ -183,6 +187,8 @@ class KsquadAgentExecutor(AgentExecutor):
 
     async def _work(self, conversation: Conversation, updater: TaskUpdater) -> None:
         contract = conversation.contract
+        if conversation.refused_key is not None:
+            await self._await_rotation(conversation, updater)
         async with ToolBox(contract) as tools:
             definitions = [*tools.definitions(), ASK_USER_TOOL]
             for step in range(1, MAX_STEPS + 1):
@@ -203,6 +209,7 @@ class KsquadAgentExecutor(AgentExecutor):
                     })  # fmt: skip
                     return
                 except Unauthorized as err:
+                    conversation.refused_key = _fingerprint(model)
                     await updater.update_status(TaskState.TASK_STATE_AUTH_REQUIRED, self._text(updater, str(err)),
                                                 metadata={ERROR_KEY: "unauthorized", "model": model.name})  # fmt: skip
                     return
@@ -235,6 +242,21 @@ class KsquadAgentExecutor(AgentExecutor):
                                         self._text(updater, f"no answer after {MAX_STEPS} steps"),
                                         metadata={ERROR_KEY: "too_many_steps"})  # fmt: skip
 
+    async def _await_rotation(self, conversation: Conversation, updater: TaskUpdater) -> None:
+        """After AUTH_REQUIRED the orchestrator says the credential was rotated; a mounted Secret reaches the
+        sandbox some time later (the kubelet syncs it). Wait, bounded, until the key differs from the refused
+        one, so the retry does not spend itself on the old key."""
+        refused, conversation.refused_key = conversation.refused_key, None
+        await updater.update_status(TaskState.TASK_STATE_WORKING,
+                                    self._text(updater, "waiting for the rotated credential to reach the sandbox"))  # fmt: skip
+        deadline = asyncio.get_running_loop().time() + ROTATION_WAIT_SECONDS
+        while (
+            asyncio.get_running_loop().time() < deadline
+        ):  # a file changes with no event to wait on: poll it
+            if _fingerprint(conversation.model) != refused:
+                return
+            await asyncio.sleep(0.5)
+
     async def _finish(self, text: str, updater: TaskUpdater) -> None:
         await updater.add_artifact([new_text_part(text)], name="answer")
         await updater.add_artifact(
@@ -262,6 +284,13 @@ class KsquadAgentExecutor(AgentExecutor):
     @staticmethod
     def _text(updater: TaskUpdater, text: str) -> Message:
         return updater.new_agent_message([new_text_part(text)])
+
+
+def _fingerprint(model: Model) -> str | None:
+    try:
+        return hashlib.sha256(api_key(model.credential).encode()).hexdigest()
+    except ModelError:
+        return None
 
 
 def _argument(arguments: str, name: str) -> str:

@@ -12,6 +12,7 @@ own list of steps, one step per request, in order; the last step repeats. A step
     - error: 401                               # or 500, or any status
     - malformed: true                          # 200 with a body that is not JSON
     - delay: 2.5                               # (with any step) wait this long first
+    - expect_key: sk-new                       # (with any step) answer 401 until called with this key
 
 Models without a script answer with DEFAULT_TEXT. `POST /_script` replaces the script (the same shape as
 the file, as JSON), `GET /_calls` lists the requests received (model, credential, stream), `POST /_reset`
@@ -94,6 +95,10 @@ def build_app(state: ScriptedModel) -> Starlette:
                                 [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
                                 time.time()))  # fmt: skip
         step = state.next_step(model)
+        expected = step.get("expect_key")
+        if expected is not None and request.headers.get("authorization") != f"Bearer {expected}":
+            state.positions[model if model in state.script else "default"] -= 1  # this step still waits
+            step = {"error": 401, "message": "Incorrect API key provided"}
         state.in_flight += 1
         try:
             if step.get("delay") and await hung_up_within(request, float(step["delay"])):

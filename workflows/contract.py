@@ -111,6 +111,12 @@ class ExecutionContract(KsquadModel):
     agent: ResolvedAgent
     model: ModelRef  # the model to use now (the agent's, the Run's override, or the fallback)
 
+    def for_sandbox(self) -> dict[str, object]:
+        """The contract as a sandbox gets it: without the triggering user's identity (runs are attributed to
+        people in the orchestrator's records, never inside the sandbox)."""
+        data: dict[str, object] = self.model_dump(mode="json", exclude={"run": {"triggered_by"}})
+        return data
+
 
 class ConcurrencyScope(KsquadModel):
     """A limit the Run counts against: the namespace, its Team or its Project."""

@@ -192,7 +192,7 @@ class RunWorkflow:
         self.sandbox: Sandbox | None = None
         self.interrupt: Interrupt | None = None
         self.resume_requested = False
-        self.refreshed = False
+        self.credential_refreshes = 0  # rotations of this run's credential seen so far
         self.pending_input: str | None = None
         self.references_changed = False
         self.cancel_reason = ""
@@ -225,7 +225,7 @@ class RunWorkflow:
     def on_credential_refreshed(self, credential: str | None = None) -> None:
         """A credential was rotated; `credential` ("<namespace>/<secret>") names which, None means any."""
         if credential is None or credential == self._credential_key():
-            self.refreshed = True
+            self.credential_refreshes += 1
 
     @workflow.signal(name="input")
     def on_input(self, text: str) -> None:
@@ -614,6 +614,7 @@ class RunWorkflow:
         uid = self.run_input.uid
         while True:
             message_id = f"{uid}-a{attempt}" + (f"-t{turn}" if turn else "")
+            refreshes_before_call = self.credential_refreshes
             invocation = AgentInvocation(
                 contract=self._contract(attempt, fence),
                 endpoint=self.sandbox.endpoint,
@@ -670,7 +671,7 @@ class RunWorkflow:
                 if kind == AgentError.INPUT_REQUIRED:
                     text = await self._wait_for_input(task)
                 else:
-                    await self._wait_for_credential(task)
+                    await self._wait_for_credential(task, refreshes_before_call)
                 run_deadline += workflow.now() - paused_since
                 turn, follow_up = (
                     turn + 1,
@@ -821,8 +822,11 @@ class RunWorkflow:
         text, self.pending_input = self.pending_input or "", None
         return text
 
-    async def _wait_for_credential(self, task: TaskPause) -> None:
-        self.refreshed = False
+    async def _wait_for_credential(self, task: TaskPause, refreshes_before_call: int) -> None:
+        """Paused(CredentialExpired) until the credential rotates. A rotation that arrived while the refused
+        call was still under way counts: the run goes on at once instead of waiting for another."""
+        if self.credential_refreshes > refreshes_before_call:
+            return
         self._move(
             Phase.PAUSED,
             pause_reason=PauseReason.CREDENTIAL_EXPIRED,
@@ -830,12 +834,11 @@ class RunWorkflow:
             message=task.message or f"credential of {self._model().name} was refused",
         )
         await self._wait_signal(
-            lambda: self.refreshed,
+            lambda: self.credential_refreshes > refreshes_before_call,
             self.spec.timeouts.paused_seconds,
             "credential_refreshed",
             "wait for a refreshed credential",
         )
-        self.refreshed = False
 
     async def _wait_signal(self, arrived: Any, limit: int, signal: str, summary: str) -> None:
         try:

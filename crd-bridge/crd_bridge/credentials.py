@@ -12,25 +12,30 @@ from temporalio.service import RPCError
 
 from kube import ApiError, Kube, Unreachable, path
 from workflows import search_attributes as sa
-from workflows.status import Phase
 
 log = logging.getLogger(__name__)
 CREDENTIAL_LABEL = "ksquad.io/credential"
 
 
 class CredentialWatcher:
-    def __init__(self, kube: Kube, temporal: Client) -> None:
+    def __init__(self, kube: Kube, temporal: Client, namespaces: list[str]) -> None:
         self.kube = kube
         self.temporal = temporal
+        self.namespaces = (
+            namespaces  # empty: every namespace (needs a ClusterRole; the chart grants per namespace)
+        )
         self.versions: dict[str, str] = {}  # secret -> the resourceVersion last seen
         self.signalled = 0
 
     async def run(self) -> None:
-        url = path("v1", "secrets")
+        urls = [path("v1", "secrets", ns) for ns in self.namespaces] or [path("v1", "secrets")]
+        await asyncio.gather(*(self._watch(url) for url in urls))
+
+    async def _watch(self, url: str) -> None:
         while True:
             try:
                 listed = await self.kube.list(url, labels=CREDENTIAL_LABEL, metadata_only=True)
-                for secret in listed["items"]:
+                for secret in listed.get("items") or []:
                     self.versions[_key(secret)] = secret["metadata"]["resourceVersion"]
                 version: str | None = listed["metadata"]["resourceVersion"]
                 while version is not None:
@@ -55,7 +60,9 @@ class CredentialWatcher:
         return version
 
     async def refreshed(self, namespace: str, secret: str) -> None:
-        query = f"{sa.PHASE.name} = '{Phase.PAUSED.value}' AND {sa.NAMESPACE.name} = '{namespace}'"
+        # Every open run of the namespace, not only Paused ones: visibility lags behind a run that has just
+        # paused, and a run about to pause counts the rotation too. Runs on other credentials ignore it.
+        query = f"{sa.NAMESPACE.name} = '{namespace}' AND ExecutionStatus = 'Running' AND WorkflowType = 'RunWorkflow'"
         async for workflow in self.temporal.list_workflows(query):
             try:
                 await self.temporal.get_workflow_handle(workflow.id).signal(

@@ -52,7 +52,7 @@ async def serve(settings: BridgeSettings) -> int:
                 reconciler = RunReconciler(kube, temporal, settings, bridge)
                 tasks: list[asyncio.Task[Any]] = [
                     asyncio.create_task(reconciler.run()),
-                    asyncio.create_task(CredentialWatcher(kube, temporal).run()),
+                    asyncio.create_task(CredentialWatcher(kube, temporal, settings.watch_namespaces).run()),
                     asyncio.create_task(elector.keep()),
                 ]
                 done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -79,7 +79,7 @@ class RunReconciler:
         while True:
             try:
                 listed = await self.kube.list(url)
-                for item in listed["items"]:
+                for item in listed.get("items") or []:
                     self.enqueue(item)
                 version = listed["metadata"]["resourceVersion"]
                 backoff = 0.5

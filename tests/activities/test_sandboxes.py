@@ -228,6 +228,7 @@ async def test_no_spec_holds_a_secret_and_sandboxes_run_non_root_without_a_token
     (pod,) = (await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name}))["items"]
     for obj in (job, pod):
         text = json.dumps(obj)
+        assert "alice@example.com" not in text, "the sandbox never gets the user's identity"
         assert MODEL_KEY not in text
         assert base64.b64encode(MODEL_KEY.encode()).decode() not in text
     spec = pod["spec"]

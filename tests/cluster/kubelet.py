@@ -301,6 +301,13 @@ class PodRunner:
             paths[volume["name"]] = path
         return paths
 
+    async def refresh_volumes(self) -> None:
+        """Keep Secret and ConfigMap volumes current, as a kubelet does (a rotated credential reaches the pod)."""
+        while True:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(PodConfigError, ApiError, httpx2.HTTPError):
+                await self.prepare_volumes()
+
     def command(
         self, container: Json, env: dict[str, str], volumes: dict[str, Path]
     ) -> tuple[list[str], Path]:
@@ -441,6 +448,7 @@ class PodRunner:
         self.phase = "Running"
         await self.report()
         watchers = [asyncio.create_task(self.supervise(run, volumes)) for run in self.containers]
+        refresher = asyncio.create_task(self.refresh_volumes())
         probes = [asyncio.create_task(self.probe(run)) for run in self.containers]
         deletion: asyncio.Future[Any] = asyncio.ensure_future(self.deleting.wait())
         exits: asyncio.Future[Any] = asyncio.gather(*watchers)
@@ -450,6 +458,7 @@ class PodRunner:
         try:
             await asyncio.wait([exits, deletion], return_when=asyncio.FIRST_COMPLETED)
         finally:
+            refresher.cancel()
             for task in probes:
                 task.cancel()
         if self.deleting.is_set():

@@ -83,3 +83,100 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
         env = json.dumps(pod["spec"])
         assert "ksquad-test-admin" not in env, "the sandbox never gets the user's identity"
     stack.kubectl("delete", "runs", "--all", "-n", "ksquad-system", "--wait=true", "--timeout=60s")
+
+
+def run_doc(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": RUN_API,
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {"agents": ["dev-1"], **spec},
+    }
+
+
+async def test_kubectl_delete_of_a_running_run_ends_cancelled_with_its_sandbox_gone(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 120, "text": "never"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model), run_doc("doomed"))
+    await stack.wait_phase("doomed", {"Running"})
+    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call")
+    stack.kubectl("delete", "run", "doomed", "-n", stack.namespace, "--wait=true", "--timeout=60s")
+    assert stack.kubectl("get", "run", "doomed", "-n", stack.namespace, check=False).returncode != 0, (
+        "finalizer removed"
+    )
+    final = await stack.temporal.get_workflow_handle(f"{stack.namespace}/doomed").query("state")
+    assert final["phase"] == "Cancelled"
+    assert model.state.abandoned == 1, "the agent stopped its model call"
+    jobs = await stack.kube.list(path("batch/v1", "jobs", stack.namespace))
+    assert not jobs["items"], "the sandbox is gone"
+
+
+async def test_the_cancel_annotation_cancels_without_deleting(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 120, "text": "never"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model), run_doc("stop-me"))
+    await stack.wait_phase("stop-me", {"Running"})
+    stack.kubectl(
+        "annotate", "run", "stop-me", "-n", stack.namespace, "ksquad.io/cancel-requested=no longer needed"
+    )
+    run = await stack.wait_phase("stop-me", {"Cancelled"})
+    assert run["status"]["message"] == "no longer needed"
+    assert "ksquad.io/workflow" in run["metadata"]["finalizers"], "still there, still ours"
+    for _ in range(100):
+        if not (await stack.kube.list(path("batch/v1", "jobs", stack.namespace)))["items"]:
+            break
+        await asyncio.sleep(0.2)
+    assert not (await stack.kube.list(path("batch/v1", "jobs", stack.namespace)))["items"]
+
+
+async def test_a_run_whose_agent_appears_later_waits_with_the_condition_then_runs(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"text": "done late"})
+    stack = await start_stack()
+    secret, endpoint, agent = stack.resources(model)
+    stack.apply(secret, endpoint, run_doc("early"))
+    run = await stack.wait_phase("early", {"Pending"})
+    for _ in range(100):
+        run = await stack.run("early")
+        conditions = {c["type"]: c for c in run.get("status", {}).get("conditions", [])}
+        if "ReferencesResolved" in conditions:
+            break
+        await asyncio.sleep(0.1)
+    condition = conditions["ReferencesResolved"]
+    assert condition["status"] == "False"
+    assert f"Agent {stack.namespace}/dev-1" in condition["message"]
+    await asyncio.sleep(10)  # the Agent arrives ten seconds later
+    assert (await stack.run("early"))["status"]["phase"] == "Pending", "it waited"
+    stack.apply(agent)
+    run = await stack.wait_phase("early", {"Succeeded", "Failed"}, within=120)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    resolved = {c["type"]: c for c in run["status"]["conditions"]}["ReferencesResolved"]
+    assert resolved["status"] == "True"
+
+
+async def test_a_rotated_credential_resumes_a_run_paused_on_it(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"text": "works with the new key", "expect_key": "sk-rotated"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model), run_doc("rotate"))
+    run = await stack.wait_phase("rotate", {"Paused"})
+    assert run["status"]["pauseReason"] == "CredentialExpired"
+    stack.kubectl("patch", "secret", "model-key", "-n", stack.namespace, "--type=merge", "-p",
+                  json.dumps({"stringData": {"apiKey": "sk-rotated"}}))  # fmt: skip
+    run = await stack.wait_phase("rotate", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert run["status"]["attempt"] == 1, "the same attempt went on: the task continued"
+
+
+async def wait_for(predicate: Any, what: str, within: float = 60) -> None:
+    for _ in range(int(within / 0.05)):
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
