@@ -14,6 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.cluster.controlplane import ControlPlane
 from tests.support.agents import model as model  # the scripted model, a fixture for every test
+from tests.support.agents import start_agent as start_agent  # the reference agent as its own process
 from tests.support.agents import tool_server as tool_server  # an MCP server, likewise
 from tests.support.postgres import PostgresServer
 from tests.support.temporal import start_time_skipping

@@ -21,8 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.agents import AgentActivities, Timing
 from activities.store import Holder, StaleFence, Store
 from agent.server import agent_card
-from tests.agent.conftest import AgentFactory
-from tests.support.agents import ModelEndpoint, ToolServer, contract
+from tests.support.agents import AgentFactory, ModelEndpoint, ToolServer, contract
 from tests.support.asgi import serving
 from workflows.activity_types import AgentInvocation, ContinueTask, RateLimitDetails, TaskPause
 

@@ -10,8 +10,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 
 from activities.store import Holder, Store
-from tests.agent.conftest import AgentFactory
-from tests.support.agents import ModelEndpoint, contract
+from tests.support.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
 from worker.devserver import DevServer
 from workflows.activity_types import AgentInvocation

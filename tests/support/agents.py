@@ -1,15 +1,22 @@
 """Real things agents talk to, shared by the agent and sandbox tests: the scripted model and an MCP server,
 served in-process over HTTP on loopback, and a contract that points at them."""
 
-from collections.abc import AsyncIterator
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
 
 from agent.scripted_model import ScriptedModel, build_app
-from tests.support.asgi import serving
+from tests.support.asgi import free_port, serving
 from workflows.contract import (
     CredentialRef,
     ExecutionContract,
@@ -88,3 +95,62 @@ def contract(model: ModelEndpoint, tools: ToolServer | None = None, *, attempt: 
                       triggered_by="alice@example.com", work_item_ref=work_item_ref)  # fmt: skip
     return ExecutionContract(run=run, inputs={"task": "Stabilize the flaky payment-retry test."}, agent=agent,
                              model=model_ref)  # fmt: skip
+
+
+@dataclass
+class AgentProcess:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    async def stats(self) -> dict[str, Any]:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{self.url}ksquad/stats", timeout=5)
+            result: dict[str, Any] = response.json()
+            return result
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.process.send_signal(sig)
+
+
+AgentFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def start_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    """Start `ksquad-agent` as its own process: `await start_agent(contract=None)`; stopped afterwards."""
+    started: list[AgentProcess] = []
+
+    async def start(contract: ExecutionContract | None = None) -> AgentProcess:
+        port = free_port()
+        env = {
+            **os.environ,
+            "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY,
+            "KSQUAD_SECRETS_DIR": str(tmp_path / "no-secrets"),
+        }
+        if contract is not None:
+            env["KSQUAD_EXECUTION_CONTRACT"] = contract.model_dump_json()
+        log = tmp_path / f"agent-{port}.log"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        agent = AgentProcess(f"http://127.0.0.1:{port}/", process, log)
+        started.append(agent)
+        async with httpx.AsyncClient() as http:
+            for _ in range(200):
+                if process.poll() is not None:
+                    raise RuntimeError(f"ksquad-agent exited {process.returncode}: {log.read_text()[-2000:]}")
+                try:
+                    if (await http.get(f"{agent.url}readyz", timeout=1)).status_code == 200:
+                        return agent
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.05)
+        raise RuntimeError(f"ksquad-agent not ready: {log.read_text()[-2000:]}")
+
+    yield start
+    for agent in started:
+        if agent.process.poll() is None:
+            agent.process.kill()
+        agent.process.wait(10)
