@@ -1,0 +1,92 @@
+"""The bridge under stress: killed during a burst of Run creations, and two replicas behind one Lease."""
+
+import asyncio
+import signal
+
+import yaml
+
+from kube import path
+from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
+from tests.support.agents import AgentFactory, ModelEndpoint
+from workflows.status import Phase
+
+BURST = 200
+
+
+def run_docs(names: list[str], namespace: str) -> str:
+    return yaml.safe_dump_all([{"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": n, "namespace": namespace},
+                                "spec": {"agents": ["remote"]}} for n in names])  # fmt: skip
+
+
+async def remote_agent(stack: Stack, model: ModelEndpoint, start_agent: AgentFactory) -> None:
+    """One already-running A2A agent for every run (Agent.endpoint): no sandbox per run."""
+    agent = await start_agent(None)
+    secret, endpoint, _ = stack.resources(model)
+    stack.apply(secret, endpoint, {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": "remote"},
+                                   "spec": {"modelEndpointRef": "scripted", "credentialSecretRef": {"name": "model-key"},
+                                            "endpoint": agent.url}})  # fmt: skip
+
+
+async def phases(stack: Stack) -> dict[str, str]:
+    runs = await stack.kube.list(path(RUN_API, "runs", stack.namespace))
+    return {r["metadata"]["name"]: r.get("status", {}).get("phase", "") for r in runs["items"]}
+
+
+async def test_a_bridge_killed_during_a_burst_of_200_runs_leaves_exactly_one_workflow_each(
+    start_stack: StackFactory, model: ModelEndpoint, start_agent: AgentFactory
+) -> None:
+    model.script("dev-model", {"text": "done"})
+    stack = await start_stack()
+    await remote_agent(stack, model, start_agent)
+    names = [f"burst-{i:03d}" for i in range(BURST)]
+    creating = asyncio.create_task(
+        asyncio.to_thread(stack.kubectl, "apply", "-f", "-", input=run_docs(names, stack.namespace))
+    )
+    for _ in range(600):  # kill the bridge once it has started some workflows, mid-burst
+        if "started workflow" in stack.log("bridge") and stack.log("bridge").count("started workflow") >= 20:
+            break
+        await asyncio.sleep(0.05)
+    stack.kill("bridge")
+    await creating
+    await stack.start("bridge")
+
+    done: dict[str, str] = {}
+    for _ in range(900):
+        done = await phases(stack)
+        if len(done) == BURST and all(Phase(p).terminal for p in done.values() if p) and all(done.values()):
+            break
+        await asyncio.sleep(0.2)
+    assert sorted(done) == names
+    assert set(done.values()) == {"Succeeded"}, {p: list(done.values()).count(p) for p in set(done.values())}
+    for name in names:
+        executions = [
+            w async for w in stack.temporal.list_workflows(f"WorkflowId = '{stack.namespace}/{name}'")
+        ]
+        assert len(executions) == 1, f"{name} has {len(executions)} workflows"
+
+
+async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
+    start_stack: StackFactory, model: ModelEndpoint, start_agent: AgentFactory
+) -> None:
+    model.script("dev-model", {"text": "done"})
+    stack = await start_stack()
+    first = stack.processes.pop("bridge")
+    stack.processes["bridge-a"] = first
+    await remote_agent(stack, model, start_agent)
+    standby = await stack.start("bridge")
+    await asyncio.sleep(3)  # both replicas share bridge.log: count who leads
+    assert stack.log("bridge").count(" leads (lease") == 1, "exactly one replica leads"
+    stack.kubectl("apply", "-f", "-", input=run_docs(["before-failover"], stack.namespace))
+    await stack.wait_phase("before-failover", {"Succeeded"})
+
+    first.send_signal(signal.SIGKILL)  # the leader dies without giving the Lease back
+    first.wait()
+    stack.kubectl("apply", "-f", "-", input=run_docs(["after-failover"], stack.namespace))
+    run = await stack.wait_phase("after-failover", {"Succeeded"}, within=90)
+    assert run["status"]["phase"] == "Succeeded"
+    assert stack.log("bridge").count(" leads (lease") == 2, "the standby took the Lease over"
+    assert standby.poll() is None
+    lease = await stack.kube.get(
+        path("coordination.k8s.io/v1", "leases", "ksquad-system", f"bridge-{stack.namespace}")
+    )
+    assert lease["spec"]["leaseTransitions"] == 1
