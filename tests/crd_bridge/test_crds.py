@@ -59,6 +59,15 @@ def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane
         ({"retryPolicy": {"backoffSeconds": 60, "maxBackoffSeconds": 5}}, "spec.retryPolicy: Invalid value"),
         ({"agents": []}, "name at least one agent in spec.agents"),
         ({"agents": ["Not_A_Name"]}, "spec.agents[0]"),
+        ({"retryPolicy": {"maxRetries": -1}}, "spec.retryPolicy.maxRetries: Invalid value: -1"),
+        ({"retryPolicy": {"backoffSeconds": 0}}, "spec.retryPolicy.backoffSeconds: Invalid value: 0"),
+        ({"timeouts": {"runSeconds": 10**9}}, "spec.timeouts.runSeconds: Invalid value"),
+        ({"timeouts": {"pausedSeconds": 0}}, "spec.timeouts.pausedSeconds: Invalid value: 0"),
+        ({"sandboxPolicy": {"class": "realtime"}}, 'spec.sandboxPolicy.class: Unsupported value: "realtime"'),
+        ({"teamRef": "Payments Squad"}, "spec.teamRef: Invalid value"),
+        ({"workItemRef": "w" * 2000}, "spec.workItemRef: Too long"),
+        ({"inputs": {"task": 7}}, "spec.inputs.task: Invalid value"),
+        ({"model": ""}, "spec.model: Invalid value"),
     ],
 )
 def test_invalid_runs_are_rejected_naming_the_field(

@@ -1,0 +1,81 @@
+"""mirror_status on the real API server: newer revisions win, older ones are dropped, Events aggregate."""
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+import yaml
+
+from crd_bridge.activities import BridgeActivities
+from kube import Config, Kube, path
+from tests.cluster.controlplane import ControlPlane
+from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot
+
+RUN_API = "ksquad.io/v1alpha1"
+
+
+@pytest.fixture
+async def bridge(ksquad_cluster: ControlPlane) -> AsyncIterator[BridgeActivities]:
+    async with Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube:
+        yield BridgeActivities(kube, "test-bridge")
+
+
+def make_run(cluster: ControlPlane, namespace: str, name: str) -> str:
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": RUN_API, "kind": "Run", "metadata": {
+        "name": name, "namespace": namespace}, "spec": {"agents": ["dev-1"]}}))  # fmt: skip
+    return str(
+        json.loads(cluster.kubectl("get", "kr", name, "-n", namespace, "-o", "json").stdout)["metadata"][
+            "uid"
+        ]
+    )
+
+
+def snapshot(
+    namespace: str, name: str, uid: str, revision: int, phase: Phase, **events: str
+) -> StatusSnapshot:
+    at = datetime(2026, 11, 30, 12, 0, revision, tzinfo=UTC)
+    return StatusSnapshot(
+        namespace=namespace, name=name, uid=uid,
+        status=RunStatus(phase=phase, revision=revision, message=f"r{revision}", observed_generation=1),
+        events=[PhaseEvent(revision=revision, phase=phase, reason=reason, message=message, at=at)
+                for reason, message in events.items()],
+    )  # fmt: skip
+
+
+async def test_a_lower_revision_never_overwrites_a_higher_one(
+    bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
+) -> None:
+    uid = make_run(ksquad_cluster, namespace, "mirror")
+    await bridge.mirror_status(snapshot(namespace, "mirror", uid, 5, Phase.RUNNING))
+    await bridge.mirror_status(snapshot(namespace, "mirror", uid, 3, Phase.CLAIMING))  # late, retried
+    status = (await bridge.kube.get(path(RUN_API, "runs", namespace, "mirror")))["status"]
+    assert (status["phase"], status["revision"], status["observedGeneration"]) == ("Running", 5, 1)
+    await bridge.mirror_status(snapshot(namespace, "mirror", uid, 6, Phase.SUCCEEDED))
+    status = (await bridge.kube.get(path(RUN_API, "runs", namespace, "mirror")))["status"]
+    assert (status["phase"], status["revision"]) == ("Succeeded", 6)
+
+
+async def test_a_snapshot_of_another_run_with_the_same_name_is_dropped(
+    bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
+) -> None:
+    make_run(ksquad_cluster, namespace, "reborn")
+    await bridge.mirror_status(snapshot(namespace, "reborn", str(uuid.uuid4()), 9, Phase.FAILED))
+    assert "status" not in await bridge.kube.get(path(RUN_API, "runs", namespace, "reborn"))
+
+
+async def test_events_aggregate_and_a_retried_snapshot_is_not_counted_twice(
+    bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
+) -> None:
+    uid = make_run(ksquad_cluster, namespace, "story")
+    for revision in (1, 2, 2, 3):  # the third is a retry of the second
+        await bridge.mirror_status(snapshot(namespace, "story", uid, revision, Phase.PAUSED,
+                                            RateLimited="rate limited; resuming soon"))  # fmt: skip
+    events = json.loads(ksquad_cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)[
+        "items"
+    ]
+    (event,) = [e for e in events if e["involvedObject"]["name"] == "story"]
+    assert (event["reason"], event["count"]) == ("RateLimited", 3)
+    assert event["involvedObject"]["uid"] == uid
+    assert event["message"] == "Paused: rate limited; resuming soon"
