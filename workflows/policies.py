@@ -214,6 +214,7 @@ def transition(
     nxt.message = message
     nxt.pause_reason = pause_reason if phase == Phase.PAUSED else None
     nxt.resume_at = resume_at
+    nxt.last_transition_time = now
     nxt.revision = status.revision + 1
     if generation is not None:
         nxt.observed_generation = generation

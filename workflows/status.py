@@ -81,6 +81,7 @@ class RunStatus(KsquadModel):
     attempt: int = 0  # dispatches so far: each Claiming starts a new attempt (sandbox, messageId)
     retries: int = 0  # failed attempts counted against retryPolicy.maxRetries
     resume_at: datetime | None = None
+    last_transition_time: datetime | None = None  # when the workflow last changed this status
     pause_reason: PauseReason | None = None
     agent: str | None = None
     model: str | None = None

@@ -1,0 +1,162 @@
+"""ksquad as the chart deploys it, on the real control plane: the bridge and the worker as their own processes,
+authenticated as the chart's ServiceAccounts with the RBAC `helm template` renders, against Temporal's dev
+server, a SQLite store, cold sandboxes run by the loopback kubelet, and the scripted model. Used by the bridge
+tests and the benchmarks."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from temporalio.client import Client
+
+from kube import Kube, path
+from tests.cluster.controlplane import ControlPlane
+from tests.support import chart
+from tests.support.agents import MODEL_KEY, ModelEndpoint
+from tests.support.asgi import free_port
+from worker.devserver import DevServer
+from workflows.client import connect
+
+ROOT = Path(__file__).parents[2]
+STACK_KINDS = {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "MutatingAdmissionPolicy",
+               "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+RUN_API = "ksquad.io/v1alpha1"
+
+
+@dataclass
+class Stack:
+    cluster: ControlPlane
+    namespace: str
+    temporal: Client
+    kube: Kube  # as the admin, for the test's own checks
+    task_queue: str
+    root: Path
+    dev_server: DevServer
+    model: ModelEndpoint
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    kubeconfigs: dict[str, Path] = field(default_factory=dict)
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, input=input, check=check)
+
+    def apply(self, *docs: dict[str, Any]) -> None:
+        for doc in docs:
+            doc.setdefault("metadata", {}).setdefault("namespace", self.namespace)
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(list(docs)))
+
+    def service_account_kubeconfig(self, name: str) -> Path:
+        token = self.kubectl(
+            "create", "token", name, "-n", chart.RELEASE_NAMESPACE, "--duration=2h"
+        ).stdout.strip()
+        return self.cluster.token_kubeconfig(f"{name}-{self.namespace}", token)
+
+    def env(self, component: str) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfigs[component]),
+                "KSQUAD_TEMPORAL_ADDRESS": self.dev_server.target, "KSQUAD_TASK_QUEUE": self.task_queue,
+                "KSQUAD_HEALTH_PORT": str(free_port())}  # fmt: skip
+
+    async def start(self, component: str) -> subprocess.Popen[bytes]:
+        if component == "bridge":
+            env = {**self.env("bridge"), "KSQUAD_WATCH_NAMESPACES": self.namespace,
+                   "KSQUAD_LEASE_NAMESPACE": chart.RELEASE_NAMESPACE, "KSQUAD_LEASE_NAME": f"bridge-{self.namespace}",
+                   "POD_NAME": f"bridge-{uuid.uuid4().hex[:6]}", "KSQUAD_CANCEL_WAIT_SECONDS": "30"}  # fmt: skip
+            module = "crd_bridge.main"
+        else:
+            config = self.root / "sandbox.yaml"
+            config.write_text(yaml.safe_dump({"backend": "kubernetes", "command": [sys.executable, "-m", "agent.server"],
+                                              "image": "ksquad/agent:test", "poll_seconds": 0.1}))  # fmt: skip
+            env = {**self.env("worker"), "KSQUAD_DATABASE_URL": f"sqlite:///{self.root / 'ksquad.db'}",
+                   "KSQUAD_SANDBOX_CONFIG": str(config)}  # fmt: skip
+            module = "worker.main"
+        log = (self.root / f"{component}.log").open("ab")
+        process = subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=ROOT)  # fmt: skip
+        self.processes[component] = process
+        port = env["KSQUAD_HEALTH_PORT"]
+        async with httpx.AsyncClient() as http:
+            for _ in range(300):
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"{component} exited: {(self.root / f'{component}.log').read_text()[-3000:]}"
+                    )
+                try:
+                    if (await http.get(f"http://127.0.0.1:{port}/readyz", timeout=1)).status_code == 200:
+                        return process
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"{component} not ready: {(self.root / f'{component}.log').read_text()[-3000:]}")
+
+    def kill(self, component: str) -> None:
+        process = self.processes.pop(component)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def log(self, component: str) -> str:
+        return (self.root / f"{component}.log").read_text()
+
+    async def run(self, name: str) -> dict[str, Any]:
+        return await self.kube.get(path(RUN_API, "runs", self.namespace, name))
+
+    async def wait_phase(self, name: str, phases: set[str], within: float = 90) -> dict[str, Any]:
+        for _ in range(int(within / 0.1)):
+            run = await self.run(name)
+            if run.get("status", {}).get("phase") in phases:
+                return run
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{name} never reached {phases}: {json.dumps(run.get('status'))[:2000]}\n"
+                             f"bridge: {self.log('bridge')[-2000:]}\nworker: {self.log('worker')[-2000:]}")  # fmt: skip
+
+    def resources(
+        self, model: ModelEndpoint, agent: str = "dev-1", **agent_spec: Any
+    ) -> list[dict[str, Any]]:
+        """An Agent, its ModelEndpoint (the scripted model) and the labelled credential Secret."""
+        return [
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "model-key", "labels": {"ksquad.io/credential": "true"}},
+             "stringData": {"apiKey": MODEL_KEY}},
+            {"apiVersion": RUN_API, "kind": "ModelEndpoint", "metadata": {"name": "scripted"},
+             "spec": {"url": model.url, "model": "dev-model"}},
+            {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": agent},
+             "spec": {"modelEndpointRef": "scripted", "credentialSecretRef": {"name": "model-key"},
+                      "systemPrompt": "You fix flaky tests.", **agent_spec}},
+        ]  # fmt: skip
+
+
+async def build_stack(cluster: ControlPlane, dev_server: DevServer, model: ModelEndpoint, admin: Kube, root: Path,
+                      namespace: str | None = None, bridge: bool = True) -> Stack:  # fmt: skip
+    """The chart's RBAC applied for `namespace` (a fresh one by default), then the worker and the bridge."""
+    ns = namespace or f"t-{uuid.uuid4().hex[:10]}"
+    if cluster.kubectl("get", "namespace", ns, check=False).returncode != 0:
+        cluster.kubectl("create", "namespace", ns)
+    cluster.wait_for_default_service_account(ns)
+    chart.apply(cluster, chart.render({"namespaces": [ns]}), STACK_KINDS)
+    stack = Stack(cluster, ns, await connect(dev_server.target), admin, f"e2e-{uuid.uuid4().hex[:8]}", root / ns,
+                  dev_server, model)  # fmt: skip
+    stack.root.mkdir(parents=True, exist_ok=True)
+    for component in ("bridge", "worker"):
+        stack.kubeconfigs[component] = stack.service_account_kubeconfig(f"ksquad-{component}")
+    await stack.start("worker")
+    if bridge:
+        await stack.start("bridge")
+    return stack
