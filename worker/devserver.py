@@ -17,7 +17,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 
-from worker.binaries import find_binary
+from worker.binaries import die_with_parent, find_binary
 from workflows import search_attributes
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,9 @@ class DevServer:
             out = self._log = self.log_file.open("ab")
         log.info("starting Temporal dev server on %s", self.target)
         self.process = await asyncio.create_subprocess_exec(
-            *self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            *self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
         await self._wait_ready()
 
     async def _wait_ready(self) -> None:

@@ -8,31 +8,30 @@ grows.
 
 import asyncio
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from pydantic import Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows.activity_types import Activity, WorkflowIds
+from workflows.entity_types import (
+    CREDENTIAL_THROTTLED,
+    SLOT_GRANTED,
+    SLOT_QUEUED,
+    CredentialLimit,
+    CredentialState,
+    CredentialSubscription,
+    GateState,
+    SlotNotice,
+    SlotRelease,
+    SlotRequest,
+    ThrottleNotice,
+)
 from workflows.model import KsquadModel
 
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
-
-# Signals the entities send to runs (handled by RunWorkflow).
-CREDENTIAL_THROTTLED = "credential_throttled"
-SLOT_GRANTED = "slot_granted"
-SLOT_QUEUED = "slot_queued"
-
-
-def credential_workflow_id(key: str) -> str:
-    return f"credential/{key}"
-
-
-def gate_workflow_id(scope: str) -> str:
-    return f"gate/{scope}"
 
 
 async def signal_runs(run_ids: Iterable[str], signal: str, arg: KsquadModel) -> list[str]:
@@ -51,30 +50,6 @@ async def signal_runs(run_ids: Iterable[str], signal: str, arg: KsquadModel) -> 
 
 
 # --- credentials ------------------------------------------------------------------------------------------
-
-
-class ThrottleNotice(KsquadModel):
-    """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row."""
-
-    key: str
-    until: datetime
-    strikes: int
-
-
-class CredentialSubscription(KsquadModel):
-    run_id: str
-
-
-class CredentialLimit(KsquadModel):
-    run_id: str
-    until: datetime
-
-
-class CredentialState(KsquadModel):
-    key: str
-    throttled_until: datetime | None = None
-    strikes: int = 0
-    subscribers: list[str] = Field(default_factory=list)
 
 
 @workflow.defn(name="CredentialThrottle")
@@ -151,29 +126,6 @@ class CredentialThrottleWorkflow:
 
 
 # --- concurrency gates ------------------------------------------------------------------------------------
-
-
-class SlotRequest(KsquadModel):
-    run_id: str
-    limit: int = Field(ge=1)
-
-
-class SlotRelease(KsquadModel):
-    run_id: str
-
-
-class SlotNotice(KsquadModel):
-    """To runs: a slot of `scope` is theirs (granted), or they wait at `position` (queued)."""
-
-    scope: str
-    position: int = 0
-
-
-class GateState(KsquadModel):
-    scope: str
-    limit: int = 1
-    holders: list[str] = Field(default_factory=list)
-    waiting: list[str] = Field(default_factory=list)  # first in, first out
 
 
 @workflow.defn(name="ConcurrencyGate")

@@ -64,7 +64,7 @@ from workflows.contract import (
     ResolvedAgent,
     RunIdentity,
 )
-from workflows.entities import (
+from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
     SLOT_GRANTED,
     SLOT_QUEUED,

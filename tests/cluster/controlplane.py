@@ -25,7 +25,7 @@ import yaml
 
 from tests.cluster.kubelet import NODE_NAME
 from tests.cluster.pki import KeyPair, Pki
-from worker.binaries import find_binary
+from worker.binaries import die_with_parent, find_binary
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,12 @@ class ControlPlane:
     def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
         out = self.log_file(name).open("ab")
         self.processes[name] = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+            preexec_fn=die_with_parent,
         )
 
     def _check_alive(self) -> None:

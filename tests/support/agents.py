@@ -17,6 +17,7 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from agent.scripted_model import ScriptedModel, build_app
 from tests.support.asgi import free_port, serving
+from worker.binaries import die_with_parent
 from workflows.contract import (
     CredentialRef,
     ExecutionContract,
@@ -133,7 +134,7 @@ async def start_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         log = tmp_path / f"agent-{port}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
         )  # fmt: skip
         agent = AgentProcess(f"http://127.0.0.1:{port}/", process, log)
         started.append(agent)

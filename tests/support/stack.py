@@ -23,6 +23,7 @@ from tests.cluster.controlplane import ControlPlane
 from tests.support import chart
 from tests.support.agents import MODEL_KEY, ModelEndpoint
 from tests.support.asgi import free_port
+from worker.binaries import die_with_parent
 from worker.devserver import DevServer
 from workflows.client import connect
 
@@ -81,7 +82,7 @@ class Stack:
             module = "worker.main"
         log = (self.root / f"{component}.log").open("ab")
         process = subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=ROOT)  # fmt: skip
+                                   cwd=ROOT, preexec_fn=die_with_parent)  # fmt: skip
         self.processes[component] = process
         port = env["KSQUAD_HEALTH_PORT"]
         async with httpx.AsyncClient() as http:

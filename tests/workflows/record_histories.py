@@ -28,7 +28,7 @@ from tests.workflows import (
     test_run_rate_limits,
 )
 from tests.workflows.world import World, running_world
-from workflows.entities import credential_workflow_id, gate_workflow_id
+from workflows.entity_types import credential_workflow_id, gate_workflow_id
 
 HISTORIES = Path(__file__).with_name("histories")
 NAMESPACE = "ksquad-system"

@@ -11,7 +11,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from worker.registry import RUN_WORKFLOWS
+from worker.registry import RUN_WORKFLOWS, WORKFLOW_RUNNER
 
 HISTORIES = Path(__file__).with_name("histories")
 SCENARIOS = sorted(f"{p.parent.name}/{p.name}" for p in HISTORIES.glob("v*/*") if p.is_dir())
@@ -30,7 +30,9 @@ def test_every_kind_of_scenario_is_recorded_by_the_latest_version() -> None:
 async def test_recorded_histories_replay(scenario: str) -> None:
     files = sorted((HISTORIES / scenario).glob("*.json"))
     assert any(f.name.startswith("ksquad-system__") for f in files), "each scenario holds at least one run"
-    replayer = Replayer(workflows=list(RUN_WORKFLOWS), data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=list(RUN_WORKFLOWS), data_converter=pydantic_data_converter, workflow_runner=WORKFLOW_RUNNER
+    )
     for file in files:
         workflow_id = file.stem.replace("__", "/")
         history = WorkflowHistory.from_json(workflow_id, file.read_text())

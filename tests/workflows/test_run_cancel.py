@@ -10,7 +10,7 @@ from temporalio.exceptions import CancelledError
 from tests.workflows.world import Outcome, World, block, failed, hang, ok, rate_limited, run_input, start_run
 from workflows.activity_types import Activity
 from workflows.contract import ConcurrencyScope
-from workflows.entities import GateState, gate_workflow_id
+from workflows.entity_types import GateState, gate_workflow_id
 from workflows.run import RunWorkflow
 from workflows.status import Phase, RunStatus
 

@@ -6,7 +6,7 @@ from temporalio.client import Client
 from tests.workflows.world import World, block, failed, run_input, start_run
 from workflows.activity_types import Activity
 from workflows.contract import ConcurrencyScope
-from workflows.entities import GateState, gate_workflow_id
+from workflows.entity_types import GateState, gate_workflow_id
 from workflows.status import ConditionType, Phase
 
 TEAM = ConcurrencyScope(key="team/ksquad-system/payments-squad", limit=1)
