@@ -1,10 +1,12 @@
 """Small helpers shared by the benchmarks."""
 
 import json
+import os
 import platform
 import statistics
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 
@@ -30,6 +32,10 @@ def report(name: str, results: dict[str, Any]) -> None:
 
 
 def _cpus() -> int:
-    import os
-
     return os.cpu_count() or 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -38,8 +38,9 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             api_key=settings.temporal_api_key,
             tls=settings.temporal_tls,
         )
-        activities = [*ClaimActivities(store).all(), AgentActivities(store).invoke_agent,
-                      *SandboxActivities(backend).all()]  # fmt: skip
+        agents = AgentActivities(store)
+        stack.push_async_callback(agents.aclose)
+        activities = [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(backend).all()]
         worker = build_worker(client, settings.task_queue, activities)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

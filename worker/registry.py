@@ -1,6 +1,7 @@
 """What the ksquad worker runs: the workflows and activities registered on its task queue, and the worker
 options every ksquad worker shares."""
 
+import compileall
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -9,6 +10,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+import workflows
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
 from workflows.entities import ConcurrencyGateWorkflow, CredentialThrottleWorkflow
@@ -34,6 +36,14 @@ WORKFLOW_RUNNER = SandboxedWorkflowRunner(
 )
 
 
+def compile_workflow_modules() -> None:
+    """Write the workflow modules' bytecode if it is missing or stale. The sandbox imports a workflow's module
+    afresh for every workflow run; without bytecode on disk (PYTHONDONTWRITEBYTECODE, a source-only install)
+    each import compiles run.py again, ~20 ms of CPU per run. A read-only install is left as it is."""
+    for directory in workflows.__path__:
+        compileall.compile_dir(directory, maxlevels=0, quiet=2)
+
+
 def entity_activities(client: Client, task_queue: str) -> list[Callable[..., Any]]:
     entities = EntityActivities(client, task_queue)
     return [entities.signal_with_start, entities.find_closed_workflows]
@@ -46,6 +56,7 @@ def build_worker(
     workflows: Sequence[type] = RUN_WORKFLOWS,
 ) -> Worker:
     """A worker for `task_queue`: the Run and entity workflows, the entity activities, and `activities`."""
+    compile_workflow_modules()
     return Worker(
         client,
         task_queue=task_queue,

@@ -9,6 +9,7 @@ objects on behalf of a workflow.
 """
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio import activity
@@ -36,11 +37,30 @@ def status_body(snapshot: StatusSnapshot) -> dict[str, Any]:
     return body
 
 
+@dataclass(frozen=True)
+class SeenRun:
+    """What a status write needs of a Run: which Run it is, its version, and the revision its status has."""
+
+    uid: str
+    resource_version: str
+    revision: int
+
+
 class BridgeActivities:
     def __init__(self, kube: Kube, instance: str, namespace_limit: int | None = None) -> None:
         self.kube = kube
         self.events = EventRecorder(kube, instance)
         self.namespace_limit = namespace_limit
+        # The newest version of each Run this replica has seen (the leader's watch, and its own writes): a status
+        # write starts from it instead of reading the Run. A stale entry costs a conflict, then a read.
+        self.seen: dict[tuple[str, str], SeenRun] = {}
+
+    def saw(self, run: dict[str, Any], deleted: bool = False) -> None:
+        key = (run["metadata"]["namespace"], run["metadata"]["name"])
+        if deleted:
+            self.seen.pop(key, None)
+        else:
+            self.seen[key] = _seen(run)
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
@@ -77,26 +97,24 @@ class BridgeActivities:
     async def write_status(self, snapshot: StatusSnapshot) -> bool:
         """Write the snapshot unless the Run has a newer one, or is gone, or is another Run of that name."""
         url = run_path(snapshot.namespace, snapshot.name)
-        for _ in range(10):
-            try:
-                run = await self.kube.get(url)
-            except ApiError as err:
-                if err.status == 404:
-                    return False  # deleted: nothing to show the status on
-                raise
-            if run["metadata"]["uid"] != snapshot.uid:
-                return False
-            stored = int((run.get("status") or {}).get("revision") or 0)
-            if snapshot.status.revision <= stored:
+        for attempt in range(10):
+            seen = self.seen.get((snapshot.namespace, snapshot.name)) if attempt == 0 else None
+            if seen is None or seen.uid != snapshot.uid:
+                try:
+                    seen = _seen(await self.kube.get(url))
+                except ApiError as err:
+                    if err.status == 404:
+                        return False  # deleted: nothing to show the status on
+                    raise
+                if seen.uid != snapshot.uid:
+                    return False
+            if snapshot.status.revision <= seen.revision:
                 log.debug("%s/%s: dropped r%d (have r%d)", snapshot.namespace, snapshot.name,
-                          snapshot.status.revision, stored)  # fmt: skip
+                          snapshot.status.revision, seen.revision)  # fmt: skip
                 return False
-            body = {
-                "metadata": {"resourceVersion": run["metadata"]["resourceVersion"]},
-                "status": status_body(snapshot),
-            }
+            body = {"metadata": {"resourceVersion": seen.resource_version}, "status": status_body(snapshot)}
             try:
-                await self.kube.patch(run_path(snapshot.namespace, snapshot.name, "status"), body)
+                self.saw(await self.kube.patch(run_path(snapshot.namespace, snapshot.name, "status"), body))
                 return True
             except ApiError as err:
                 if err.status == 409:
@@ -111,3 +129,8 @@ class BridgeActivities:
 
     def all(self) -> list[Any]:
         return [self.resolve_references, self.mirror_status]
+
+
+def _seen(run: dict[str, Any]) -> SeenRun:
+    meta = run["metadata"]
+    return SeenRun(meta["uid"], meta["resourceVersion"], int((run.get("status") or {}).get("revision") or 0))

@@ -26,7 +26,7 @@ from temporalio.common import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from crd_bridge.activities import BridgeActivities, run_path
+from crd_bridge.activities import BridgeActivities, run_path, status_body
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
 from workflows import search_attributes as sa
@@ -80,6 +80,7 @@ class RunReconciler:
             try:
                 listed = await self.kube.list(url)
                 for item in listed.get("items") or []:
+                    self.bridge.saw(item)
                     self.enqueue(item)
                 version = listed["metadata"]["resourceVersion"]
                 backoff = 0.5
@@ -101,6 +102,7 @@ class RunReconciler:
                 raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""))
             version = obj["metadata"]["resourceVersion"]
             if kind != "BOOKMARK":
+                self.bridge.saw(obj, deleted=kind == "DELETED")
                 self.enqueue(obj)
         return version
 
@@ -145,13 +147,14 @@ class RunReconciler:
             return await self.finalize(run)
         if FINALIZER not in meta.get("finalizers", []):
             try:
-                await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
+                run = await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
                     "finalizers": [*meta.get("finalizers", []), FINALIZER],
                     "resourceVersion": meta["resourceVersion"]}})  # fmt: skip
             except ApiError as err:
                 if err.status in (404, 409):
                     return err.status == 409  # changed meanwhile: the watch brings the new version
                 raise
+            meta = run["metadata"]
         retry = await self.ensure_workflow(run)
         annotation = meta.get("annotations", {}).get(CANCEL_ANNOTATION)
         if annotation is not None and meta["uid"] not in self.cancel_sent:
@@ -193,7 +196,7 @@ class RunReconciler:
         ]
         if triggered_by:
             attributes.append(SearchAttributePair(sa.TRIGGERED_BY, triggered_by))
-        await self.temporal.start_workflow(
+        handle = await self.temporal.start_workflow(
             RunWorkflow.run, run_input, id=workflow_id, task_queue=self.settings.worker_task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -203,7 +206,26 @@ class RunReconciler:
         )  # fmt: skip
         self.started.add(uid)
         log.info("started workflow %s for Run uid %s", workflow_id, uid)
+        if not (run.get("status") or {}).get("phase"):
+            await self.acknowledge(run, WorkflowRef(id=workflow_id, run_id=handle.result_run_id))
         return False
+
+    async def acknowledge(self, run: dict[str, Any], workflow: WorkflowRef) -> None:
+        """Show at once that the Run was taken: Pending, with its workflow, at revision 0, so that the workflow's
+        own first status (revision 1) replaces it. Written only over the version just seen without a status;
+        if anything changed meanwhile, the workflow's status is on its way and this one is not needed."""
+        meta = run["metadata"]
+        status = RunStatus(phase=Phase.PENDING, reason="WorkflowStarted", message=f"workflow {workflow.id} started",
+                           workflow=workflow, observed_generation=meta.get("generation"))  # fmt: skip
+        snapshot = StatusSnapshot(
+            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status
+        )
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status_body(snapshot)}
+        try:
+            self.bridge.saw(await self.kube.patch(run_path(meta["namespace"], meta["name"], "status"), body))
+        except ApiError as err:
+            if err.status not in (404, 409):
+                log.warning("acknowledging %s/%s: %s", meta["namespace"], meta["name"], err)
 
     async def reject(self, run: dict[str, Any], err: InvalidObject) -> None:
         """A spec the API server let through but the workflow cannot take: Failed at once, with the fields."""

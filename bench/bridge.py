@@ -1,0 +1,175 @@
+"""The bridge's latencies on the local control plane, ksquad deployed as the chart deploys it (bridge and worker
+as their own processes, with the chart's ServiceAccounts), over N runs at each creation rate:
+- create → phase: from the API request that creates a Run (what `kubectl apply` sends) until a watcher sees
+  `status.phase` set (the bridge saw the Run, added its finalizer, started its workflow and acknowledged it);
+- mirror: from a workflow state change (`status.lastTransitionTime`, the workflow's clock) until a watcher sees
+  that revision on the Run.
+
+    python -m bench.bridge [--runs N] [--rates 4,10]
+
+Every run goes all the way to Succeeded with an already-running agent (Agent.endpoint) and the scripted model,
+so what is measured is ksquad's path, not sandbox boot (bench.sandboxes measures that). All components share
+the machine: `cpu_seconds` says what each used, `machine_busy` how loaded the machine was. A rate the
+machine cannot sustain shows as queueing in the latencies.
+"""
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agent.scripted_model import ScriptedModel, build_app
+from bench.stats import cpu_seconds, percentiles, report
+from kube import Config, Kube, path
+from tests.cluster.controlplane import ControlPlane
+from tests.support.agents import MODEL_KEY, ModelEndpoint
+from tests.support.asgi import free_port, serving
+from tests.support.stack import RUN_API, Stack, build_stack
+from worker.devserver import DevServer
+from workflows.status import Phase
+
+TERMINAL = {p.value for p in Phase if p.terminal}
+CRDS = Path(__file__).parents[1] / "charts" / "ksquad" / "crds" / "ksquad.io.yaml"
+
+
+async def main(runs: int, rates: list[float]) -> None:
+    plane = ControlPlane()
+    plane.start()
+    plane.start_kubelet()
+    plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    state = ScriptedModel()
+    state.load({"models": {"dev-model": [{"text": "done"}]}})
+    results: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            async with (
+                serving(build_app(state)) as model_url,
+                DevServer(ui=False) as dev_server,
+                Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
+            ):
+                stack = await build_stack(
+                    plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
+                )
+                assert dev_server.process is not None
+                pids = {"worker": stack.processes["worker"].pid, "bridge": stack.processes["bridge"].pid,
+                        "temporal": dev_server.process.pid, "kube-apiserver": plane.processes["kube-apiserver"].pid,
+                        "etcd": plane.processes["etcd"].pid}  # fmt: skip
+                agent = start_remote_agent(stack)
+                try:
+                    for rate in rates:
+                        before, busy = {name: cpu_seconds(pid) for name, pid in pids.items()}, machine_ticks()
+                        phase = await measure(stack, admin, f"r{rate:g}".replace(".", "-"), runs, rate)
+                        phase["machine_busy"] = round(busy_fraction(busy, machine_ticks()), 2)
+                        phase["cpu_seconds"] = {name: round(cpu_seconds(pid) - before[name], 2)
+                                                for name, pid in pids.items()}  # fmt: skip
+                        results[f"{rate:g}_runs_per_second"] = phase
+                        if phase["phases"].get("Succeeded") != runs:
+                            print(f"bridge log:\n{stack.log('bridge')[-4000:]}\n"
+                                  f"worker log:\n{stack.log('worker')[-4000:]}", file=sys.stderr)  # fmt: skip
+                finally:
+                    agent.terminate()
+                    agent.wait(10)
+                    stack.stop()
+    finally:
+        plane.stop()
+    report("bridge", {"runs_per_rate": runs, "targets_ms": {"create_to_phase": {"p50": 100, "p99": 500},
+                                                           "state_change_to_mirrored": {"p99": 500}},
+                      **results})  # fmt: skip
+
+
+def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
+    """The agent server as a long-lived process, and an Agent `remote` that points at it."""
+    port = free_port()
+    # a remote agent reads its model key from its environment (a sandbox has it mounted)
+    agent = subprocess.Popen([sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+                             env={**os.environ, "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    secret, endpoint, _ = stack.resources(stack.model)
+    stack.apply(secret, endpoint, {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": "remote"},
+                                   "spec": {"modelEndpointRef": "scripted", "credentialSecretRef": {"name": "model-key"},
+                                            "endpoint": f"http://127.0.0.1:{port}/"}})  # fmt: skip
+    return agent
+
+
+async def measure(stack: Stack, admin: Kube, prefix: str, runs: int, rate: float) -> dict[str, Any]:
+    """Create `runs` Runs at `rate` per second; watch them to the end."""
+    url = path(RUN_API, "runs", stack.namespace)
+    created: dict[str, float] = {}
+    first_phase: dict[str, float] = {}
+    mirror_ms: list[float] = []
+    seen_revisions: set[tuple[str, int]] = set()
+    phases: dict[str, str] = {}
+
+    async def watch(version: str) -> None:
+        while True:
+            async for event in admin.watch(url, resource_version=version, timeout_seconds=60):
+                now_wall, now_mono = datetime.now(UTC), time.perf_counter()
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                name, status = obj["metadata"].get("name", ""), obj.get("status") or {}
+                if event["type"] == "BOOKMARK" or not name.startswith(prefix):
+                    continue
+                if status.get("phase"):
+                    phases[name] = status["phase"]
+                    first_phase.setdefault(name, now_mono)
+                revision, changed = status.get("revision"), status.get("lastTransitionTime")
+                if revision and changed and (name, revision) not in seen_revisions:
+                    seen_revisions.add((name, revision))
+                    at = datetime.fromisoformat(changed.replace("Z", "+00:00"))
+                    mirror_ms.append((now_wall - at).total_seconds() * 1000)
+
+    watcher = asyncio.create_task(watch((await admin.list(url))["metadata"]["resourceVersion"]))
+    started = time.perf_counter()
+    for i in range(runs):
+        name = f"{prefix}-{i:04d}"
+        body = {
+            "apiVersion": RUN_API,
+            "kind": "Run",
+            "metadata": {"name": name},
+            "spec": {"agents": ["remote"]},
+        }
+        created[name] = time.perf_counter()
+        await admin.create(url, body)
+        await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.perf_counter()))
+    for _ in range(2400):
+        if sum(phase in TERMINAL for phase in phases.values()) == runs:
+            break
+        await asyncio.sleep(0.25)
+    watcher.cancel()
+    return {
+        "create_to_phase": percentiles(
+            [(first_phase[n] - created[n]) * 1000 for n in created if n in first_phase]
+        ),
+        "state_change_to_mirrored": percentiles(mirror_ms),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "phases": dict(Counter(phases.values())),
+    }
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far, from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=200, help="Runs per rate")
+    parser.add_argument("--rates", default="4,10", help="Run creations per second, one measurement each")
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, [float(r) for r in args.rates.split(",")]))
