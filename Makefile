@@ -13,7 +13,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/ksquad demo
+	$(BIN)/ksquad dev --demo
 
 # The test control plane (kube-apiserver, kube-controller-manager, etcd) and helm, built from the Go module
 # proxy once into ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.

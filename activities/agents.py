@@ -161,7 +161,10 @@ class AgentActivities:
                         await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
                     except asyncio.CancelledError:
                         await _cancel_and_wait(work)
-                        await call.cancel_remote()
+                        # The worker stopping is not the run being cancelled: the agent's task goes on, and the
+                        # activity's retry (on this worker restarted, or another) resubscribes to it.
+                        if not activity.is_worker_shutdown():
+                            await call.cancel_remote()
                         raise
                     finally:
                         lost.cancel()

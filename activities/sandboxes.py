@@ -16,6 +16,7 @@ Kubernetes:
 """
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -483,6 +484,19 @@ def _mounted_credentials(pod: Obj) -> set[str]:
     return {s.strip() for s in annotation.split(",") if s.strip()}
 
 
+def _agent_pid(pid_file: Path) -> int | None:
+    """The pid in `pid_file` while it is a live local agent (not a pid recycled for something else)."""
+    try:
+        pid = int(pid_file.read_text())
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().split(") ")[-1].startswith("Z"):
+                return None  # exited, not yet reaped
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return pid if b"agent.server" in cmdline.read() else None
+    except (OSError, ValueError):
+        return None
+
+
 class LocalSandboxes:
     """The embedded default: the reference agent as a local process on its own loopback address."""
 
@@ -513,6 +527,9 @@ class LocalSandboxes:
                 env=env, stdout=log_file, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         self.processes[name] = process
+        # The agent outlives this worker (as a Job outlives a worker pod): a restarted worker finds it by this
+        # file to stop it at release, and the retried agent activity resubscribes to its task meanwhile.
+        self._pid_file(name).write_text(str(process.pid))
         endpoint = f"http://{host}:{port}/"
         deadline = time.monotonic() + req.timeout_seconds
         async with httpx.AsyncClient() as http:
@@ -529,9 +546,18 @@ class LocalSandboxes:
         process.kill()
         raise sandbox_failed(f"local agent {name} not ready within {req.timeout_seconds}s")
 
+    def _pid_file(self, name: str) -> Path:
+        return self.log_dir / f"{name}.pid"
+
     async def release(self, rel: SandboxRelease) -> None:
-        process = self.processes.pop(rel.sandbox.name, None)
-        if process is None or process.returncode is not None:
+        name = rel.sandbox.name
+        process = self.processes.pop(name, None)
+        pid_file = self._pid_file(name)
+        if process is None:
+            await self._release_orphan(pid_file)
+            return
+        pid_file.unlink(missing_ok=True)
+        if process.returncode is not None:
             return
         process.send_signal(signal.SIGTERM)
         try:
@@ -539,6 +565,20 @@ class LocalSandboxes:
         except TimeoutError:
             process.kill()
             await process.wait()
+
+    async def _release_orphan(self, pid_file: Path) -> None:
+        """An agent started by an earlier worker process: SIGTERM, then SIGKILL after the grace period."""
+        pid = _agent_pid(pid_file)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(int(self.settings.termination_grace_seconds * 10)):
+                    if _agent_pid(pid_file) is None:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+        pid_file.unlink(missing_ok=True)  # noqa: ASYNC240 (a small local file)
 
     async def publish_outputs(self, req: OutputsRequest) -> PublishedOutputs:
         return PublishedOutputs(outputs=small_outputs(req.outputs))

@@ -1,103 +1,332 @@
-"""`ksquad`: the command line of the embedded default.
+"""`ksquad`: the command line.
 
-ksquad demo [--keep]     start Temporal's dev server, run a small workflow through a worker, show it
+  ksquad dev [--demo]                 the embedded stack: Temporal's dev server and UI, a worker with local
+                                      sandboxes and SQLite, the reference agent, a model (no cluster needed)
+  ksquad run -f FILE [-f FILE] [-w]   apply Runs and what they reference (the manifests kubectl takes)
+  ksquad runs list [-n NS | -A]       the Runs, their phase, reason, attempt and age
+  ksquad runs get NAME                one Run (-o yaml|json for all of it)
+  ksquad runs watch NAME              phase changes, resume countdowns and agent progress, live
+  ksquad runs cancel|pause|resume NAME [--reason TEXT]
+  ksquad runs delete NAME             cancel it, wait for the workflow to end, and remove it
+  ksquad hello [--keep]               a small workflow on Temporal's dev server (a smoke check)
+
+The runs commands talk to the stack `ksquad dev` started from this directory (found through
+.ksquad/dev.json), or to a cluster with --kubeconfig. `-o json` prints machine-readable output everywhere;
+NAME may be NAMESPACE/NAME. Errors go to stderr with exit status 1.
 """
 
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote
+from typing import Any
 
-import httpx
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+import yaml
 
-from worker.devserver import DevServer, preferred_port
-from worker.registry import build_worker
-from workflows import search_attributes as sa
-from workflows.hello import HelloWorkflow
+from worker.demo import run_demo
+from worker.dev import DevOptions, dev_stack, serve
+from worker.hello import hello
+from worker.targets import CliError, ClusterTarget, EmbeddedTarget, Target
+from workflows.status import Phase
 
 STATE_DIR = Path(".ksquad")
-DEFAULT_UI_PORT = 8233
 
 
-async def demo(keep: bool, state_dir: Path) -> int:
-    t0 = time.monotonic()
-    server = DevServer(
-        db_file=state_dir / "temporal.db",
-        log_file=state_dir / "temporal.log",
-        ui_port=preferred_port(DEFAULT_UI_PORT),
+def age(timestamp: str | None) -> str:
+    if not timestamp:
+        return "-"
+    seconds = int(
+        (datetime.now(UTC) - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds()
     )
-    async with server:
-        print(
-            f"Temporal dev server up on {server.target} in {time.monotonic() - t0:.1f}s "
-            f"(state in {server.db_file})"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def run_row(run: dict[str, Any]) -> list[str]:
+    meta, status = run["metadata"], run.get("status") or {}
+    return [meta["namespace"], meta["name"], status.get("phase") or "-", status.get("reason") or "-",
+            str(status.get("attempt") or 0), status.get("agent") or "-", age(meta.get("creationTimestamp"))]  # fmt: skip
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    )
+
+
+def describe(run: dict[str, Any]) -> str:
+    meta, status = run["metadata"], run.get("status") or {}
+    lines = [f"Run {meta['namespace']}/{meta['name']} (uid {meta.get('uid')})",
+             f"  phase:    {status.get('phase') or 'Pending'}" + (f" ({status['reason']})" if status.get("reason") else "")]  # fmt: skip
+    for label, key in (("message", "message"), ("attempt", "attempt"), ("agent", "agent"), ("model", "model"),
+                       ("resumes", "resumeAt"), ("by", "triggeredBy")):  # fmt: skip
+        if status.get(key):
+            lines.append(f"  {label + ':':<10}{status[key]}")
+    if status.get("workflow"):
+        lines.append(f"  workflow: {status['workflow'].get('id')} (run {status['workflow'].get('runId')})")
+    for key, value in (status.get("outputs") or {}).items():
+        lines.append(f"  output {key}: {value}")
+    for c in status.get("conditions") or []:
+        lines.append(
+            f"  condition {c['type']}={c['status']} ({c['reason']}) {c.get('message') or ''}".rstrip()
         )
-        client = await Client.connect(server.target)
-        task_queue = "ksquad-demo"
-        workflow_id = f"demo/hello-{int(time.time())}"
-        async with build_worker(client, task_queue):
-            handle = await client.start_workflow(
-                HelloWorkflow.run, "ksquad", id=workflow_id, task_queue=task_queue
-            )
-            result = await handle.result()
-        print(f"\nworkflow {workflow_id} returned: {result!r}\nits history:")
-        async for event in handle.fetch_history_events():
-            summary = ""
-            if event.HasField("user_metadata") and event.user_metadata.HasField("summary"):
-                summary = " - " + event.user_metadata.summary.data.decode().strip('"')
-            print(
-                f"  {event.event_id:>3} {EventType.Name(event.event_type).removeprefix('EVENT_TYPE_')}{summary}"
-            )
-        query = f'{sa.PHASE.name} = "Succeeded"'
-        await _wait_visible(client, query, workflow_id)
-        count = (await client.count_workflows(query)).count
-        print(f"\nworkflows where {query}: {count} (search attributes work)")
+    return "\n".join(lines)
 
-        assert server.ui_url is not None
-        async with httpx.AsyncClient() as http:
-            status = (await http.get(server.ui_url)).status_code
-        url = f"{server.ui_url}/namespaces/default/workflows/{quote(workflow_id, safe='')}/{handle.result_run_id}/history"
-        print(f"\nTemporal UI: {server.ui_url} (HTTP {status})\nthis run:    {url}")
-        if keep:
-            print("\nThe dev server keeps running; Ctrl-C stops it.")
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.Event().wait()
+
+def split_name(name: str, namespace: str) -> tuple[str, str]:
+    return tuple(name.split("/", 1)) if "/" in name else (namespace, name)  # type: ignore[return-value]
+
+
+def read_manifests(files: list[str]) -> list[Any]:
+    docs = []
+    for file in files:
+        try:
+            text = sys.stdin.read() if file == "-" else Path(file).read_text()
+            docs += [d for d in yaml.safe_load_all(text) if d is not None]
+        except OSError as err:
+            raise CliError(f"cannot read {file}: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise CliError(f"{file} is not valid YAML: {err}") from None
+    return docs
+
+
+class Watcher:
+    """Prints a run's events; while it is paused with a resume time, counts down (on a terminal)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.resume_at: datetime | None = None
+        self.live = sys.stdout.isatty() and not as_json
+        self.countdown_shown = False
+
+    def show(self, event: dict[str, Any]) -> None:
+        if self.as_json:
+            print(json.dumps(event), flush=True)
+            return
+        self.clear_countdown()
+        data = event.get("data") or {}
+        at = (event.get("at") or datetime.now(UTC).isoformat())[11:19]
+        print(f"{at}  {event.get('kind', ''):<9} {event.get('message', '')}", flush=True)
+        if event.get("kind") == "phase":
+            resume = data.get("resumeAt")
+            self.resume_at = (
+                datetime.fromisoformat(resume) if resume and data.get("phase") == Phase.PAUSED else None
+            )
+            if self.resume_at and not self.live:
+                print(
+                    f"          resumes at {self.resume_at:%H:%M:%S} (in {self.seconds_left():.0f}s)",
+                    flush=True,
+                )
+
+    def seconds_left(self) -> float:
+        assert self.resume_at is not None
+        return max(0.0, (self.resume_at - datetime.now(UTC)).total_seconds())
+
+    def tick(self) -> None:
+        if self.live and self.resume_at is not None:
+            sys.stdout.write(f"\r          resuming in {self.seconds_left():4.0f}s ")
+            sys.stdout.flush()
+            self.countdown_shown = True
+
+    def clear_countdown(self) -> None:
+        if self.countdown_shown:
+            sys.stdout.write("\r" + " " * 40 + "\r")
+            self.countdown_shown = False
+
+
+async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int:
+    watcher = Watcher(as_json)
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for event in target.events(namespace, name, 0):
+                await queue.put(event)
+        finally:
+            await queue.put(None)
+
+    reader = asyncio.create_task(read())
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except TimeoutError:
+                watcher.tick()
+                continue
+            if event is None:
+                break
+            watcher.show(event)
+        reader.result()  # an error of the stream surfaces here
+    finally:
+        reader.cancel()
+    watcher.clear_countdown()
+    run = await target.get(namespace, name)
+    phase = (run.get("status") or {}).get("phase")
+    if not as_json:
+        print(describe(run))
+    return 0 if phase != Phase.FAILED else 2
+
+
+async def runs_command(args: argparse.Namespace) -> int:
+    target: Target = (ClusterTarget(args.kubeconfig) if args.kubeconfig
+                      else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API")))  # fmt: skip
+    as_json = args.output == "json"
+    try:
+        if args.command == "run":
+            applied = await target.apply(read_manifests(args.filename))
+            if as_json:
+                print(json.dumps({"applied": applied}, indent=2))
+            else:
+                for a in applied:
+                    print(
+                        f"{a['kind'].lower()}.ksquad.io/{a['name']} {a['action']} (namespace {a['namespace']})"
+                    )
+            runs = [a for a in applied if a["kind"] == "Run"]
+            if args.watch and runs:
+                return await watch(target, runs[0]["namespace"], runs[0]["name"], as_json)
+            return 0
+        action = args.action
+        if action == "list":
+            items = await target.list(None if args.all_namespaces else args.namespace)
+            if as_json:
+                print(json.dumps({"items": items}, indent=2))
+            elif not items:
+                print("No runs found.", file=sys.stderr)
+            else:
+                print(table(["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"],
+                            [run_row(r) for r in items]))  # fmt: skip
+            return 0
+        namespace, name = split_name(args.name, args.namespace)
+        if action == "get":
+            run = await target.get(namespace, name)
+            if as_json:
+                print(json.dumps(run, indent=2))
+            elif args.output == "yaml":
+                print(yaml.safe_dump(run, sort_keys=False), end="")
+            else:
+                print(
+                    table(["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"], [run_row(run)])
+                )
+            return 0
+        if action == "describe":
+            print(describe(await target.get(namespace, name)))
+            return 0
+        if action == "watch":
+            return await watch(target, namespace, name, as_json)
+        if action == "delete":
+            await target.delete(namespace, name)
+            result = {"run": f"{namespace}/{name}", "deleted": True}
         else:
-            print(
-                f"\nThe dev server stops now; its state stays in {server.db_file}. "
-                "`ksquad demo --keep` leaves the UI up."
-            )
-    return 0
+            await target.signal(namespace, name, action, args.reason)
+            result = {"run": f"{namespace}/{name}", "signal": action}
+        print(json.dumps(result) if as_json else f"run {namespace}/{name}: {action} sent"
+              if action != "delete" else f"run {namespace}/{name} deleted")  # fmt: skip
+        return 0
+    finally:
+        await target.close()
 
 
-async def _wait_visible(client: Client, query: str, workflow_id: str) -> None:
-    """Visibility is eventually consistent: wait (bounded) until the workflow shows up in a listing."""
-    for _ in range(50):
-        async for wf in client.list_workflows(query):
-            if wf.id == workflow_id:
-                return
-        await asyncio.sleep(0.1)
+async def dev_command(args: argparse.Namespace) -> int:
+    options = DevOptions(state_dir=args.state_dir, scripted_model=args.demo)
+    for port in ("temporal_port", "ui_port", "api_port", "model_port"):
+        if getattr(args, port):
+            setattr(options, port, getattr(args, port))
+    if not args.demo:
+        return await serve(options)
+    t0 = time.monotonic()
+    async with dev_stack(options) as dev:
+        print(
+            f"ksquad dev is up in {time.monotonic() - t0:.1f}s: Temporal UI {dev.ui_url}, API {dev.api_url}"
+        )
+        code = await run_demo(dev)
+    print(f"demo finished in {time.monotonic() - t0:.0f}s")
+    return code
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ksquad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--state-dir", type=Path, default=STATE_DIR, help="the embedded stack's state (default .ksquad)"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("dev", help="run the embedded stack until Ctrl-C")
+    d.add_argument("--demo", action="store_true", help="run the demo's three runs, print a summary, and stop")
+    for port, default in (
+        ("temporal-port", 7233),
+        ("ui-port", 8233),
+        ("api-port", 8234),
+        ("model-port", 8400),
+    ):
+        d.add_argument(f"--{port}", type=int, help=f"(default {default}, or any free port when it is taken)")
+
+    def target_options(q: argparse.ArgumentParser, output: tuple[str, ...] = ("json",)) -> None:
+        q.add_argument("-o", "--output", choices=output, help="machine-readable output")
+        q.add_argument(
+            "--kubeconfig", help="use the cluster of this kubeconfig instead of the embedded stack"
+        )
+        q.add_argument("--api", help="the embedded stack's API (default: from .ksquad/dev.json)")
+
+    r = sub.add_parser("run", help="apply Runs and the objects they reference")
+    r.add_argument("-f", "--filename", action="append", required=True, help="a YAML file ('-' for stdin)")
+    r.add_argument("-w", "--watch", action="store_true", help="then watch the (first) Run until it ends")
+    target_options(r)
+
+    runs = sub.add_parser("runs", help="list, inspect, follow and steer runs")
+    actions = runs.add_subparsers(dest="action", required=True)
+    ls = actions.add_parser("list", help="the Runs of a namespace (-A: all)")
+    ls.add_argument("-n", "--namespace", default="default")
+    ls.add_argument("-A", "--all-namespaces", action="store_true")
+    target_options(ls)
+    for action, help_text in (("get", "one Run"), ("describe", "one Run, its status in words"),
+                              ("watch", "follow a Run until it ends"), ("cancel", "cancel a Run"),
+                              ("pause", "pause a Run (it resumes with `resume`)"), ("resume", "resume a paused Run"),
+                              ("delete", "cancel and remove a Run")):  # fmt: skip
+        q = actions.add_parser(action, help=help_text)
+        q.add_argument("name", help="NAME or NAMESPACE/NAME")
+        q.add_argument("-n", "--namespace", default="default")
+        if action in ("cancel", "pause"):
+            q.add_argument("--reason", help="recorded in the Run's status")
+        target_options(q, ("json", "yaml") if action == "get" else ("json",))
+
+    h = sub.add_parser("hello", help="a small workflow on Temporal's dev server (a smoke check)")
+    h.add_argument("--keep", action="store_true", help="keep the dev server and its UI running afterwards")
+    return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="ksquad", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="run a small workflow on Temporal's dev server and show it")
-    p_demo.add_argument(
-        "--keep", action="store_true", help="keep the dev server and its UI running afterwards"
-    )
-    p_demo.add_argument(
-        "--state-dir", type=Path, default=STATE_DIR, help="where the dev server keeps its state"
-    )
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "demo":
-        with contextlib.suppress(KeyboardInterrupt):
-            sys.exit(asyncio.run(demo(args.keep, args.state_dir)))
+    if getattr(args, "reason", None) is None and hasattr(args, "reason"):
+        args.reason = None
+    try:
+        if args.command == "dev":
+            code = asyncio.run(dev_command(args))
+        elif args.command == "hello":
+            code = asyncio.run(hello(args.keep, args.state_dir))
+        else:
+            code = asyncio.run(runs_command(args))
+    except CliError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        for problem in err.problems:
+            print(f"  {problem}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

@@ -15,7 +15,7 @@ from kube import Config, Kube
 from kube.probes import Probes
 from worker.registry import build_worker
 from worker.settings import Settings
-from workflows.client import connect
+from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.worker")
 
@@ -37,6 +37,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             settings.temporal_namespace,
             api_key=settings.temporal_api_key,
             tls=settings.temporal_tls,
+            codec=codec_from_env(),
         )
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)

@@ -2,30 +2,80 @@
 credentials (TLS, API key), and ksquad's search attributes registered. Shared by the worker, the bridge and
 the CLI, so it lives with the workflows it serves."""
 
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from workflows import search_attributes as sa
+from workflows.codec import EncryptionCodec, load_key
+from workflows.spec import RunInput
+from workflows.status import Phase, RunStatus
+
+CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"
+
+
+def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
+    """ksquad's wire format: pydantic models as JSON, encrypted by `codec` when there is one."""
+    if codec is None:
+        return pydantic_data_converter
+    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+
+
+def codec_from_env() -> EncryptionCodec | None:
+    """The codec whose key file `KSQUAD_CODEC_KEY_FILE` names, or None (payloads in clear)."""
+    path = os.environ.get(CODEC_KEY_FILE_ENV)
+    return EncryptionCodec(load_key(Path(path))) if path else None
 
 
 async def connect(target: str, namespace: str = "default", *, api_key: str | None = None, tls: bool = False,
-                  server_root_ca: bytes | None = None) -> Client:  # fmt: skip
-    """A client with ksquad's data converter; `api_key` (Temporal Cloud) implies TLS."""
+                  server_root_ca: bytes | None = None, codec: PayloadCodec | None = None) -> Client:  # fmt: skip
+    """A client with ksquad's data converter (and payload codec); `api_key` (Temporal Cloud) implies TLS."""
     tls_config: TLSConfig | bool = tls or api_key is not None
     if server_root_ca is not None:
         tls_config = TLSConfig(server_root_ca_cert=server_root_ca)
-    return await Client.connect(target, namespace=namespace, data_converter=pydantic_data_converter, api_key=api_key,
+    return await Client.connect(target, namespace=namespace, data_converter=data_converter(codec), api_key=api_key,
                                 tls=tls_config)  # fmt: skip
 
 
-def with_converter(client: Client) -> Client:
+def with_converter(client: Client, codec: PayloadCodec | None = None) -> Client:
     """The same connection, with ksquad's data converter (for clients made by test environments)."""
     config = client.config()
-    config["data_converter"] = pydantic_data_converter
+    config["data_converter"] = data_converter(codec)
     return Client(**config)
+
+
+async def start_run(client: Client, run_input: RunInput, task_queue: str) -> WorkflowHandle[Any, Any]:
+    """Start the Run's workflow, or return the one already running under its id (never a second one).
+
+    The Run's uid goes in the memo: a workflow of an earlier Run of the same name is told apart by it."""
+    attributes = [
+        SearchAttributePair(sa.PHASE, Phase.PENDING.value),
+        SearchAttributePair(sa.NAMESPACE, run_input.namespace),
+    ]
+    if run_input.triggered_by:
+        attributes.append(SearchAttributePair(sa.TRIGGERED_BY, run_input.triggered_by))
+    return await client.start_workflow(
+        "RunWorkflow", run_input, id=run_input.workflow_id, task_queue=task_queue, result_type=RunStatus,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        memo={"uid": run_input.uid, "generation": run_input.generation},
+        search_attributes=TypedSearchAttributes(attributes),
+        static_summary=f"Run {run_input.namespace}/{run_input.name}",
+    )  # fmt: skip
 
 
 async def register_search_attributes(client: Client) -> list[str]:

@@ -381,16 +381,7 @@ class Store:
         """Append to the run's ordered event log; returns its sequence number (the streaming cursor)."""
 
         async def work(c: AsyncConnection) -> int:
-            # Taking the number locks the run's sequence row: writers of one run take turns. A refused
-            # write rolls back, number included, so sequences stay dense.
-            upsert = self._insert(run_sequences).values(run_uid=holder.uid, last_seq=1)
-            seq = (
-                await c.execute(
-                    upsert.on_conflict_do_update(
-                        index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq + 1}
-                    ).returning(run_sequences.c.last_seq)
-                )
-            ).scalar_one()
+            seq = await self.next_seq(c, holder.uid)
             await self._fenced_insert(
                 c, run_events,
                 {"run_uid": holder.uid, "run": holder.run, "seq": seq, "work_item_ref": work_item_ref,
@@ -401,6 +392,19 @@ class Store:
             return int(seq)
 
         return await self._in(conn, work)
+
+    async def next_seq(self, c: AsyncConnection, run_uid: str) -> int:
+        """The run's next event number. Taking it locks the run's sequence row: writers of one run take turns.
+        A refused write rolls back, number included, so sequences stay dense."""
+        upsert = self._insert(run_sequences).values(run_uid=run_uid, last_seq=1)
+        seq = (
+            await c.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq + 1}
+                ).returning(run_sequences.c.last_seq)
+            )
+        ).scalar_one()
+        return int(seq)
 
     @_unavailable
     async def add_comment(self, work_item_ref: str, holder: Holder, fence: int, body: str) -> int:

@@ -113,3 +113,21 @@ artifacts = sa.Table(
     sa.Column("at", Timestamp, nullable=False),
     sa.UniqueConstraint("run_uid", "name"),
 )
+
+# The embedded default's objects (`ksquad run -f`): what kubectl would keep in etcd, for a machine without a
+# cluster. A Run's status is written here by the embedded bridge, guarded by uid and revision like the
+# status subresource; its phase changes go to run_events, so one stream carries phases and progress.
+objects = sa.Table(
+    "objects",
+    metadata,
+    sa.Column("kind", sa.String(64), primary_key=True),
+    sa.Column("namespace", sa.String(253), primary_key=True),
+    sa.Column("name", sa.String(253), primary_key=True),
+    sa.Column("uid", sa.String(128), nullable=False),
+    sa.Column("generation", sa.BigInteger, nullable=False),
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("status", sa.JSON, nullable=True),
+    sa.Column("revision", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)

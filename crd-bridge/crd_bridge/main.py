@@ -21,7 +21,7 @@ from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
 from kube.probes import Probes
 from workflows.activity_types import BRIDGE_TASK_QUEUE
-from workflows.client import connect
+from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.bridge")
 
@@ -37,7 +37,8 @@ async def serve(settings: BridgeSettings) -> int:
     probes = Probes(settings.health_port, lambda: state["ready"], lambda: {"leader": state["leader"]})
     async with Kube(Config.load(settings.kubeconfig)) as kube, probes:
         temporal = await connect(settings.temporal_address, settings.temporal_namespace,
-                                 api_key=settings.temporal_api_key, tls=settings.temporal_tls)  # fmt: skip
+                                 api_key=settings.temporal_api_key, tls=settings.temporal_tls,
+                                 codec=codec_from_env())  # fmt: skip
         bridge = BridgeActivities(kube, settings.identity, settings.namespace_max_concurrent_runs)
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0

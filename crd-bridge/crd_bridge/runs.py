@@ -5,7 +5,8 @@ Run to a reconciler, one at a time per Run:
 - a new Run gets the finalizer, then its workflow, started idempotently (workflow id `<namespace>/<name>`, the
   Run's uid in the memo and a search attribute): a workflow of this uid that exists, running or closed, is
   never started again, so a bridge restart or a replayed event cannot run a Run twice;
-- the annotation `ksquad.io/cancel-requested` becomes the `cancel` signal;
+- the annotation `ksquad.io/cancel-requested` becomes the `cancel` signal; `ksquad.io/pause-requested`
+  becomes `pause` when set and `resume` when removed;
 - a Run being deleted has its workflow cancelled; once it ended Cancelled (or after a bounded wait), the
   finalizer goes and Kubernetes deletes the Run and, through owner references, its Job and outputs;
 - a closed workflow whose final status never reached the Run (an API outage at the end) has it written.
@@ -18,18 +19,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
 from temporalio.service import RPCError, RPCStatusCode
 
 from crd_bridge.activities import BridgeActivities, run_path, status_body
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
-from workflows import search_attributes as sa
+from workflows.client import start_run
 from workflows.model import InvalidObject
 from workflows.run import RunWorkflow
 from workflows.spec import RunInput, parse_run_spec, run_workflow_id
@@ -39,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "ksquad.io/workflow"
 CANCEL_ANNOTATION = "ksquad.io/cancel-requested"
+PAUSE_ANNOTATION = "ksquad.io/pause-requested"  # set: the `pause` signal; removed: `resume`
 TRIGGERED_BY_ANNOTATION = "ksquad.io/triggered-by"
 CLOSED = {WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
           WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT}  # fmt: skip
@@ -54,6 +50,7 @@ class RunReconciler:
         self.bridge = bridge
         self.started: set[str] = set()  # uids whose workflow exists (a cache; Temporal is the truth)
         self.cancel_sent: set[str] = set()
+        self.paused: dict[str, bool] = {}  # uid -> the pause annotation's state last forwarded
         self.pending: dict[str, dict[str, Any]] = {}  # key -> the newest object seen
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.busy: set[str] = set()
@@ -162,6 +159,16 @@ class RunReconciler:
             with contextlib.suppress(RPCError):
                 await handle.signal("cancel", annotation or f"annotation {CANCEL_ANNOTATION}")
                 self.cancel_sent.add(meta["uid"])
+        pause = meta.get("annotations", {}).get(PAUSE_ANNOTATION)
+        if (pause is not None) != self.paused.get(meta["uid"], False):
+            handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
+            with contextlib.suppress(RPCError):
+                await (
+                    handle.signal("pause", pause or "paused")
+                    if pause is not None
+                    else handle.signal("resume")
+                )
+                self.paused[meta["uid"]] = pause is not None
         return retry
 
     async def ensure_workflow(self, run: dict[str, Any]) -> bool:
@@ -190,20 +197,7 @@ class RunReconciler:
         triggered_by = meta.get("annotations", {}).get(TRIGGERED_BY_ANNOTATION)
         run_input = RunInput(namespace=namespace, name=name, uid=uid, generation=meta.get("generation", 1),
                              triggered_by=triggered_by, spec=spec)  # fmt: skip
-        attributes = [
-            SearchAttributePair(sa.PHASE, Phase.PENDING.value),
-            SearchAttributePair(sa.NAMESPACE, namespace),
-        ]
-        if triggered_by:
-            attributes.append(SearchAttributePair(sa.TRIGGERED_BY, triggered_by))
-        handle = await self.temporal.start_workflow(
-            RunWorkflow.run, run_input, id=workflow_id, task_queue=self.settings.worker_task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            memo={"uid": uid, "generation": meta.get("generation", 1)},
-            search_attributes=TypedSearchAttributes(attributes),
-            static_summary=f"Run {namespace}/{name}",
-        )  # fmt: skip
+        handle = await start_run(self.temporal, run_input, self.settings.worker_task_queue)
         self.started.add(uid)
         log.info("started workflow %s for Run uid %s", workflow_id, uid)
         if not (run.get("status") or {}).get("phase"):

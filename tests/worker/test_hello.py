@@ -1,4 +1,4 @@
-"""`ksquad demo` (what `make demo` runs) works end to end and prints a Temporal UI address that answers."""
+"""`ksquad hello` (a smoke check of the Temporal side) works end to end and prints a Temporal UI address that answers."""
 
 import re
 import signal
@@ -14,7 +14,7 @@ from worker.binaries import find_binary
 def test_demo_runs_a_workflow_and_prints_the_ui_address(tmp_path: Path) -> None:
     ksquad = Path(sys.executable).with_name("ksquad")
     done = subprocess.run(
-        [str(ksquad), "demo", "--state-dir", str(tmp_path / "state")],
+        [str(ksquad), "--state-dir", str(tmp_path / "state"), "hello"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -34,7 +34,7 @@ def test_demo_runs_a_workflow_and_prints_the_ui_address(tmp_path: Path) -> None:
 def test_demo_keep_leaves_the_ui_answering_until_interrupted(tmp_path: Path) -> None:
     ksquad = Path(sys.executable).with_name("ksquad")
     proc = subprocess.Popen(
-        [str(ksquad), "demo", "--keep", "--state-dir", str(tmp_path / "state")],
+        [str(ksquad), "--state-dir", str(tmp_path / "state"), "hello", "--keep"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -1,0 +1,124 @@
+"""The embedded default's object store: the ksquad.io objects applied with `ksquad run -f`, kept in the
+coordination store's database the way the API server keeps them in etcd (no cluster needed).
+
+- `apply` creates an object or updates its spec (the generation goes up when the spec changes);
+- a Run's status is written by the embedded bridge only when it belongs to the same Run (uid) and is newer
+  (revision) than the stored one, in one statement; its phase changes are appended to the run's event log
+  in the same transaction, so `ksquad runs watch` sees phases and agent progress in one ordered stream.
+"""
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+
+from activities.store import Store, _unavailable, _utc
+from activities.store.schema import objects, run_events
+
+API_VERSION = "ksquad.io/v1alpha1"
+Applied = Literal["created", "configured", "unchanged"]
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: dict[str, Any]
+    status: dict[str, Any] | None
+    created_at: datetime
+
+    def manifest(self) -> dict[str, Any]:
+        """The object as the API server would return it."""
+        obj: dict[str, Any] = {
+            "apiVersion": API_VERSION, "kind": self.kind,
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
+                         "generation": self.generation,
+                         "creationTimestamp": self.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            "spec": self.spec,
+        }  # fmt: skip
+        if self.status is not None:
+            obj["status"] = self.status
+        return obj
+
+
+def _stored(row: Any) -> StoredObject:
+    return StoredObject(row.kind, row.namespace, row.name, row.uid, int(row.generation), row.spec, row.status,
+                        _utc(row.created_at))  # fmt: skip
+
+
+class ObjectStore:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @_unavailable
+    async def apply(
+        self, kind: str, namespace: str, name: str, spec: dict[str, Any]
+    ) -> tuple[StoredObject, Applied]:
+        async with self.store.transaction() as c:
+            key = (objects.c.kind == kind) & (objects.c.namespace == namespace) & (objects.c.name == name)
+            row = (await c.execute(sa.select(objects).where(key))).first()
+            now = self.store.clock()
+            if row is None:
+                values = {"kind": kind, "namespace": namespace, "name": name, "uid": str(uuid.uuid4()),
+                          "generation": 1, "spec": spec, "created_at": now, "updated_at": now}  # fmt: skip
+                await c.execute(sa.insert(objects).values(**values))
+                action: Applied = "created"
+            elif row.spec == spec:
+                return _stored(row), "unchanged"
+            else:
+                await c.execute(sa.update(objects).where(key).values(spec=spec, generation=objects.c.generation + 1,
+                                                                     updated_at=now))  # fmt: skip
+                action = "configured"
+            stored = (await c.execute(sa.select(objects).where(key))).one()
+            return _stored(stored), action
+
+    @_unavailable
+    async def get(self, kind: str, namespace: str, name: str) -> StoredObject | None:
+        async with self.store.engine.connect() as c:
+            row = (await c.execute(sa.select(objects).where(
+                objects.c.kind == kind, objects.c.namespace == namespace, objects.c.name == name))).first()  # fmt: skip
+            return _stored(row) if row else None
+
+    @_unavailable
+    async def of_kind(self, kind: str, namespace: str | None = None) -> list[StoredObject]:
+        query = sa.select(objects).where(objects.c.kind == kind)
+        if namespace is not None:
+            query = query.where(objects.c.namespace == namespace)
+        async with self.store.engine.connect() as c:
+            rows = await c.execute(query.order_by(objects.c.namespace, objects.c.created_at, objects.c.name))
+            return [_stored(r) for r in rows]
+
+    @_unavailable
+    async def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
+        query = sa.delete(objects).where(objects.c.kind == kind, objects.c.namespace == namespace,
+                                         objects.c.name == name)  # fmt: skip
+        if uid is not None:
+            query = query.where(objects.c.uid == uid)
+        async with self.store.transaction() as c:
+            return bool((await c.execute(query)).rowcount)
+
+    @_unavailable
+    async def write_run_status(self, namespace: str, name: str, uid: str, revision: int, status: dict[str, Any],
+                               events: list[tuple[str, str, dict[str, Any]]]) -> bool:  # fmt: skip
+        """Store the status unless the Run has a newer one or is another Run (or gone); then append `events`
+        ((kind, message, data) each) to the run's log. True when written."""
+        async with self.store.transaction() as c:
+            written = await c.execute(
+                sa.update(objects)
+                .where(objects.c.kind == "Run", objects.c.namespace == namespace, objects.c.name == name,
+                       objects.c.uid == uid, objects.c.revision < revision)
+                .values(status=status, revision=revision, updated_at=self.store.clock())
+            )  # fmt: skip
+            if not written.rowcount:
+                return False
+            for kind, message, data in events:
+                seq = await self.store.next_seq(c, uid)
+                await c.execute(sa.insert(run_events).values(
+                    run_uid=uid, run=f"{namespace}/{name}", seq=seq, fence=0, attempt=int(data.get("attempt") or 0),
+                    kind=kind, message=message, data=data, at=self.store.clock()))  # fmt: skip
+            return True

@@ -1,0 +1,128 @@
+"""`ksquad dev --demo` (what `make demo` runs): three runs on the embedded stack, each telling part of the story.
+
+1. the seed's Run (`examples/fix-flaky-tests.yaml`, verbatim) with its squad (`examples/local-squad.yaml`):
+   Pending -> Claiming -> Running -> Succeeded, with the agent's answer as its output;
+2. a Run whose model answers 429 with Retry-After: Paused(RateLimited) until then, resumed, Succeeded;
+3. a Run whose model takes ten minutes: cancelled while Running, ends Cancelled with its sandbox gone.
+
+Then a summary table and the Temporal UI address (checked to answer). Exit status 0 only when every run
+ended as expected.
+"""
+
+import asyncio
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from worker.dev import DevStack
+from workflows.status import Phase
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEMO_TIMEOUT_SECONDS = 100.0
+
+
+def load(*files: Path) -> list[Any]:
+    return [doc for f in files for doc in yaml.safe_load_all(f.read_text()) if doc]
+
+
+class Timeline:
+    """Prints each run's phase changes and agent progress as they happen."""
+
+    def __init__(self, dev: DevStack) -> None:
+        self.dev = dev
+        self.t0 = time.monotonic()
+        self.cursors: dict[str, int] = {}
+
+    async def poll(self, runs: dict[str, str]) -> None:  # name -> uid
+        for name, uid in runs.items():
+            for event in await self.dev.store.events(uid, self.cursors.get(uid, 0)):
+                self.cursors[uid] = event.seq
+                print(f"  {time.monotonic() - self.t0:5.1f}s  {name:<22} {event.kind:<9} {event.message[:90]}",
+                      flush=True)  # fmt: skip
+
+
+async def run_demo(dev: DevStack) -> int:
+    namespace = "ksquad-system"
+    squad = EXAMPLES / "local-squad.yaml"
+    seed, limited, cancelled = (EXAMPLES / "fix-flaky-tests.yaml", EXAMPLES / "demo" / "rate-limited.yaml",
+                                EXAMPLES / "demo" / "cancelled.yaml")  # fmt: skip
+    names = [doc["metadata"]["name"] for doc in load(seed, limited, cancelled)]
+    for name in names:  # a previous demo's runs: start afresh
+        if await dev.runs.objects.get("Run", namespace, name) is not None:
+            await dev.runs.delete(namespace, name)
+    timeline = Timeline(dev)
+    uids: dict[str, str] = {}
+
+    async def apply(*files: Path) -> None:
+        for result in await dev.runs.apply(load(*files)):
+            print(f"  {time.monotonic() - timeline.t0:5.1f}s  {result['kind']} {result['namespace']}/{result['name']} "
+                  f"{result['action']}", flush=True)  # fmt: skip
+            if result["kind"] == "Run":
+                uids[result["name"]] = (await dev.runs.get(namespace, result["name"])).uid
+
+    async def phase(name: str) -> Phase:
+        run = await dev.runs.get(namespace, name)
+        return Phase((run.status or {}).get("phase", "Pending"))
+
+    async def until(done: Any, what: str) -> None:
+        deadline = time.monotonic() + DEMO_TIMEOUT_SECONDS
+        while not await done():
+            await timeline.poll(uids)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the demo waited {DEMO_TIMEOUT_SECONDS:.0f}s for {what}")
+            await asyncio.sleep(0.2)
+        await timeline.poll(uids)
+
+    print("\n1. the seed's Run and a long one, applied together; the long one is cancelled once it runs\n")
+    await apply(squad, seed, cancelled)
+    seed_name, limited_name, cancelled_name = names
+
+    async def cancelled_running() -> bool:
+        return await phase(cancelled_name) == Phase.RUNNING
+
+    await until(cancelled_running, f"{cancelled_name} to be Running")
+    await dev.runs.signal(namespace, cancelled_name, "cancel", "cancelled by the demo")
+
+    async def first_two_done() -> bool:
+        return (await phase(seed_name)).terminal and (await phase(cancelled_name)).terminal
+
+    await until(first_two_done, f"{seed_name} and {cancelled_name} to finish")
+    print("\n2. a Run whose model answers 429 with Retry-After: it pauses, resumes by itself, and succeeds\n")
+    await apply(limited)
+
+    async def limited_done() -> bool:
+        return (await phase(limited_name)).terminal
+
+    await until(limited_done, f"{limited_name} to finish")
+
+    expected = {seed_name: Phase.SUCCEEDED, limited_name: Phase.SUCCEEDED, cancelled_name: Phase.CANCELLED}
+    print(
+        f"\n{'RUN':<22} {'PHASE':<10} {'EXPECTED':<10} {'ATTEMPTS':<9} {'PAUSED':<13} {'DURATION':<9} OUTPUT"
+    )
+    ok = True
+    for name in names:
+        run = await dev.runs.get(namespace, name)
+        status = run.status or {}
+        events = await dev.store.events(run.uid)
+        phases = [e.data for e in events if e.kind == "phase"]
+        paused = next((p["reason"] for p in phases if p["phase"] == Phase.PAUSED), "-")
+        times = [datetime.fromisoformat(p["at"]) for p in phases]
+        duration = f"{(times[-1] - times[0]).total_seconds():.1f}s" if len(times) > 1 else "-"
+        output = next(iter(status.get("outputs", {}).values()), status.get("message") or "")
+        ok &= status.get("phase") == expected[name]
+        print(f"{name:<22} {status.get('phase', '?'):<10} {expected[name]:<10} {status.get('attempt', 0):<9} "
+              f"{paused or '-':<13} {duration:<9} {output[:60]}")  # fmt: skip
+    async with httpx.AsyncClient() as http:
+        ui_status = (await http.get(dev.ui_url, timeout=10)).status_code
+    ok &= ui_status == 200
+    print(f"\nTemporal UI: {dev.ui_url} (HTTP {ui_status}); the runs: "
+          f"{dev.ui_url}/namespaces/default/workflows?query=KsquadNamespace%3D%22{namespace}%22")  # fmt: skip
+    print(
+        f"Inputs and prompts in the history are encrypted; the UI decodes them through {dev.api_url}/codec."
+    )
+    print("all three runs ended as expected" if ok else "NOT every run ended as expected")
+    return 0 if ok else 1

@@ -1,0 +1,192 @@
+"""`ksquad dev`: the embedded default, everything on one machine and no cluster.
+
+One process supervises:
+- Temporal's dev server (state in `.ksquad/temporal.db`, the UI on :8233 with the codec endpoint set);
+- the worker on task queue `ksquad` with local sandboxes (the reference agent as a local process per
+  attempt) and SQLite as the coordination store (`.ksquad/ksquad.db`);
+- the embedded bridge on `ksquad-bridge` (worker.embedded), and the API the CLI talks to (worker.api);
+- the model: `OPENAI_BASE_URL` (with `OPENAI_API_KEY`, `OPENAI_MODEL`) when set, else the scripted model.
+
+Payloads are encrypted with the key in `.ksquad/codec.key` (made on first start). Where everything listens
+is written to `.ksquad/dev.json`, which the CLI reads. Ctrl-C (or SIGTERM) stops it cleanly; the next start
+picks up every unfinished run where it was, and local agents still working are found again.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.agents import AgentActivities
+from activities.claims import ClaimActivities
+from activities.sandboxes import LocalSandboxes, SandboxActivities, SandboxSettings
+from activities.store import Store
+from activities.store.objects import ObjectStore
+from agent.scripted_model import ScriptedModel, build_app
+from worker.api import api_app
+from worker.devserver import DevServer, preferred_port
+from worker.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
+from worker.registry import build_worker
+from workflows.activity_types import BRIDGE_TASK_QUEUE, WORKER_TASK_QUEUE
+from workflows.client import connect
+from workflows.codec import EncryptionCodec, ensure_key_file
+from workflows.contract import CredentialRef
+
+log = logging.getLogger("ksquad.dev")
+
+TEMPORAL_PORT, UI_PORT, API_PORT, MODEL_PORT = 7233, 8233, 8234, 8400
+SCRIPTED_MODEL = "scripted"
+# What the scripted model answers, by model name (agent/scripted_model.py has the step format); the demo's
+# runs name the last two.
+MODEL_SCRIPT: dict[str, Any] = {"models": {
+    SCRIPTED_MODEL: [{"delay": 1.0, "text": "Fixed: the payment-retry test waited on the wall clock; it now "
+                                            "advances a fake clock, and passed 500 runs in a row."}],
+    "demo-rate-limited": [{"error": 429, "retry_after": "4"},
+                          {"delay": 0.5, "text": "Incident summary: the gateway's connection pool was exhausted "
+                                                 "for 12 minutes; retries doubled the load."}],
+    "demo-slow": [{"delay": 600, "text": "The ledger migration is done."}],
+}}  # fmt: skip
+
+
+@dataclass
+class DevOptions:
+    state_dir: Path = Path(".ksquad")
+    temporal_port: int = TEMPORAL_PORT
+    ui_port: int = UI_PORT
+    api_port: int = API_PORT
+    model_port: int = MODEL_PORT
+    model_script: dict[str, Any] | None = None  # for the scripted model (default MODEL_SCRIPT)
+    scripted_model: bool = False  # the scripted model even when OPENAI_BASE_URL is set (the demo)
+
+
+@dataclass
+class DevStack:
+    """A running embedded stack: what `ksquad dev` serves, and what `--demo` drives."""
+
+    state_dir: Path
+    server: DevServer
+    client: Client
+    store: Store
+    runs: EmbeddedRuns
+    api_url: str
+    model_url: str
+    scripted: ScriptedModel | None
+
+    @property
+    def ui_url(self) -> str:
+        assert self.server.ui_url is not None
+        return self.server.ui_url
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "api": self.api_url, "ui": self.ui_url, "temporal": self.server.target,
+                "model": self.model_url, "codecEndpoint": f"{self.api_url}/codec",
+                "codecKeyFile": str(self.state_dir / "codec.key"),
+                "codecTokenFile": str(self.state_dir / "codec.token")}  # fmt: skip
+
+
+def ensure_token_file(path: Path) -> str:
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
+
+
+@contextlib.asynccontextmanager
+async def http_server(app: Starlette, port: int) -> AsyncIterator[None]:
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # raises why it could not start
+            raise RuntimeError(f"the HTTP server on 127.0.0.1:{port} stopped at start")
+        await asyncio.sleep(0.02)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
+    state = options.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    codec = EncryptionCodec(ensure_key_file(state / "codec.key"))
+    token = ensure_token_file(state / "codec.token")
+    api_port = preferred_port(options.api_port)
+    api_url = f"http://127.0.0.1:{api_port}"
+    server = DevServer(
+        db_file=state / "temporal.db", log_file=state / "temporal.log", port=preferred_port(options.temporal_port),
+        ui_port=preferred_port(options.ui_port), extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
+    )  # fmt: skip
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(server)
+        client = await connect(server.target, codec=codec)
+        store = await Store.open(f"sqlite:///{state / 'ksquad.db'}")
+        stack.push_async_callback(store.close)
+
+        scripted: ScriptedModel | None = None
+        if os.environ.get("OPENAI_BASE_URL") and not options.scripted_model:
+            model_url, api_key = os.environ["OPENAI_BASE_URL"], os.environ.get("OPENAI_API_KEY", "")
+            model_name = os.environ.get("OPENAI_MODEL")
+        else:
+            scripted = ScriptedModel()
+            scripted.load(options.model_script or MODEL_SCRIPT)
+            model_port = preferred_port(options.model_port)
+            await stack.enter_async_context(http_server(build_app(scripted), model_port))
+            model_url, api_key, model_name = f"http://127.0.0.1:{model_port}/v1", "ksquad-dev", SCRIPTED_MODEL
+        credential_env = CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey").env
+        sandboxes = LocalSandboxes(SandboxSettings(backend="local"), credentials={**os.environ, credential_env: api_key},
+                                   log_dir=state / "sandboxes")  # fmt: skip
+        agents = AgentActivities(store)
+        stack.push_async_callback(agents.aclose)
+        objects = ObjectStore(store)
+        bridge = EmbeddedBridge(objects, model_url, model_name)
+        worker = build_worker(client, WORKER_TASK_QUEUE,
+                              [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(sandboxes).all()])  # fmt: skip
+        await stack.enter_async_context(worker)
+        await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
+        runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
+        app = api_app(runs, store, codec, codec_origins=(server.ui_url or "",), codec_token=token)
+        await stack.enter_async_context(http_server(app, api_port))
+        dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)
+        info_file = state / "dev.json"
+        info_file.write_text(json.dumps(dev.info(), indent=2) + "\n")
+        stack.callback(info_file.unlink, missing_ok=True)
+        yield dev
+
+
+async def serve(options: DevOptions) -> int:
+    t0 = time.monotonic()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with dev_stack(options) as dev:
+        resumed = await dev.runs.resume_unfinished()
+        print(f"ksquad dev is up in {time.monotonic() - t0:.1f}s (state in {dev.state_dir}/)")
+        for label, value in (("Temporal UI", dev.ui_url), ("Temporal", dev.server.target), ("API", dev.api_url),
+                             ("model", dev.model_url + ("" if dev.scripted is None else " (scripted)"))):  # fmt: skip
+            print(f"  {label + ':':<13}{value}")
+        if resumed:
+            print(f"  {resumed} unfinished run(s) picked up where they were")
+        print("Apply runs with `ksquad run -f examples/fix-flaky-tests.yaml`; Ctrl-C stops.", flush=True)
+        await stop.wait()
+        print("stopping (unfinished runs go on at the next start)", flush=True)
+    return 0

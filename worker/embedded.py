@@ -1,0 +1,251 @@
+"""The embedded default's stand-in for the API server and the CRD bridge: manifests applied with
+`ksquad run -f` are kept in SQLite (activities.store.objects), each Run gets its workflow exactly as the
+bridge would start it, and the `ksquad-bridge` task queue is served from here:
+
+- `resolve_references` resolves with the bridge's own rules (crd_bridge.resolve) over the applied objects;
+  the ModelEndpoint named `local` exists in every namespace unless one is applied under that name: the
+  model of this machine (`OPENAI_BASE_URL`, else the scripted model `ksquad dev` starts);
+- `mirror_status` writes the status into the store (revision- and uid-guarded) and appends each phase change
+  to the run's event log, which `ksquad runs watch` streams.
+"""
+
+import asyncio
+import contextlib
+import getpass
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.store import StoreError
+from activities.store.objects import Applied, ObjectStore, StoredObject
+from crd_bridge.activities import status_body
+from crd_bridge.resolve import KINDS, resolve
+from workflows.activity_types import Activity, ResolveRequest
+from workflows.client import start_run
+from workflows.contract import Resolution
+from workflows.model import InvalidObject, field_problems
+from workflows.spec import API_VERSION, ObjectMeta, RunInput, parse_run_manifest, run_workflow_id
+from workflows.status import Phase, StatusSnapshot
+
+log = logging.getLogger(__name__)
+
+LOCAL_MODEL_ENDPOINT = "local"
+LOCAL_CREDENTIAL_SECRET = "local-model"  # its key `apiKey` is OPENAI_API_KEY, handed to local sandboxes
+ALL_KINDS = ("Run", *KINDS)
+CLOSED = {WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
+          WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT}  # fmt: skip
+
+
+class UnknownRun(LookupError):
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(f'run "{namespace}/{name}" not found')
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One validated document of an applied file."""
+
+    kind: str
+    namespace: str
+    name: str
+    spec: dict[str, Any]
+
+
+def validate_documents(docs: Iterable[Any]) -> list[Manifest]:
+    """Every document checked before any is applied; InvalidObject names the document and each bad field."""
+    manifests, problems = [], []
+    for index, doc in enumerate(docs, 1):
+        if doc is None:
+            continue
+        where = f"document {index}"
+        if not isinstance(doc, dict):
+            problems.append(f"{where}: a mapping with apiVersion, kind, metadata and spec is expected")
+            continue
+        kind = doc.get("kind")
+        name = (doc.get("metadata") or {}).get("name") if isinstance(doc.get("metadata"), dict) else None
+        if name:
+            where = f"{where} ({kind} {name})"
+        if doc.get("apiVersion") != API_VERSION:
+            problems.append(f"{where}: apiVersion: {API_VERSION} expected (got {doc.get('apiVersion')!r})")
+            continue
+        if kind not in ALL_KINDS:
+            problems.append(f"{where}: kind: one of {', '.join(ALL_KINDS)} expected (got {kind!r})")
+            continue
+        try:
+            if kind == "Run":
+                run = parse_run_manifest(doc)
+                meta, spec = run.metadata, run.spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
+            else:
+                meta = ObjectMeta.model_validate(doc.get("metadata") or {})
+                spec = (
+                    KINDS[kind]
+                    .model_validate(doc.get("spec") or {})
+                    .model_dump(mode="json", by_alias=True, exclude_unset=True)
+                )
+        except InvalidObject as err:
+            problems += [f"{where}: {p}" for p in err.problems]
+            continue
+        except ValidationError as err:
+            prefix = "metadata" if any(e["loc"] and e["loc"][0] in ("name", "namespace") for e in err.errors()) \
+                else "spec"  # fmt: skip
+            problems += [f"{where}: {p}" for p in field_problems(err, prefix)]
+            continue
+        manifests.append(Manifest(kind, meta.namespace, meta.name, spec))
+    if problems:
+        raise InvalidObject("manifest", problems)
+    if not manifests:
+        raise InvalidObject("manifest", ["no documents to apply"])
+    return manifests
+
+
+class EmbeddedBridge:
+    """The activities of the `ksquad-bridge` task queue, over the embedded object store."""
+
+    def __init__(self, objects: ObjectStore, local_model_url: str, local_model: str | None = None) -> None:
+        self.objects = objects
+        self.local_endpoint: dict[str, Any] = {
+            "url": local_model_url,
+            "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET, "key": "apiKey"},
+        }
+        if local_model:
+            self.local_endpoint["model"] = local_model
+
+    @activity.defn(name=Activity.RESOLVE_REFERENCES)
+    async def resolve_references(self, req: ResolveRequest) -> Resolution:
+        namespace = req.run.namespace
+
+        async def lookup(kind: str, name: str) -> dict[str, Any] | None:
+            obj = await self.objects.get(kind, namespace, name)
+            if obj is not None:
+                return obj.spec
+            if kind == "ModelEndpoint" and name == LOCAL_MODEL_ENDPOINT:
+                return self.local_endpoint
+            return None
+
+        try:
+            return await resolve(namespace, req.spec, lookup)
+        except StoreError as err:
+            raise ApplicationError(str(err), type="StoreUnavailable") from None
+
+    @activity.defn(name=Activity.MIRROR_STATUS)
+    async def mirror_status(self, snapshot: StatusSnapshot) -> None:
+        events = [
+            ("phase", f"{e.phase}" + (f" ({e.reason})" if e.reason else "") + (f": {e.message}" if e.message else ""),
+             {"phase": e.phase.value, "reason": e.reason, "message": e.message, "revision": e.revision,
+              "attempt": snapshot.status.attempt, "at": e.at.isoformat(),
+              "resumeAt": snapshot.status.resume_at.isoformat() if snapshot.status.resume_at and e.phase == Phase.PAUSED
+              else None})
+            for e in snapshot.events
+        ]  # fmt: skip
+        try:
+            await self.objects.write_run_status(snapshot.namespace, snapshot.name, snapshot.uid,
+                                                snapshot.status.revision, status_body(snapshot), events)  # fmt: skip
+        except StoreError as err:
+            raise ApplicationError(str(err), type="StoreUnavailable") from None
+
+    def all(self) -> list[Any]:
+        return [self.resolve_references, self.mirror_status]
+
+
+class EmbeddedRuns:
+    """What kubectl and the bridge do on a cluster, for the runs of this machine."""
+
+    def __init__(self, objects: ObjectStore, temporal: Client, worker_task_queue: str) -> None:
+        self.objects = objects
+        self.temporal = temporal
+        self.worker_task_queue = worker_task_queue
+        self.user = getpass.getuser()
+
+    async def apply(self, docs: Iterable[Any]) -> list[dict[str, str]]:
+        """Store the documents (all or none are valid), then start a workflow for each new Run."""
+        results = []
+        for m in validate_documents(docs):
+            obj, action = await self.objects.apply(m.kind, m.namespace, m.name, m.spec)
+            shown: str = action
+            if m.kind == "Run":
+                shown = await self._started(obj, action)
+            elif action != "unchanged":
+                await self._references_changed(m.namespace)
+            results.append({"kind": m.kind, "namespace": m.namespace, "name": m.name, "action": shown})
+        return results
+
+    async def _started(self, run: StoredObject, action: Applied) -> str:
+        if action == "configured":
+            # A Run's work is fixed when it starts, as with the bridge: a changed spec is stored, not re-run.
+            return "configured (the running workflow keeps the spec it started with; delete the Run to re-run it)"
+        await self.ensure_workflow(run)
+        return action
+
+    async def ensure_workflow(self, run: StoredObject) -> None:
+        """Start the Run's workflow unless one of this Run (uid) exists; a second never starts."""
+        handle = self.temporal.get_workflow_handle(run_workflow_id(run.namespace, run.name))
+        try:
+            description = await handle.describe()
+            if await description.memo_value("uid", default=None) == run.uid:
+                return
+            if description.status not in CLOSED:
+                raise RuntimeError(
+                    f"the workflow of an earlier Run {run.namespace}/{run.name} is still running"
+                )
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+        spec = parse_run_manifest(run.manifest()).spec
+        run_input = RunInput(namespace=run.namespace, name=run.name, uid=run.uid, generation=run.generation,
+                             triggered_by=self.user, spec=spec)  # fmt: skip
+        await start_run(self.temporal, run_input, self.worker_task_queue)
+        log.info("started the workflow of Run %s/%s", run.namespace, run.name)
+
+    async def resume_unfinished(self) -> int:
+        """At start: every Run not yet finished has its workflow (a crash between storing and starting one
+        leaves none). Workflows that exist go on by themselves once the worker polls."""
+        count = 0
+        for run in await self.objects.of_kind("Run"):
+            if not Phase((run.status or {}).get("phase", "Pending")).terminal:
+                await self.ensure_workflow(run)
+                count += 1
+        return count
+
+    async def _references_changed(self, namespace: str) -> None:
+        """An Agent, ModelEndpoint... changed: runs waiting for references look again now."""
+        for run in await self.objects.of_kind("Run", namespace):
+            if not Phase((run.status or {}).get("phase", "Pending")).terminal:
+                with contextlib.suppress(RPCError):
+                    await self.temporal.get_workflow_handle(run_workflow_id(run.namespace, run.name)).signal(
+                        "references_updated"
+                    )
+
+    async def get(self, namespace: str, name: str) -> StoredObject:
+        run = await self.objects.get("Run", namespace, name)
+        if run is None:
+            raise UnknownRun(namespace, name)
+        return run
+
+    async def signal(self, namespace: str, name: str, signal: str, *args: Any) -> StoredObject:
+        run = await self.get(namespace, name)
+        handle = self.temporal.get_workflow_handle(run_workflow_id(namespace, name))
+        await handle.signal(signal, *args)
+        return run
+
+    async def delete(self, namespace: str, name: str, wait_seconds: float = 30.0) -> StoredObject:
+        """Cancel the Run's workflow, wait (bounded) for it to end, then forget the Run."""
+        run = await self.get(namespace, name)
+        handle = self.temporal.get_workflow_handle(run_workflow_id(namespace, name))
+        with contextlib.suppress(RPCError):
+            if (await handle.describe()).status not in CLOSED:
+                await handle.cancel()
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + wait_seconds
+                while loop.time() < deadline:
+                    if (await handle.describe()).status in CLOSED:
+                        break
+                    await asyncio.sleep(0.2)
+        await self.objects.delete("Run", namespace, name, run.uid)
+        return run

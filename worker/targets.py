@@ -1,0 +1,209 @@
+"""Where the CLI's runs live: the embedded stack (`ksquad dev`, through its API) or a cluster (kubeconfig,
+through the API server; the bridge there does the rest). Both answer with Run objects as the API server
+shapes them, and events as the embedded API streams them ({"seq", "kind", "message", "data"}), so the CLI
+prints both the same way."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from kube import ApiError, Config, Kube, Unreachable, path
+from workflows.spec import API_VERSION
+from workflows.status import Phase
+
+PLURALS = {"Run": "runs", "Agent": "agents", "ModelEndpoint": "modelendpoints", "Tool": "tools",
+           "MCPServer": "mcpservers", "Skill": "skills", "Team": "teams", "Project": "projects"}  # fmt: skip
+CANCEL_ANNOTATION = "ksquad.io/cancel-requested"
+PAUSE_ANNOTATION = "ksquad.io/pause-requested"
+
+
+class CliError(Exception):
+    """What the user is told, on stderr, with exit status 1."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or []
+
+
+class Target(Protocol):
+    where: str
+
+    async def apply(self, docs: list[Any]) -> list[dict[str, str]]: ...
+    async def list(self, namespace: str | None) -> list[dict[str, Any]]: ...
+    async def get(self, namespace: str, name: str) -> dict[str, Any]: ...
+    async def signal(self, namespace: str, name: str, action: str, reason: str | None) -> None: ...
+    async def delete(self, namespace: str, name: str) -> None: ...
+    def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
+    async def close(self) -> None: ...
+
+
+class EmbeddedTarget:
+    def __init__(self, api: str) -> None:
+        self.where = f"the embedded stack at {api}"
+        self.http = httpx.AsyncClient(base_url=api, timeout=httpx.Timeout(60.0, connect=5.0))
+
+    @classmethod
+    def from_state(cls, state_dir: Path, api: str | None) -> "EmbeddedTarget":
+        if api is None:
+            info = state_dir / "dev.json"
+            if not info.is_file():
+                raise CliError(f"no embedded stack: {info} is missing. Start one with `ksquad dev` "
+                               "(or pass --kubeconfig to use a cluster)")  # fmt: skip
+            api = str(json.loads(info.read_text())["api"])
+        return cls(api)
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
+        try:
+            response = await self.http.request(method, url, **kwargs)
+        except httpx.TransportError as err:
+            raise CliError(
+                f"{self.where} does not answer ({type(err).__name__}); is `ksquad dev` running?"
+            ) from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = {"error": response.text}
+            raise CliError(body.get("error") or f"HTTP {response.status_code}", body.get("problems"))
+        return response.json()
+
+    async def apply(self, docs: list[Any]) -> list[dict[str, str]]:
+        result: list[dict[str, str]] = (await self._call("POST", "/apply", json={"documents": docs}))[
+            "applied"
+        ]
+        return result
+
+    async def list(self, namespace: str | None) -> list[dict[str, Any]]:
+        params = {"namespace": namespace} if namespace else {}
+        items: list[dict[str, Any]] = (await self._call("GET", "/runs", params=params))["items"]
+        return items
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        run: dict[str, Any] = await self._call("GET", f"/runs/{namespace}/{name}")
+        return run
+
+    async def signal(self, namespace: str, name: str, action: str, reason: str | None) -> None:
+        await self._call("POST", f"/runs/{namespace}/{name}/{action}", json={"reason": reason})
+
+    async def delete(self, namespace: str, name: str) -> None:
+        await self._call("DELETE", f"/runs/{namespace}/{name}")
+
+    async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
+        """The run's events (server-sent), resuming after the last one seen if the connection drops."""
+        while True:
+            try:
+                async with self.http.stream("GET", f"/runs/{namespace}/{name}/events",
+                                            headers={"Last-Event-ID": str(after)},
+                                            timeout=httpx.Timeout(10.0, read=60.0)) as response:  # fmt: skip
+                    if response.status_code >= 400:
+                        await response.aread()
+                        raise CliError(response.json().get("error") or f"HTTP {response.status_code}")
+                    kind, data = "message", ""
+                    async for line in response.aiter_lines():
+                        if line.startswith("event:"):
+                            kind = line.removeprefix("event:").strip()
+                        elif line.startswith("data:"):
+                            data = line.removeprefix("data:").strip()
+                        elif not line and data:
+                            payload = json.loads(data)
+                            if kind == "end":
+                                return
+                            after = int(payload.get("seq") or after)
+                            yield payload
+                            kind, data = "message", ""
+            except (httpx.TransportError, httpx.StreamError):
+                await asyncio.sleep(1.0)  # the stack restarting: go on from the last event seen
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+class ClusterTarget:
+    def __init__(self, kubeconfig: str | None) -> None:
+        try:
+            self.kube = Kube(Config.load(kubeconfig))
+        except FileNotFoundError as err:
+            raise CliError(str(err)) from None
+        self.where = f"the cluster at {self.kube.config.server}"
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await getattr(self.kube, method)(*args, **kwargs)
+        except ApiError as err:
+            if err.status == 404:
+                raise CliError(str(err.message) or "not found") from None
+            raise CliError(f"{err.reason}: {err.message}") from None
+        except Unreachable as err:
+            raise CliError(f"{self.where} does not answer: {err}") from None
+
+    async def apply(self, docs: list[Any]) -> list[dict[str, str]]:
+        results = []
+        for doc in docs:
+            if not isinstance(doc, dict) or doc.get("kind") not in PLURALS:
+                raise CliError(f"not a ksquad.io object: {str(doc)[:80]}")
+            meta = doc.get("metadata") or {}
+            namespace = meta.get("namespace") or self.kube.config.namespace
+            url = path(API_VERSION, PLURALS[doc["kind"]], namespace, meta.get("name"))
+            body = {**doc, "metadata": {**meta, "namespace": namespace}}
+            obj = await self._call("patch", url, body, kind="apply", field_manager="ksquad-cli", force=True)
+            action = "created" if obj["metadata"].get("generation") == 1 else "configured"
+            results.append(
+                {"kind": doc["kind"], "namespace": namespace, "name": meta.get("name"), "action": action}
+            )
+        return results
+
+    async def list(self, namespace: str | None) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = (await self._call("list", path(API_VERSION, "runs", namespace)))[
+            "items"
+        ]
+        return items
+
+    async def get(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            run: dict[str, Any] = await self.kube.get(path(API_VERSION, "runs", namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                raise CliError(f'run "{namespace}/{name}" not found') from None
+            raise CliError(f"{err.reason}: {err.message}") from None
+        return run
+
+    async def signal(self, namespace: str, name: str, action: str, reason: str | None) -> None:
+        """The bridge forwards these annotations as the workflow's signals."""
+        await self.get(namespace, name)
+        annotations: dict[str, str | None] = {
+            "cancel": {CANCEL_ANNOTATION: reason or "ksquad runs cancel"},
+            "pause": {PAUSE_ANNOTATION: reason or "ksquad runs pause"},
+            "resume": {PAUSE_ANNOTATION: None},
+        }[action]  # type: ignore[assignment]
+        await self._call(
+            "patch", path(API_VERSION, "runs", namespace, name), {"metadata": {"annotations": annotations}}
+        )
+
+    async def delete(self, namespace: str, name: str) -> None:
+        await self.get(namespace, name)
+        await self._call("delete", path(API_VERSION, "runs", namespace, name))
+
+    async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
+        """Phase changes, read from the Run's status (the cluster keeps no per-run event log for the CLI)."""
+        seen = after
+        while True:
+            run = await self.get(namespace, name)
+            status = run.get("status") or {}
+            revision = int(status.get("revision") or 0)
+            if revision > seen and status.get("phase"):
+                seen = revision
+                reason, message = status.get("reason"), status.get("message")
+                yield {"seq": revision, "kind": "phase",
+                       "message": f"{status['phase']}" + (f" ({reason})" if reason else "") + (f": {message}" if message else ""),
+                       "data": {"phase": status["phase"], "reason": reason, "message": message,
+                                "resumeAt": status.get("resumeAt"), "attempt": status.get("attempt")}}  # fmt: skip
+            if Phase(status.get("phase") or "Pending").terminal:
+                return
+            await asyncio.sleep(1.0)
+
+    async def close(self) -> None:
+        await self.kube.close()
