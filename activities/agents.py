@@ -268,6 +268,8 @@ class Invocation:
                 self.progress.task_id = str(duplicate_of)
                 events = self._follow(await self._get(str(duplicate_of)))
                 continue
+            if final.status.state == TaskState.TASK_STATE_COMPLETED:
+                await self._catch_up_artifacts(final)
             return self._outcome(final)
 
     # --- finding, sending, following ----------------------------------------------------------------------
@@ -401,9 +403,7 @@ class Invocation:
         texts = get_text_parts(list(artifact.parts))
         if name == OUTPUTS_ARTIFACT:
             for part in data:
-                if isinstance(part, dict):
-                    for key, value in list(part.items())[:MAX_OUTPUTS]:
-                        self.progress.outputs[str(key)] = str(value)[:MAX_OUTPUT_VALUE]
+                self._take_outputs(part)
             return
         content = ("\n".join(texts) if texts else json.dumps(data)).encode()
         if len(content) > MAX_ARTIFACT_BYTES:
@@ -415,6 +415,20 @@ class Invocation:
                                                    content=content, work_item_ref=self.identity.work_item_ref))  # fmt: skip
         self.progress.artifacts.append(Artifact(name=name, media_type=media_type, size=len(content),
                                                 uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}"))  # fmt: skip
+
+    def _take_outputs(self, outputs: Any) -> None:
+        if isinstance(outputs, dict):
+            for key, value in list(outputs.items())[:MAX_OUTPUTS]:
+                self.progress.outputs[str(key)] = str(value)[:MAX_OUTPUT_VALUE]
+
+    async def _catch_up_artifacts(self, task: Task) -> None:
+        """A task read whole (found again after a restart, or probed after a broken stream) carries artifacts
+        whose stream events this call never saw."""
+        seen = {a.name for a in self.progress.artifacts}
+        for artifact in task.artifacts:
+            name = artifact.name or artifact.artifact_id
+            if name == OUTPUTS_ARTIFACT or name not in seen:
+                await self._record_artifact(artifact)
 
     async def _fenced(self, write: Any) -> None:
         try:
@@ -431,6 +445,8 @@ class Invocation:
         text = get_message_text(task.status.message) if task.status.message.parts else ""
         metadata = {**struct(task.metadata), **struct(task.status.message.metadata)}
         if state == TaskState.TASK_STATE_COMPLETED:
+            if not self.progress.outputs:
+                self._take_outputs(metadata.get(OUTPUTS_ARTIFACT))
             return AgentResult(task_id=task.id, outputs=self.progress.outputs, artifacts=self.progress.artifacts,
                                summary=text[:500])  # fmt: skip
         pause = TaskPause(task_id=task.id, context_id=task.context_id, message=text[:2000])

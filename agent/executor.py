@@ -263,7 +263,11 @@ class KsquadAgentExecutor(AgentExecutor):
             [new_data_part({"answer": text[:MAX_OUTPUT_CHARS]})], name=OUTPUTS_ARTIFACT
         )
         self.stats.completed += 1
-        await updater.complete(self._text(updater, text[:MAX_OUTPUT_CHARS]))
+        # The outputs ride on the final message too: a caller that reconnects after the task ended reads the
+        # task whole, and the artifacts of a task no one was streaming are not always in it.
+        outputs = {"answer": text[:MAX_OUTPUT_CHARS]}
+        await updater.complete(updater.new_agent_message([new_text_part(text[:MAX_OUTPUT_CHARS])],
+                                                         metadata={OUTPUTS_ARTIFACT: outputs}))  # fmt: skip
 
     async def _keepalive(self, work: Awaitable[T], updater: TaskUpdater, model: Model) -> T:
         """Await the model, reporting every KEEPALIVE_SECONDS that the agent is alive and waiting."""

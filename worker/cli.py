@@ -29,9 +29,6 @@ from typing import Any
 
 import yaml
 
-from worker.demo import run_demo
-from worker.dev import DevOptions, dev_stack, serve
-from worker.hello import hello
 from worker.targets import CliError, ClusterTarget, EmbeddedTarget, Target
 from workflows.status import Phase
 
@@ -226,7 +223,7 @@ async def runs_command(args: argparse.Namespace) -> int:
             await target.delete(namespace, name)
             result = {"run": f"{namespace}/{name}", "deleted": True}
         else:
-            await target.signal(namespace, name, action, args.reason)
+            await target.signal(namespace, name, action, getattr(args, "reason", None))
             result = {"run": f"{namespace}/{name}", "signal": action}
         print(json.dumps(result) if as_json else f"run {namespace}/{name}: {action} sent"
               if action != "delete" else f"run {namespace}/{name} deleted")  # fmt: skip
@@ -236,9 +233,13 @@ async def runs_command(args: argparse.Namespace) -> int:
 
 
 async def dev_command(args: argparse.Namespace) -> int:
+    # Imported here: the stack's modules take a second to import, and the runs commands need none of them.
+    from worker.demo import run_demo
+    from worker.dev import DevOptions, dev_stack, serve
+
     options = DevOptions(state_dir=args.state_dir, scripted_model=args.demo)
     for port in ("temporal_port", "ui_port", "api_port", "model_port"):
-        if getattr(args, port):
+        if getattr(args, port) is not None:
             setattr(options, port, getattr(args, port))
     if not args.demo:
         return await serve(options)
@@ -250,6 +251,12 @@ async def dev_command(args: argparse.Namespace) -> int:
         code = await run_demo(dev)
     print(f"demo finished in {time.monotonic() - t0:.0f}s")
     return code
+
+
+async def hello_command(args: argparse.Namespace) -> int:
+    from worker.hello import hello
+
+    return await hello(args.keep, args.state_dir)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -308,13 +315,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if getattr(args, "reason", None) is None and hasattr(args, "reason"):
-        args.reason = None
     try:
         if args.command == "dev":
             code = asyncio.run(dev_command(args))
         elif args.command == "hello":
-            code = asyncio.run(hello(args.keep, args.state_dir))
+            code = asyncio.run(hello_command(args))
         else:
             code = asyncio.run(runs_command(args))
     except CliError as err:

@@ -42,7 +42,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def preferred_port(port: int, host: str = "127.0.0.1") -> int:
-    """`port` when it is free (a stable, documented address), else any free port."""
+    """`port` when it is free (a stable, documented address), else any free port (0: any)."""
+    if port == 0:
+        return free_port(host)
     try:
         with socket.socket() as s:
             s.bind((host, port))

@@ -1,0 +1,224 @@
+"""The `ksquad` CLI against the embedded stack (`ksquad dev` in its own process): every command, its `-o json`
+output, and its errors (an unknown run, an invalid manifest, no stack to talk to)."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.client import Client
+
+from tests.support.dev import DevProcess, ksquad
+from workflows.codec import ENCODING
+
+AGENT = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "cli-agent"},
+         "spec": {"modelEndpointRef": "local", "systemPrompt": "You answer tersely."}}  # fmt: skip
+
+
+def run_doc(name: str, model: str, **spec: object) -> dict[str, object]:
+    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name},
+            "spec": {"agents": ["cli-agent"], "model": model, "inputs": {"task": f"task of {name}"}, **spec}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+async def dev(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevProcess]:
+    stack = DevProcess(tmp_path_factory.mktemp("dev-cli"))
+    await stack.start()
+    model = stack.info["model"].removesuffix("/v1")
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"{model}/_script", json={"models": {
+            "quick": [{"delay": 0.3, "text": "quick answer"}],
+            "slow": [{"delay": 600, "text": "never"}],
+        }})  # fmt: skip
+        response.raise_for_status()
+    try:
+        yield stack
+    finally:
+        assert await stack.stop() == 0, "Ctrl-C stops it cleanly"
+        stack.kill_leftover_agents()
+
+
+def write(path: Path, *docs: object) -> str:
+    path.write_text(yaml.safe_dump_all(docs))
+    return str(path)
+
+
+async def test_run_then_list_get_and_watch_a_run_to_success(dev: DevProcess, tmp_path: Path) -> None:
+    applied = await dev.cli(
+        "run", "-f", write(tmp_path / "quick.yaml", AGENT, run_doc("quick-1", "quick")), "-o", "json"
+    )
+    assert applied.code == 0, applied.err
+    assert {(a["kind"], a["name"], a["action"]) for a in applied.json()["applied"]} >= {
+        ("Run", "quick-1", "created")
+    }
+
+    watched = await dev.cli("runs", "watch", "quick-1", "-o", "json")
+    assert watched.code == 0, watched.err
+    events = [yaml.safe_load(line) for line in watched.out.splitlines()]
+    phases = [e["data"]["phase"] for e in events if e["kind"] == "phase"]
+    assert phases == ["Pending", "Claiming", "Running", "Succeeded"], phases
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events), "events arrive in order"
+    assert any(e["kind"] != "phase" for e in events), "the agent's progress is in the stream"
+
+    listed = await dev.cli("runs", "list", "-o", "json")
+    assert listed.code == 0, listed.err
+    [item] = [i for i in listed.json()["items"] if i["metadata"]["name"] == "quick-1"]
+    assert item["status"]["phase"] == "Succeeded"
+    table = await dev.cli("runs", "list")
+    assert table.out.splitlines()[0].split() == [
+        "NAMESPACE",
+        "NAME",
+        "PHASE",
+        "REASON",
+        "ATTEMPT",
+        "AGENT",
+        "AGE",
+    ]
+    assert any(line.split()[:3] == ["default", "quick-1", "Succeeded"] for line in table.out.splitlines())
+
+    got = await dev.run_json("quick-1")
+    assert got["status"]["outputs"] == {"answer": "quick answer"}
+    assert got["status"]["workflow"]["id"] == "default/quick-1"
+    assert got["status"]["triggeredBy"], "the local user is recorded"
+    as_yaml = await dev.cli("runs", "get", "quick-1", "-o", "yaml")
+    assert yaml.safe_load(as_yaml.out)["status"]["phase"] == "Succeeded"
+    described = await dev.cli("runs", "describe", "default/quick-1")
+    assert "phase:    Succeeded" in described.out and "output answer: quick answer" in described.out
+
+    human = await dev.cli("runs", "watch", "quick-1")  # a finished run: its story, then its summary
+    assert "Succeeded" in human.out and "Run default/quick-1" in human.out
+
+
+async def test_pause_resume_cancel_and_delete_steer_a_running_run(dev: DevProcess, tmp_path: Path) -> None:
+    assert (
+        await dev.cli("run", "-f", write(tmp_path / "slow.yaml", AGENT, run_doc("slow-1", "slow")))
+    ).code == 0
+    await dev.wait_phase("slow-1", {"Running"})
+
+    paused = await dev.cli("runs", "pause", "slow-1", "--reason", "a look first", "-o", "json")
+    assert paused.code == 0, paused.err
+    assert paused.json() == {"run": "default/slow-1", "signal": "pause"}
+    run = await dev.wait_phase("slow-1", {"Paused"})
+    assert run["status"]["attempt"] == 1
+
+    assert (await dev.cli("runs", "resume", "slow-1")).code == 0
+    run = await dev.wait_phase("slow-1", {"Running"})
+    assert run["status"]["attempt"] == 2, "resuming dispatches a new attempt"
+
+    cancelled = await dev.cli("runs", "cancel", "slow-1", "--reason", "not needed", "-o", "json")
+    assert cancelled.json() == {"run": "default/slow-1", "signal": "cancel"}
+    run = await dev.wait_phase("slow-1", {"Cancelled"})
+    assert run["status"]["message"] == "not needed"
+    assert not dev.leftover_agents(), "the cancelled run's sandbox is gone"
+
+    deleted = await dev.cli("runs", "delete", "slow-1", "-o", "json")
+    assert deleted.json() == {"run": "default/slow-1", "deleted": True}
+    listed = await dev.cli("runs", "list", "-o", "json")
+    assert "slow-1" not in [i["metadata"]["name"] for i in listed.json()["items"]]
+
+
+@pytest.mark.parametrize("command", ["get", "describe", "watch", "cancel", "pause", "resume", "delete"])
+async def test_an_unknown_run_is_an_error_naming_it(dev: DevProcess, command: str) -> None:
+    result = await dev.cli("runs", command, "nope", "-n", "elsewhere", "-o", "json")
+    assert result.code == 1
+    assert result.err.strip() == 'Error: run "elsewhere/nope" not found'
+    assert result.out == ""
+
+
+async def test_an_invalid_manifest_is_refused_whole_with_each_field_named(
+    dev: DevProcess, tmp_path: Path
+) -> None:
+    bad_run = run_doc("bad-1", "quick", retryPolicy={"maxRetries": 50})
+    bad_agent = {**AGENT, "metadata": {"name": "Not_A_Name"}}
+    result = await dev.cli("run", "-f", write(tmp_path / "bad.yaml", bad_run, bad_agent, {"kind": "Pod"}))
+    assert result.code == 1
+    assert (
+        "document 1 (Run bad-1): spec.retryPolicy.maxRetries: Input should be less than or equal to 20"
+        in result.err
+    )
+    assert "document 2 (Agent Not_A_Name): metadata.name: String should match pattern" in result.err
+    assert "document 3: apiVersion: ksquad.io/v1alpha1 expected" in result.err
+    listed = await dev.cli("runs", "list", "-o", "json")
+    assert "bad-1" not in [i["metadata"]["name"] for i in listed.json()["items"]], "nothing of it was applied"
+    missing = await dev.cli("run", "-f", str(tmp_path / "absent.yaml"))
+    assert missing.code == 1 and "cannot read" in missing.err
+
+
+async def test_server_sent_events_replay_after_the_last_event_id(dev: DevProcess, tmp_path: Path) -> None:
+    assert (
+        await dev.cli("run", "-f", write(tmp_path / "q.yaml", AGENT, run_doc("quick-2", "quick")))
+    ).code == 0
+    await dev.wait_phase("quick-2", {"Succeeded"})
+    async with httpx.AsyncClient(base_url=dev.info["api"]) as http:
+        whole = (await http.get("/runs/default/quick-2/events")).text
+        replayed = (await http.get("/runs/default/quick-2/events", headers={"Last-Event-ID": "2"})).text
+    ids = [int(line[4:]) for line in whole.splitlines() if line.startswith("id: ")]
+    assert ids == list(range(1, len(ids) + 1)), "every event, numbered from 1"
+    assert [int(line[4:]) for line in replayed.splitlines() if line.startswith("id: ")] == ids[2:]
+    assert whole.rstrip().endswith('event: end\ndata: {"phase": "Succeeded"}')
+
+
+async def test_without_a_stack_the_cli_says_how_to_start_one(tmp_path: Path) -> None:
+    result = await ksquad(tmp_path, "runs", "list")
+    assert result.code == 1
+    assert "no embedded stack" in result.err and "ksquad dev" in result.err
+
+
+def payloads_in(message: Message) -> list[Payload]:
+    """Every Payload anywhere in a history event (fields, lists and maps)."""
+    found: list[Payload] = []
+    for field, value in message.ListFields():
+        if field.type != field.TYPE_MESSAGE:
+            continue
+        if field.message_type.GetOptions().map_entry:
+            items = list(value.values())
+        else:
+            items = [value] if isinstance(value, Message) else list(value)
+        for item in items:
+            if isinstance(item, Payload):
+                found.append(item)
+            elif isinstance(item, Message):
+                found += payloads_in(item)
+    return found
+
+
+async def test_history_holds_no_input_or_prompt_in_clear_and_the_codec_endpoint_decodes_it(
+    dev: DevProcess, tmp_path: Path
+) -> None:
+    secret_task, secret_prompt = "TASK-MARKER-7f3a: fix the ledger", "PROMPT-MARKER-91c2: be careful"
+    agent = {
+        **AGENT,
+        "metadata": {"name": "codec-agent"},
+        "spec": {"modelEndpointRef": "local", "systemPrompt": secret_prompt},
+    }
+    run = run_doc("codec-1", "quick", agents=["codec-agent"], inputs={"task": secret_task})
+    assert (await dev.cli("run", "-f", write(tmp_path / "codec.yaml", agent, run))).code == 0
+    await dev.wait_phase("codec-1", {"Succeeded"})
+
+    plain = await Client.connect(dev.info["temporal"])  # no codec: what the server stores and shows
+    history = await plain.get_workflow_handle("default/codec-1").fetch_history()
+    raw = b"".join(event.SerializeToString() for event in history.events)
+    assert b"TASK-MARKER-7f3a" not in raw and b"PROMPT-MARKER-91c2" not in raw
+    assert b"cli-agent" not in raw and b"quick answer" not in raw, "results are encrypted too"
+    payloads = [p for e in history.events for p in payloads_in(e) if p.metadata.get("encoding") == ENCODING]
+    assert len(payloads) >= 5
+
+    body = json_format.MessageToJson(Payloads(payloads=payloads))
+    token = (dev.state / "codec.token").read_text().strip()
+    async with httpx.AsyncClient(base_url=dev.info["codecEndpoint"]) as http:
+        refused = await http.post("/decode", content=body, headers={"Content-Type": "application/json"})
+        assert refused.status_code == 401
+        decoded = await http.post("/decode", content=body, headers={"Authorization": f"Bearer {token}"})
+        assert decoded.status_code == 200
+        clear = b"".join(p.data for p in json_format.Parse(decoded.text, Payloads()).payloads)
+        assert b"TASK-MARKER-7f3a" in clear and b"PROMPT-MARKER-91c2" in clear
+        ui = await http.post("/decode", content=body, headers={"Origin": dev.info["ui"]})
+        assert ui.status_code == 200 and ui.headers["access-control-allow-origin"] == dev.info["ui"]
+        other = await http.post("/decode", content=body, headers={"Origin": "http://evil.example"})
+        assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
+    key = (dev.state / "codec.key").read_text().strip()
+    assert key not in dev.log.read_text(), "the codec key is never logged"
