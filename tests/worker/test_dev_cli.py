@@ -172,7 +172,7 @@ def payloads_in(message: Message) -> list[Payload]:
     """Every Payload anywhere in a history event (fields, lists and maps)."""
     found: list[Payload] = []
     for field, value in message.ListFields():
-        if field.type != field.TYPE_MESSAGE:
+        if field.type != field.TYPE_MESSAGE or field.message_type is None:
             continue
         if field.message_type.GetOptions().map_entry:
             items = list(value.values())
