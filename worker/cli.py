@@ -232,11 +232,28 @@ async def runs_command(args: argparse.Namespace) -> int:
         await target.close()
 
 
+def log_to_file(path: Path) -> None:
+    """The stack's log in full goes to `path`; the terminal gets warnings, without the tracebacks of activity
+    failures the workflows handle (a 429 is news in the run's events, not a stack trace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(path)
+    to_file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for handler in root.handlers:
+        handler.setLevel(logging.WARNING)
+        handler.addFilter(lambda record: not record.name.startswith("temporalio.activity"))
+    root.addHandler(to_file)
+    for noisy in ("httpx", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 async def dev_command(args: argparse.Namespace) -> int:
     # Imported here: the stack's modules take a second to import, and the runs commands need none of them.
     from worker.demo import run_demo
     from worker.dev import DevOptions, dev_stack, serve
 
+    log_to_file(args.state_dir / "dev.log")
     options = DevOptions(state_dir=args.state_dir, scripted_model=args.demo)
     for port in ("temporal_port", "ui_port", "api_port", "model_port"):
         if getattr(args, port) is not None:

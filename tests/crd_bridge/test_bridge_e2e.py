@@ -9,6 +9,7 @@ from typing import Any
 from kube import path
 from tests.crd_bridge.conftest import RUN_API, StackFactory
 from tests.support.agents import ModelEndpoint
+from tests.support.dev import ksquad
 from workflows import search_attributes as sa
 
 SEED = Path(__file__).parents[2] / "examples" / "fix-flaky-tests.yaml"
@@ -180,3 +181,42 @@ async def wait_for(predicate: Any, what: str, within: float = 60) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_the_ksquad_cli_applies_lists_pauses_resumes_and_cancels_runs_on_a_cluster(
+    start_stack: StackFactory, model: ModelEndpoint, tmp_path: Path
+) -> None:
+    model.script("dev-model", {"delay": 120, "text": "never"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model))
+    manifest = tmp_path / "run.yaml"
+    manifest.write_text(
+        json.dumps({**run_doc("cli-run"), "metadata": {"name": "cli-run", "namespace": stack.namespace}})
+    )
+    on_cluster = ("--kubeconfig", str(stack.cluster.admin_kubeconfig))
+
+    applied = await ksquad(tmp_path, "run", "-f", str(manifest), *on_cluster, "-o", "json")
+    assert applied.code == 0, applied.err
+    assert applied.json()["applied"] == [
+        {"kind": "Run", "namespace": stack.namespace, "name": "cli-run", "action": "created"}
+    ]
+    await stack.wait_phase("cli-run", {"Running"})
+    listed = await ksquad(tmp_path, "runs", "list", "-n", stack.namespace, *on_cluster, "-o", "json")
+    assert [i["metadata"]["name"] for i in listed.json()["items"]] == ["cli-run"]
+
+    assert (await ksquad(tmp_path, "runs", "pause", f"{stack.namespace}/cli-run", *on_cluster)).code == 0
+    await stack.wait_phase("cli-run", {"Paused"})
+    assert (await ksquad(tmp_path, "runs", "resume", f"{stack.namespace}/cli-run", *on_cluster)).code == 0
+    run = await stack.wait_phase("cli-run", {"Running"})
+    assert run["status"]["attempt"] == 2
+    cancelled = await ksquad(
+        tmp_path, "runs", "cancel", f"{stack.namespace}/cli-run", "--reason", "done here", *on_cluster
+    )
+    assert cancelled.code == 0, cancelled.err
+    run = await stack.wait_phase("cli-run", {"Cancelled"})
+    assert run["status"]["message"] == "done here"
+    got = await ksquad(tmp_path, "runs", "get", f"{stack.namespace}/cli-run", *on_cluster, "-o", "json")
+    assert got.json()["status"]["phase"] == "Cancelled"
+
+    unknown = await ksquad(tmp_path, "runs", "get", f"{stack.namespace}/nope", *on_cluster)
+    assert unknown.code == 1 and unknown.err.strip() == f'Error: run "{stack.namespace}/nope" not found'

@@ -221,4 +221,5 @@ async def test_history_holds_no_input_or_prompt_in_clear_and_the_codec_endpoint_
         other = await http.post("/decode", content=body, headers={"Origin": "http://evil.example"})
         assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
     key = (dev.state / "codec.key").read_text().strip()
-    assert key not in dev.log.read_text(), "the codec key is never logged"
+    for log in (dev.log, dev.state / "dev.log"):
+        assert key not in log.read_text(), f"the codec key is never logged ({log})"

@@ -41,3 +41,22 @@ capabilities:
   valueFrom: {secretKeyRef: {name: {{ .Values.temporal.apiKeySecret.name }}, key: {{ .Values.temporal.apiKeySecret.key }}}}
 {{- end }}
 {{- end -}}
+
+{{- define "ksquad.codecEnv" -}}
+{{- if .Values.codec.keySecret.name }}
+- {name: KSQUAD_CODEC_KEY_FILE, value: /var/run/ksquad/codec/{{ .Values.codec.keySecret.key }}}
+{{- end }}
+{{- end -}}
+
+{{- define "ksquad.codecMount" -}}
+{{- if .Values.codec.keySecret.name }}
+- {name: codec-key, mountPath: /var/run/ksquad/codec, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "ksquad.codecVolume" -}}
+{{- if .Values.codec.keySecret.name }}
+- name: codec-key
+  secret: {secretName: {{ .Values.codec.keySecret.name }}, defaultMode: 0440}
+{{- end }}
+{{- end -}}
