@@ -47,3 +47,24 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
     assert {(d["kind"], d["metadata"].get("namespace")) for d in docs if d["kind"] in ("Role", "NetworkPolicy")} >= {
         ("Role", "payments"), ("Role", "search"), ("NetworkPolicy", "payments"), ("NetworkPolicy", "search")}  # fmt: skip
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], "nothing cluster-wide"
+
+
+def test_the_codec_key_is_mounted_from_its_secret_into_every_process_that_talks_to_temporal() -> None:
+    with_codec = chart.render({**VALUES, "codec": {"keySecret": {"name": "ksquad-codec", "key": "key"}}})
+    for deployment in (d for d in with_codec if d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["KSQUAD_CODEC_KEY_FILE"] == "/var/run/ksquad/codec/key"
+        assert {"name": "codec-key", "mountPath": "/var/run/ksquad/codec", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "codec-key"]
+        assert volume["secret"] == {"secretName": "ksquad-codec", "defaultMode": 0o440}, (
+            "referenced, never copied"
+        )
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    without = chart.render(VALUES)
+    for deployment in (d for d in without if d["kind"] == "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "KSQUAD_CODEC_KEY_FILE" not in {e["name"] for e in container["env"]}
