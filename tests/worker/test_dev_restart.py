@@ -1,4 +1,5 @@
-"""`ksquad dev` killed (SIGKILL) in the middle of a run and started again: the run finishes, once.
+"""`ksquad dev` killed (SIGKILL) or stopped (Ctrl-C) in the middle of a run and started again: the run
+finishes, once.
 
 The model here is the test's own scripted server (`OPENAI_BASE_URL`), so it outlives the stack as a real
 provider would; the local agent outlives it too, as a sandbox Job outlives a worker pod."""
@@ -6,6 +7,7 @@ provider would; the local agent outlives it too, as a sandbox Job outlives a wor
 import asyncio
 from pathlib import Path
 
+import pytest
 import yaml
 from temporalio.client import Client
 
@@ -20,8 +22,9 @@ DOCS = [
 ]  # fmt: skip
 
 
-async def test_dev_killed_mid_run_and_restarted_finishes_the_run_and_nothing_runs_twice(
-    model: ModelEndpoint, tmp_path: Path
+@pytest.mark.parametrize("stop", ["SIGKILL", "Ctrl-C"])
+async def test_dev_stopped_mid_run_and_restarted_finishes_the_run_and_nothing_runs_twice(
+    model: ModelEndpoint, tmp_path: Path, stop: str
 ) -> None:
     model.script("thoughtful", {"delay": 6, "text": "answered once"})
     dev = DevProcess(tmp_path, env={"OPENAI_BASE_URL": model.url, "OPENAI_API_KEY": "sk-test-dev"})
@@ -36,9 +39,12 @@ async def test_dev_killed_mid_run_and_restarted_finishes_the_run_and_nothing_run
             await asyncio.sleep(0.1)
         assert model.state.in_flight == 1
 
-        dev.kill()
-        assert dev.process is not None
-        await dev.process.wait()
+        if stop == "SIGKILL":
+            dev.kill()
+            assert dev.process is not None
+            await dev.process.wait()
+        else:
+            assert await dev.stop() == 0, "Ctrl-C stops it cleanly"
         assert len(dev.leftover_agents()) == 1, "the run's agent goes on without the stack"
 
         await dev.start()
