@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint pytest venv testbins postgres-server clean
+.PHONY: demo test bench lint pytest venv testbins postgres-server clean
 
 venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml
@@ -37,6 +37,10 @@ pytest: venv testbins postgres-server
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint pytest
+
+# Every benchmark, into bench/results/<date>.json and a table against the targets (BENCH_ARGS=--quick: minutes).
+bench: venv testbins postgres-server
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .ksquad .mypy_cache .ruff_cache .pytest_cache

@@ -70,6 +70,7 @@ class DevOptions:
     model_port: int = MODEL_PORT
     model_script: dict[str, Any] | None = None  # for the scripted model (default MODEL_SCRIPT)
     scripted_model: bool = False  # the scripted model even when OPENAI_BASE_URL is set (the demo)
+    serve_worker: bool = True  # False: workers are separate `ksquad-worker` processes (bench.throughput)
 
 
 @dataclass
@@ -160,7 +161,8 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         bridge = EmbeddedBridge(objects, model_url, model_name)
         worker = build_worker(client, WORKER_TASK_QUEUE,
                               [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(sandboxes).all()])  # fmt: skip
-        await stack.enter_async_context(worker)
+        if options.serve_worker:
+            await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
         runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
         app = api_app(runs, store, codec, codec_origins=(server.ui_url or "",), codec_token=token)

@@ -1,0 +1,123 @@
+"""`make bench` (`python -m bench`): every benchmark, each in its own process (each starts its own servers),
+into `bench/results/<date>.json`, then a short table of the headline figures against DESIGN.md's targets.
+
+    python -m bench [--quick] [--only overhead,paused]
+
+`--quick` runs each with small counts (minutes, not the half hour of the full set: the paused-scale run of
+10,000 Runs alone takes most of it); the report says which counts were used.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+
+# name -> (full arguments, quick arguments)
+BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
+    "claims": ([], ["--iterations", "200"]),
+    "agent_roundtrip": ([], ["--iterations", "50"]),
+    "sandboxes": ([], ["--runs", "10"]),
+    "bridge": ([], ["--runs", "60", "--rates", "4"]),
+    "overhead": ([], ["--runs", "20", "--batch", "10", "--rounds", "2"]),
+    "throughput": ([], ["--runs", "60"]),
+    "paused": ([], ["--runs", "500"]),
+}
+
+
+def dig(doc: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(doc, dict) or key not in doc:
+            return None
+        doc = doc[key]
+    return doc
+
+
+# (benchmark, figure, how to read it, target, within target?)
+Row = tuple[str, str, Callable[[dict[str, Any]], Any], str, Callable[[Any], bool] | None]
+ROWS: list[Row] = [
+    ("overhead", "run latency ksquad / bare (p50)", lambda d: dig(d, "latency_one_at_a_time", "ratio_p50"),
+     "<= 1.25", lambda v: v <= 1.25),
+    ("overhead", "throughput ksquad / bare", lambda d: dig(d, "throughput_batches", "ksquad_share_of_bare"),
+     ">= 0.8", lambda v: v >= 0.8),
+    ("throughput", "runs/s, 1 worker process", lambda d: dig(d, "1_worker", "runs_per_second"), "", None),
+    ("throughput", "runs/s, 2 worker processes", lambda d: dig(d, "2_workers", "runs_per_second"), "", None),
+    ("paused", "runs paused at once", lambda d: d.get("runs"), "10000", lambda v: v >= 10_000),
+    ("paused", "model calls while paused", lambda d: d.get("model_calls_during_pause"), "0", lambda v: v == 0),
+    ("paused", "resume lateness p99 (ms)", lambda d: dig(d, "resume_lateness", "p99_ms"), "<= 1000",
+     lambda v: v <= 1000),
+    ("paused", "worker RSS while paused (MB)", lambda d: dig(d, "rss_mb_while_paused", "worker", "max"), "<= 300",
+     lambda v: v <= 300),
+    ("paused", "time to drain (s)", lambda d: d.get("seconds_to_drain"), "", None),
+    ("bridge", "apply -> status.phase p50 / p99 (ms), 4/s",
+     lambda d: _pair(dig(d, "4_runs_per_second", "create_to_phase")), "<= 100 / 500",
+     lambda v: v[0] <= 100 and v[1] <= 500),
+    ("bridge", "state change -> mirrored p99 (ms), 4/s",
+     lambda d: dig(d, "4_runs_per_second", "state_change_to_mirrored", "p99_ms"), "<= 500", lambda v: v <= 500),
+    ("sandboxes", "warm claim p50 / p99 (ms)", lambda d: _pair(d.get("warm_claim")), "<= 50 / 200",
+     lambda v: v[0] <= 50 and v[1] <= 200),
+    ("sandboxes", "cold / warm (p50)", lambda d: d.get("cold_over_warm_p50"), ">= 10", lambda v: v >= 10),
+    ("claims", "claim+release / bare (p50), PostgreSQL", lambda d: dig(d, "postgresql", "ratio_p50"), "", None),
+    ("agent_roundtrip", "invoke_agent p50 (ms)", lambda d: dig(d, "invoke_agent", "p50_ms"), "", None),
+]  # fmt: skip
+
+
+def _pair(stats: Any) -> tuple[float, float] | None:
+    return (stats["p50_ms"], stats["p99_ms"]) if isinstance(stats, dict) else None
+
+
+def run(name: str, args: list[str]) -> dict[str, Any]:
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", f"bench.{name}", *args], capture_output=True, text=True)
+    seconds = round(time.monotonic() - t0, 1)
+    if done.returncode != 0:
+        return {"error": f"exit {done.returncode}", "stderr": done.stderr[-4000:], "seconds": seconds}
+    try:
+        doc: dict[str, Any] = json.loads(done.stdout[done.stdout.index("{") :])
+    except ValueError:
+        return {"error": "no JSON report", "stdout": done.stdout[-4000:], "seconds": seconds}
+    return {**doc, "seconds": seconds, "arguments": args}
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'benchmark':<16} {'figure':<44} {'value':>16} {'target':>14}  ok"]
+    for name, figure, read, target, ok in ROWS:
+        doc = results.get(name)
+        if doc is None:
+            continue
+        value = None if "error" in doc else read(doc)
+        shown = doc.get("error", "-") if value is None else (" / ".join(f"{v:g}" for v in value)
+                                                             if isinstance(value, tuple) else f"{value:g}")  # fmt: skip
+        verdict = "" if ok is None or value is None else ("yes" if ok(value) else "NO")
+        lines.append(f"{name:<16} {figure:<44} {shown:>16} {target:>14}  {verdict}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of every benchmark")
+    parser.add_argument("--only", help="comma-separated benchmark names")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(BENCHMARKS)
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        full, quick = BENCHMARKS[name]
+        print(f"bench.{name} ...", file=sys.stderr, flush=True)
+        results[name] = run(name, quick if args.quick else full)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    out = RESULTS / f"{stamp}{'-quick' if args.quick else ''}.json"
+    out.write_text(json.dumps({"at": stamp, "quick": args.quick, "results": results}, indent=2) + "\n")
+    print(table(results))
+    print(f"\nfull results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The embedded stack as the benchmarks use it: `ksquad dev`'s stack in this process (its own state directory and
+free ports), an instant agent (the reference agent as one long-lived process, named by an Agent's `endpoint`,
+so no sandbox boots per run) and the scripted model answering at once."""
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.asgi import free_port
+from worker.binaries import die_with_parent
+from worker.dev import DevOptions, DevStack, dev_stack
+from worker.embedded import LOCAL_CREDENTIAL_SECRET
+from workflows.contract import CredentialRef
+from workflows.status import Phase
+
+NAMESPACE = "bench"
+AGENT = "instant"
+MODEL = "instant"
+
+
+@contextlib.asynccontextmanager
+async def bench_stack(state_dir: Path, script: dict[str, list[dict[str, Any]]] | None = None,
+                      serve_worker: bool = True) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:  # fmt: skip
+    options = DevOptions(state_dir=state_dir, temporal_port=0, ui_port=0, api_port=0, model_port=0,
+                         model_script={"models": script or {MODEL: [{"text": "ok"}]}}, scripted_model=True,
+                         serve_worker=serve_worker)  # fmt: skip
+    async with dev_stack(options) as dev:
+        agent = await start_agent(dev)
+        try:
+            yield dev, agent
+        finally:
+            agent.terminate()
+            agent.wait(10)
+
+
+async def start_agent(dev: DevStack) -> subprocess.Popen[bytes]:
+    port = free_port()
+    env = {**os.environ, CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey").env: "ksquad-dev"}
+    agent = subprocess.Popen([sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=die_with_parent)  # fmt: skip
+    async with httpx.AsyncClient() as http:
+        for _ in range(200):
+            with contextlib.suppress(httpx.TransportError):
+                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                    break
+            await asyncio.sleep(0.05)
+    await dev.runs.apply([{"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent",
+                           "metadata": {"name": AGENT, "namespace": NAMESPACE},
+                           "spec": {"modelEndpointRef": "local", "model": MODEL,
+                                    "endpoint": f"http://127.0.0.1:{port}/"}}])  # fmt: skip
+    return agent
+
+
+def run_docs(prefix: str, count: int, start: int = 0) -> list[dict[str, Any]]:
+    return [{"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": f"{prefix}-{i:05d}", "namespace": NAMESPACE},
+             "spec": {"agents": [AGENT]}} for i in range(start, start + count)]  # fmt: skip
+
+
+async def wait_terminal(dev: DevStack, names: list[str], within: float) -> dict[str, str]:
+    """Phase of each run once every one is terminal (or `within` seconds passed)."""
+    deadline = time.monotonic() + within
+    wanted = set(names)
+    while True:
+        phases = {r.name: (r.status or {}).get("phase", "") for r in await dev.runs.objects.of_kind("Run", NAMESPACE)
+                  if r.name in wanted}  # fmt: skip
+        if (
+            all(Phase(p).terminal for p in phases.values() if p)
+            and len(phases) == len(wanted)
+            and all(phases.values())
+        ):
+            return phases
+        if time.monotonic() > deadline:
+            return phases
+        await asyncio.sleep(0.2)
+
+
+def start_workers(dev: DevStack, count: int) -> list[subprocess.Popen[bytes]]:
+    """`ksquad-worker` processes on the stack's Temporal, SQLite and codec key (the stack serves no worker)."""
+    workers = []
+    for _ in range(count):
+        env = {**os.environ, "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
+               "KSQUAD_DATABASE_URL": f"sqlite:///{dev.state_dir / 'ksquad.db'}", "KSQUAD_SANDBOX_BACKEND": "local",
+               "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"), "KSQUAD_HEALTH_PORT": str(free_port())}  # fmt: skip
+        workers.append(subprocess.Popen([sys.executable, "-m", "worker.main"], env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, preexec_fn=die_with_parent))  # fmt: skip
+    return workers
+
+
+def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        try:
+            worker.wait(20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def until(
+    check: Callable[[], Awaitable[bool]], what: str, within: float = 3600, every: float = 0.2
+) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        if await check():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {within:.0f}s for {what}")
+        await asyncio.sleep(every)

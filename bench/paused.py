@@ -1,0 +1,153 @@
+"""Paused scale: N Runs paused on one rate-limited credential at once, on the embedded stack with one
+`ksquad-worker` process.
+
+The first Run's model call answers 429 with Retry-After; its credential is throttled until then, and every
+other Run on that credential pauses without calling (the CredentialThrottle workflow tells them). Measured:
+- time to get all N paused (they are created in chunks, as fast as the stack takes them);
+- worker and dev-server memory (RSS) while they are paused, sampled every second;
+- model calls during the pause (must be 0: nothing hammers a rate-limited provider);
+- resume lateness: when each run left Paused (the workflow's clock) minus its resumeAt, p99 and max;
+- time to drain: from resumeAt until the last run Succeeded.
+
+    python -m bench.paused [--runs 10000] [--retry-after auto]
+
+`--retry-after auto` sizes the pause from the creation rate seen in a first chunk, so every run is paused
+before the credential's resumeAt (capped at 1 h by the Run workflow).
+"""
+
+import argparse
+import asyncio
+import itertools
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.embedded import NAMESPACE, bench_stack, rss_mb, run_docs, start_workers, stop_workers, until
+from bench.stats import percentiles, report
+from worker.dev import DevStack
+
+LIMITED = "limited"
+CHUNK = 250
+
+
+def limited_docs(prefix: str, count: int, start: int = 0) -> list[dict[str, Any]]:
+    docs = run_docs(prefix, count, start)
+    for doc in docs:
+        doc["spec"]["model"] = LIMITED
+    return docs
+
+
+async def phases(dev: DevStack) -> dict[str, str]:
+    return {
+        r.name: (r.status or {}).get("phase", "") for r in await dev.runs.objects.of_kind("Run", NAMESPACE)
+    }
+
+
+async def main(runs: int, retry_after: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        seconds = 3600 if retry_after == "auto" else int(retry_after)
+        script: dict[str, list[dict[str, Any]]] = {
+            LIMITED: [{"error": 429, "retry_after": str(seconds)}, {"text": "ok"}]
+        }
+        async with bench_stack(Path(tmp), script, serve_worker=False) as (dev, _agent):
+            assert dev.scripted is not None and dev.server.process is not None
+            [worker] = start_workers(dev, 1)
+            try:
+                return await measure(dev, worker.pid, dev.server.process.pid, runs, retry_after)
+            finally:
+                stop_workers([worker])
+
+
+async def measure(
+    dev: DevStack, worker_pid: int, server_pid: int, runs: int, retry_after: str
+) -> dict[str, Any]:
+    assert dev.scripted is not None
+    t0 = time.perf_counter()
+    if retry_after == "auto":  # a first chunk, to see how fast runs are taken, before any 429
+        probe = run_docs("probe", min(CHUNK, runs))
+        await dev.runs.apply(probe)
+
+        async def probed() -> bool:
+            return sum(p == "Succeeded" for p in (await phases(dev)).values()) == len(probe)
+
+        await until(probed, "the probe runs")
+        per_run = (time.perf_counter() - t0) / len(probe)
+        seconds = min(3600, int(per_run * runs * 2.5) + 60)
+        dev.scripted.script[LIMITED][0]["retry_after"] = str(seconds)
+    await dev.runs.apply(limited_docs("p", 1))
+
+    async def first_paused() -> bool:
+        return (await phases(dev)).get("p-00000") == "Paused"
+
+    await until(first_paused, "the first run to pause", within=120)
+    first = await dev.runs.get(NAMESPACE, "p-00000")
+    resume_at = datetime.fromisoformat(str((first.status or {})["resumeAt"]))
+    calls_before = len(dev.scripted.calls)
+    created = time.perf_counter()
+    for start in range(1, runs, CHUNK):
+        await dev.runs.apply(limited_docs("p", min(CHUNK, runs - start), start))
+    rss: dict[str, list[float]] = {"worker": [], "temporal": []}
+    paused_all_at = None
+    while True:
+        current = await phases(dev)
+        mine = {n: p for n, p in current.items() if n.startswith("p-")}
+        rss["worker"].append(rss_mb(worker_pid))
+        rss["temporal"].append(rss_mb(server_pid))
+        if paused_all_at is None and sum(p == "Paused" for p in mine.values()) == runs:
+            paused_all_at = time.perf_counter()
+        if datetime.now(UTC) >= resume_at:
+            break
+        await asyncio.sleep(1.0)
+    calls_during_pause = [c for c in dev.scripted.calls[calls_before:] if c.at < resume_at.timestamp()]
+    drain_deadline = time.perf_counter() + 1800
+    while True:
+        mine = {n: p for n, p in (await phases(dev)).items() if n.startswith("p-")}
+        if sum(p == "Succeeded" for p in mine.values()) == runs or time.perf_counter() > drain_deadline:
+            break
+        rss["worker"].append(rss_mb(worker_pid))
+        rss["temporal"].append(rss_mb(server_pid))
+        await asyncio.sleep(0.5)
+    drained = datetime.now(UTC)
+    lateness, last_done = await resume_lateness(dev, runs)
+    return {
+        "runs": runs,
+        "retry_after_seconds": dev.scripted.script[LIMITED][0]["retry_after"],
+        "seconds_to_pause_all": round(paused_all_at - created, 1) if paused_all_at else None,
+        "all_paused_before_resume_at": paused_all_at is not None,
+        "rss_mb_while_paused": {k: {"max": max(v), "last": v[-1]} for k, v in rss.items() if v},
+        "model_calls_during_pause": len(calls_during_pause),
+        "resume_lateness": percentiles(lateness) if lateness else None,
+        "seconds_to_drain": round(((last_done or drained) - resume_at).total_seconds(), 1),
+        "phases": dict(Counter(mine.values())),
+        "targets": {"model_calls_during_pause": 0, "resume_lateness_p99_ms": 1000, "worker_rss_mb": 300},
+    }
+
+
+async def resume_lateness(dev: DevStack, runs: int) -> tuple[list[float], datetime | None]:
+    """Per run: when it left Paused minus the resumeAt it was paused until (ms); and the last Succeeded time."""
+    lateness, last_done = [], None
+    for run in await dev.runs.objects.of_kind("Run", NAMESPACE):
+        if not run.name.startswith("p-"):
+            continue
+        events = [e.data for e in await dev.store.events(run.uid) if e.kind == "phase"]
+        for paused, after in itertools.pairwise(events):
+            if paused["phase"] == "Paused" and paused.get("resumeAt") and after["phase"] != "Cancelled":
+                left = datetime.fromisoformat(after["at"])
+                lateness.append((left - datetime.fromisoformat(paused["resumeAt"])).total_seconds() * 1000)
+        done = [datetime.fromisoformat(e["at"]) for e in events if e["phase"] == "Succeeded"]
+        if done and (last_done is None or done[-1] > last_done):
+            last_done = done[-1]
+    return lateness, last_done
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--retry-after", default="auto", help="seconds, or auto")
+    args = parser.parse_args()
+    report("paused", asyncio.run(main(args.runs, args.retry_after)))
