@@ -19,6 +19,7 @@ from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
     SLOT_GRANTED,
     SLOT_QUEUED,
+    THROTTLED_UNTIL_MEMO,
     CredentialLimit,
     CredentialState,
     CredentialSubscription,
@@ -30,6 +31,7 @@ from workflows.entity_types import (
 )
 from workflows.model import KsquadModel
 
+PATCH_THROTTLE_MEMO = "throttle-memo"
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
 
@@ -88,6 +90,11 @@ class CredentialThrottleWorkflow:
         if self.state.throttled_until is None or limit.until > self.state.throttled_until:
             self.state.throttled_until = limit.until
         self.state.strikes += 1
+        if workflow.patched(PATCH_THROTTLE_MEMO):
+            # Readable without a workflow task (describe): a run subscribing during the limit learns of it
+            # before its first call, not from a signal that may arrive after it.
+            workflow.upsert_memo({THROTTLED_UNTIL_MEMO: self.state.throttled_until.isoformat(),
+                                  "strikes": self.state.strikes})  # fmt: skip
         others = [r for r in self.state.subscribers if r != limit.run_id]
         self._outbox.append((others, self._notice()))
 

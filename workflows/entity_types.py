@@ -21,6 +21,11 @@ def gate_workflow_id(scope: str) -> str:
     return f"gate/{scope}"
 
 
+THROTTLED_UNTIL_MEMO = (
+    "throttledUntil"  # on a CredentialThrottle workflow: until when its credential is limited
+)
+
+
 class ThrottleNotice(KsquadModel):
     """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row."""
 

@@ -1046,21 +1046,25 @@ class RunWorkflow:
                     keys.append(key)
         for key in keys:
             if key not in self.subscribed:
-                await self._entity_signal(
+                notice = await self._entity_signal(
                     "CredentialThrottle",
                     credential_workflow_id(key),
                     "subscribe",
                     CredentialSubscription(run_id=self._run_id()),
                 )
                 self.subscribed.append(key)
+                if notice is not None:  # limited right now: pause before the first call
+                    self.credential_throttled(notice)
 
-    async def _entity_signal(self, kind: EntityKind, workflow_id: str, signal: str, arg: KsquadModel) -> None:
-        await self._activity(
+    async def _entity_signal(
+        self, kind: EntityKind, workflow_id: str, signal: str, arg: KsquadModel
+    ) -> ThrottleNotice | None:
+        return await self._activity(
             Activity.SIGNAL_WITH_START,
             EntitySignal(
                 workflow=kind, workflow_id=workflow_id, signal=signal, arg=arg.model_dump(mode="json")
             ),
-            None,
+            ThrottleNotice | None,  # type: ignore[arg-type]  # a credential subscription's answer
             timeout=120,
             summary=f"{signal} -> {workflow_id}",
         )

@@ -162,3 +162,27 @@ async def test_runs_sharing_a_credential_pause_together_others_keep_running(
         calls = world.calls_of(Activity.INVOKE_AGENT, run)
         assert len(calls) == 2
         assert calls[1].at >= resume_at, f"{run} made no call before resumeAt"
+
+
+async def test_a_run_starting_while_its_credential_is_limited_pauses_before_its_first_call(
+    client: Client, world: World
+) -> None:
+    world.agents["dev-a"] = agent("dev-a", "shared-key")
+    world.agents["dev-late"] = agent("dev-late", "shared-key")
+    world.scripts["a"] = [rate_limited("600"), ok()]
+    world.scripts["late"] = [ok()]
+    a = await start_run(client, run_input("a", agents=["dev-a"]))
+    paused_a = await world.until_phase("a", "Paused")
+
+    late = await start_run(client, run_input("late", agents=["dev-late"]))
+    paused_late = await world.until_phase("late", "Paused")
+    assert paused_late.pause_reason == PauseReason.RATE_LIMITED
+    assert paused_late.resume_at == paused_a.resume_at, "it learns the limit when it subscribes"
+    assert paused_late.attempt == 0, "paused before its first attempt"
+    assert not world.calls_of(Activity.INVOKE_AGENT, "late"), "no call while the credential is limited"
+    assert not world.calls_of(Activity.ACQUIRE_SANDBOX, "late"), "and no sandbox"
+
+    assert (await late.result()).phase == Phase.SUCCEEDED
+    assert (await a.result()).phase == Phase.SUCCEEDED
+    assert paused_a.resume_at is not None
+    assert world.calls_of(Activity.INVOKE_AGENT, "late")[0].at >= paused_a.resume_at
