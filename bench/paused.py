@@ -18,6 +18,7 @@ before the credential's resumeAt (capped at 1 h by the Run workflow).
 import argparse
 import asyncio
 import itertools
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -96,8 +97,11 @@ async def measure(
         mine = {n: p for n, p in current.items() if n.startswith("p-")}
         rss["worker"].append(rss_mb(worker_pid))
         rss["temporal"].append(rss_mb(server_pid))
-        if paused_all_at is None and sum(p == "Paused" for p in mine.values()) == runs:
+        counts = Counter(mine.values())
+        if paused_all_at is None and counts.get("Paused") == runs:
             paused_all_at = time.perf_counter()
+        if int(time.perf_counter() - created) % 15 == 0:
+            print(f"{time.perf_counter() - created:6.0f}s {dict(counts)}", file=sys.stderr, flush=True)
         if datetime.now(UTC) >= resume_at:
             break
         await asyncio.sleep(1.0)

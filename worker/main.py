@@ -42,7 +42,9 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
         activities = [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(backend).all()]
-        worker = build_worker(client, settings.task_queue, activities)
+        worker = build_worker(
+            client, settings.task_queue, activities, max_cached_workflows=settings.max_cached_workflows
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

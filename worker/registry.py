@@ -36,6 +36,12 @@ WORKFLOW_RUNNER = SandboxedWorkflowRunner(
 )
 
 
+# Each cached workflow keeps its sandbox (its own copies of the workflow modules), a few hundred KB: a worker
+# holding thousands of paused runs would grow without bound. Past this many, the least recently used is evicted
+# and replayed from its history when its timer fires (CPU at resume, instead of memory while paused).
+MAX_CACHED_WORKFLOWS = 300
+
+
 def compile_workflow_modules() -> None:
     """Write the workflow modules' bytecode if it is missing or stale. The sandbox imports a workflow's module
     afresh for every workflow run; without bytecode on disk (PYTHONDONTWRITEBYTECODE, a source-only install)
@@ -54,6 +60,7 @@ def build_worker(
     task_queue: str,
     activities: Sequence[Callable[..., Any]] = (),
     workflows: Sequence[type] = RUN_WORKFLOWS,
+    max_cached_workflows: int = MAX_CACHED_WORKFLOWS,
 ) -> Worker:
     """A worker for `task_queue`: the Run and entity workflows, the entity activities, and `activities`."""
     compile_workflow_modules()
@@ -63,6 +70,7 @@ def build_worker(
         workflows=[*workflows, HelloWorkflow],
         activities=[*entity_activities(client, task_queue), compose_greeting, *activities],
         workflow_runner=WORKFLOW_RUNNER,
+        max_cached_workflows=max_cached_workflows,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )

@@ -3,6 +3,7 @@
 import os
 from dataclasses import dataclass
 
+from worker.registry import MAX_CACHED_WORKFLOWS
 from workflows.activity_types import WORKER_TASK_QUEUE
 
 DEFAULT_DATABASE_URL = "sqlite:///.ksquad/ksquad.db"  # the embedded default; PostgreSQL in production
@@ -18,6 +19,7 @@ class Settings:
     temporal_api_key: str | None = None
     temporal_tls: bool = False
     health_port: int = 8082
+    max_cached_workflows: int = MAX_CACHED_WORKFLOWS
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -29,4 +31,5 @@ class Settings:
             temporal_api_key=os.environ.get("KSQUAD_TEMPORAL_API_KEY") or None,
             temporal_tls=os.environ.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
             health_port=int(os.environ.get("KSQUAD_HEALTH_PORT", cls.health_port)),
+            max_cached_workflows=int(os.environ.get("KSQUAD_MAX_CACHED_WORKFLOWS", cls.max_cached_workflows)),
         )
