@@ -75,8 +75,9 @@ async def measure(
             return sum(p == "Succeeded" for p in (await phases(dev)).values()) == len(probe)
 
         await until(probed, "the probe runs")
+        # Pausing is about two thirds of a whole run's work; leave 30% and two minutes of margin.
         per_run = (time.perf_counter() - t0) / len(probe)
-        seconds = min(3600, int(per_run * runs * 2.5) + 60)
+        seconds = min(3600, int(per_run * 0.7 * runs * 1.3) + 120)
         dev.scripted.script[LIMITED][0]["retry_after"] = str(seconds)
     await dev.runs.apply(limited_docs("p", 1))
 
