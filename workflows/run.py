@@ -196,6 +196,7 @@ class RunWorkflow:
         self.pending_input: str | None = None
         self.references_changed = False
         self.cancel_reason = ""
+        self.pause_message: str | None = None  # the `pause` signal's reason, shown while Paused(Manual)
         self._mirror_task: asyncio.Task[None] | None = None
         self._mirrored_revision = -1
         self._unsent_events: list[PhaseEvent] = []
@@ -211,6 +212,7 @@ class RunWorkflow:
 
     @workflow.signal
     def pause(self, reason: str | None = None) -> None:
+        self.pause_message = reason
         if self.interrupt is None and self.status.phase != Phase.PAUSED:
             self.interrupt = Interrupt.PAUSE
         self.resume_requested = False
@@ -798,7 +800,10 @@ class RunWorkflow:
         self.resume_requested = False
         limit = self.spec.timeouts.paused_seconds
         self._move(
-            Phase.PAUSED, pause_reason=PauseReason.MANUAL, reason="Paused", message="paused by request"
+            Phase.PAUSED,
+            pause_reason=PauseReason.MANUAL,
+            reason="Paused",
+            message=self.pause_message or "paused by request",
         )
         await self._renew_claim_for(workflow.now() + timedelta(seconds=limit))
         await self._wait_signal(lambda: self.resume_requested, limit, "resume", "wait for resume")

@@ -104,6 +104,7 @@ async def test_pause_resume_cancel_and_delete_steer_a_running_run(dev: DevProces
     assert paused.json() == {"run": "default/slow-1", "signal": "pause"}
     run = await dev.wait_phase("slow-1", {"Paused"})
     assert run["status"]["attempt"] == 1
+    assert run["status"]["message"] == "a look first", "the reason given is shown"
 
     assert (await dev.cli("runs", "resume", "slow-1")).code == 0
     run = await dev.wait_phase("slow-1", {"Running"})

@@ -55,6 +55,7 @@ async def test_manual_pause_stops_the_agent_keeps_the_claim_and_resume_starts_a_
     await handle.signal("pause", "maintenance")
     paused = await world.until_phase("r", "Paused")
     assert paused.pause_reason == PauseReason.MANUAL
+    assert paused.message == "maintenance", "the pause's reason is shown"
     assert world.cancelled == ["task-uid-r-a1"]
     assert not world.sandboxes
     assert world.claims["wi-1"][0] == "r", "the claim is kept through the pause"
