@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from temporalio import activity
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -28,7 +28,7 @@ from activities.store.objects import Applied, ObjectStore, StoredObject
 from crd_bridge.activities import status_body
 from crd_bridge.resolve import KINDS, resolve
 from workflows.activity_types import Activity, ResolveRequest
-from workflows.client import start_run
+from workflows.client import CLOSED, start_run
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
 from workflows.spec import API_VERSION, ObjectMeta, RunInput, parse_run_manifest, run_workflow_id
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 LOCAL_MODEL_ENDPOINT = "local"
 LOCAL_CREDENTIAL_SECRET = "local-model"  # its key `apiKey` is OPENAI_API_KEY, handed to local sandboxes
 ALL_KINDS = ("Run", *KINDS)
-CLOSED = {WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
-          WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT}  # fmt: skip
 
 
 class UnknownRun(LookupError):

@@ -11,14 +11,10 @@ from typing import Any, Protocol
 
 import httpx
 
+from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, PLURALS
 from kube import ApiError, Config, Kube, Unreachable, path
 from workflows.spec import API_VERSION
 from workflows.status import Phase
-
-PLURALS = {"Run": "runs", "Agent": "agents", "ModelEndpoint": "modelendpoints", "Tool": "tools",
-           "MCPServer": "mcpservers", "Skill": "skills", "Team": "teams", "Project": "projects"}  # fmt: skip
-CANCEL_ANNOTATION = "ksquad.io/cancel-requested"
-PAUSE_ANNOTATION = "ksquad.io/pause-requested"
 
 
 class CliError(Exception):

@@ -9,7 +9,7 @@ from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
@@ -26,6 +26,8 @@ from workflows.spec import RunInput
 from workflows.status import Phase, RunStatus
 
 CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"
+CLOSED = frozenset({WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
+                    WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT})  # fmt: skip
 
 
 def data_converter(codec: PayloadCodec | None = None) -> DataConverter:

@@ -17,14 +17,13 @@ from temporalio.exceptions import ApplicationError
 
 from crd_bridge.events import RUN_API, EventRecorder
 from crd_bridge.resolve import KINDS, resolve
+from crd_bridge.resources import PLURALS
 from kube import ApiError, Kube, Unreachable, path
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.contract import Resolution
 from workflows.status import StatusSnapshot
 
 log = logging.getLogger(__name__)
-PLURALS = {"Agent": "agents", "ModelEndpoint": "modelendpoints", "Tool": "tools", "MCPServer": "mcpservers",
-           "Skill": "skills", "Team": "teams", "Project": "projects", "Run": "runs"}  # fmt: skip
 
 
 def run_path(namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:

@@ -9,6 +9,14 @@ from pydantic import Field, StringConstraints
 from workflows.model import KsquadModel
 from workflows.spec import K8sName
 
+# The plural (URL) name of each kind.
+PLURALS = {"Run": "runs", "Agent": "agents", "ModelEndpoint": "modelendpoints", "Tool": "tools",
+           "MCPServer": "mcpservers", "Skill": "skills", "Team": "teams", "Project": "projects"}  # fmt: skip
+# Annotations on a Run that the bridge acts on.
+CANCEL_ANNOTATION = "ksquad.io/cancel-requested"  # the `cancel` signal, with its value as the reason
+PAUSE_ANNOTATION = "ksquad.io/pause-requested"  # set: the `pause` signal; removed: `resume`
+TRIGGERED_BY_ANNOTATION = "ksquad.io/triggered-by"  # stamped at admission, immutable
+
 Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^https?://")]
 
 

@@ -22,9 +22,10 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
 from crd_bridge.activities import BridgeActivities, run_path, status_body
+from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, TRIGGERED_BY_ANNOTATION
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
-from workflows.client import start_run
+from workflows.client import CLOSED, start_run
 from workflows.model import InvalidObject
 from workflows.run import RunWorkflow
 from workflows.spec import RunInput, parse_run_spec, run_workflow_id
@@ -33,11 +34,6 @@ from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot, Workf
 log = logging.getLogger(__name__)
 
 FINALIZER = "ksquad.io/workflow"
-CANCEL_ANNOTATION = "ksquad.io/cancel-requested"
-PAUSE_ANNOTATION = "ksquad.io/pause-requested"  # set: the `pause` signal; removed: `resume`
-TRIGGERED_BY_ANNOTATION = "ksquad.io/triggered-by"
-CLOSED = {WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
-          WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT}  # fmt: skip
 
 
 class RunReconciler:
