@@ -32,6 +32,7 @@ from workflows.entity_types import (
 from workflows.model import KsquadModel
 
 PATCH_THROTTLE_MEMO = "throttle-memo"
+PATCH_SIGNAL_BUDGET = "signal-budget"  # continue as new after state.signals_per_run signals
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
 
@@ -62,6 +63,8 @@ class CredentialThrottleWorkflow:
     def __init__(self, state: CredentialState) -> None:
         self.state = state
         self._outbox: list[tuple[list[str], ThrottleNotice]] = []
+        self._signals = 0  # received by this run of the workflow
+        self._signal_budget = False
 
     def _notice(self) -> ThrottleNotice:
         assert self.state.throttled_until is not None
@@ -74,6 +77,7 @@ class CredentialThrottleWorkflow:
 
     @workflow.signal
     def subscribe(self, sub: CredentialSubscription) -> None:
+        self._signals += 1
         if sub.run_id not in self.state.subscribers:
             self.state.subscribers.append(sub.run_id)
         if self._throttled():  # a run joining during a limit learns of it at once
@@ -81,12 +85,14 @@ class CredentialThrottleWorkflow:
 
     @workflow.signal
     def unsubscribe(self, sub: CredentialSubscription) -> None:
+        self._signals += 1
         if sub.run_id in self.state.subscribers:
             self.state.subscribers.remove(sub.run_id)
 
     @workflow.signal
     def limited(self, limit: CredentialLimit) -> None:
         """A run hit a 429 on this credential: every other subscriber pauses until `until` too."""
+        self._signals += 1
         if self.state.throttled_until is None or limit.until > self.state.throttled_until:
             self.state.throttled_until = limit.until
         self.state.strikes += 1
@@ -101,6 +107,7 @@ class CredentialThrottleWorkflow:
     @workflow.signal
     def cleared(self, sub: CredentialSubscription) -> None:
         """A call on this credential succeeded: the backoff starts over."""
+        self._signals += 1
         if not self._throttled():
             self.state.strikes = 0
 
@@ -108,13 +115,19 @@ class CredentialThrottleWorkflow:
     def state_query(self) -> CredentialState:
         return self.state
 
+    def _renew_due(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested() or (
+            self._signal_budget and self._signals >= self.state.signals_per_run
+        )
+
     @workflow.run
     async def run(self, state: CredentialState) -> None:
+        self._signal_budget = workflow.patched(PATCH_SIGNAL_BUDGET)
         while True:
             idle = not self.state.subscribers and not self._throttled()
             try:
                 await workflow.wait_condition(
-                    lambda: bool(self._outbox) or workflow.info().is_continue_as_new_suggested(),
+                    lambda: bool(self._outbox) or self._renew_due(),
                     timeout=IDLE_SECONDS if idle else None,
                     timeout_summary="idle: finish",
                 )
@@ -127,7 +140,7 @@ class CredentialThrottleWorkflow:
                 for gone in await signal_runs(run_ids, CREDENTIAL_THROTTLED, notice):
                     if gone in self.state.subscribers:
                         self.state.subscribers.remove(gone)
-            if workflow.info().is_continue_as_new_suggested():
+            if self._renew_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self.state)
 
@@ -144,9 +157,12 @@ class ConcurrencyGateWorkflow:
         self.state = state
         self._granted: list[str] = []
         self._queued: list[str] = []
+        self._signals = 0  # received by this run of the workflow
+        self._signal_budget = False
 
     @workflow.signal
     def acquire(self, request: SlotRequest) -> None:
+        self._signals += 1
         self.state.limit = request.limit
         if request.run_id in self.state.holders:
             self._granted.append(
@@ -162,6 +178,7 @@ class ConcurrencyGateWorkflow:
 
     @workflow.signal
     def release(self, release: SlotRelease) -> None:
+        self._signals += 1
         for queue in (self.state.holders, self.state.waiting):
             if release.run_id in queue:
                 queue.remove(release.run_id)
@@ -177,8 +194,14 @@ class ConcurrencyGateWorkflow:
     def state_query(self) -> GateState:
         return self.state
 
+    def _renew_due(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested() or (
+            self._signal_budget and self._signals >= self.state.signals_per_run
+        )
+
     @workflow.run
     async def run(self, state: GateState) -> None:
+        self._signal_budget = workflow.patched(PATCH_SIGNAL_BUDGET)
         while True:
             busy = bool(self.state.holders or self.state.waiting)
             # With runs waiting on a full gate, look now and then for holders that can no longer release
@@ -186,9 +209,7 @@ class ConcurrencyGateWorkflow:
             timeout = LIVENESS_CHECK_SECONDS if self.state.waiting else (None if busy else IDLE_SECONDS)
             try:
                 await workflow.wait_condition(
-                    lambda: (
-                        bool(self._granted or self._queued) or workflow.info().is_continue_as_new_suggested()
-                    ),
+                    lambda: bool(self._granted or self._queued) or self._renew_due(),
                     timeout=timeout,
                     timeout_summary="check holders" if self.state.waiting else "idle: finish",
                 )
@@ -197,7 +218,7 @@ class ConcurrencyGateWorkflow:
                     return
                 await self._free_slots_of_closed_runs()
             await self._notify()
-            if workflow.info().is_continue_as_new_suggested():
+            if self._renew_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 await self._notify()
                 workflow.continue_as_new(self.state)

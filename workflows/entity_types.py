@@ -43,11 +43,17 @@ class CredentialLimit(KsquadModel):
     until: datetime
 
 
+# The server refuses signals past 10,000 per execution (history.maximumSignalsPerExecution): an entity that
+# thousands of runs signal continues as new well before that.
+MAX_SIGNALS_PER_RUN = 2000
+
+
 class CredentialState(KsquadModel):
     key: str
     throttled_until: datetime | None = None
     strikes: int = 0
     subscribers: list[str] = Field(default_factory=list)
+    signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
 
 
 class SlotRequest(KsquadModel):
@@ -71,3 +77,4 @@ class GateState(KsquadModel):
     limit: int = 1
     holders: list[str] = Field(default_factory=list)
     waiting: list[str] = Field(default_factory=list)  # first in, first out
+    signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many

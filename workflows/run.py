@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.workflow import ActivityCancellationType
@@ -105,6 +105,7 @@ T = TypeVar("T")
 # Patches (workflow.patched): each changes the commands the workflow issues, so histories recorded before it
 # take the old path. tests/workflows/test_replay.py replays such histories.
 PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
+PATCH_FAILURES_FAIL_THE_RUN = "failures-fail-the-run"
 
 AGENT_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MIRROR_FLUSH_SECONDS = 60.0  # at the end, wait this long for the last status to be mirrored
@@ -291,6 +292,18 @@ class RunWorkflow:
             except RunFailed as teardown:
                 message = f"{message}; {teardown.message}"
             self._move(Phase.FAILED, reason=err.reason, message=message)
+        except FailureError as err:
+            # Anything else that failed for good (an activity past its retries): the run ends Failed with the
+            # reason on its status. Without this the workflow failed and the Run kept showing its last phase.
+            if not workflow.patched(PATCH_FAILURES_FAIL_THE_RUN):
+                raise
+            cause = str(err.cause) if err.cause is not None else ""
+            message = f"{err.message}: {cause}" if cause else err.message
+            try:
+                await self._teardown()
+            except (RunFailed, FailureError) as teardown:
+                message = f"{message}; teardown: {getattr(teardown, 'message', teardown)}"
+            self._move(Phase.FAILED, reason="InternalError", message=message[:2000])
         await self._finish()
         return self.status
 

@@ -180,3 +180,16 @@ async def test_state_query_shows_the_running_phase(client: Client, world: World,
     assert state["sandbox"] == {"name": "r-exec-1", "kind": "cold"}
     world.release("r")
     assert (await handle.result()).phase == Phase.SUCCEEDED
+
+
+async def test_an_activity_that_fails_for_good_fails_the_run_with_the_reason_on_its_status(
+    client: Client, world: World
+) -> None:
+    world.broken["r"] = "exceeded workflow execution limit for signal events"
+    world.scripts["r"] = [ok()]
+    status = await (await start_run(client, run_input("r"))).result()
+    assert status.phase == Phase.FAILED
+    assert status.reason == "InternalError"
+    assert "exceeded workflow execution limit for signal events" in (status.message or "")
+    last = world.last("r")
+    assert last is not None and last.phase == Phase.FAILED, "the Run shows it, not its last phase before"

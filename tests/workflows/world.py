@@ -124,6 +124,7 @@ class World:
         self.team_agents: dict[str, list[str]] = {}
         self.missing: dict[str, list[str]] = {}  # run name -> objects reported missing
         self.invalid: dict[str, str] = {}
+        self.broken: dict[str, str] = {}  # run name -> why publishing its outputs fails for good
         self.scopes: dict[str, list[ConcurrencyScope]] = {}  # run name -> scopes it counts against
         self.scripts: dict[str, list[Outcome]] = {}  # run name -> outcomes, one per invocation
         self.default_outcome = ok()
@@ -267,6 +268,8 @@ class World:
     @activity.defn(name=Activity.PUBLISH_OUTPUTS)
     async def publish_outputs(self, req: OutputsRequest) -> PublishedOutputs:
         self.record(Activity.PUBLISH_OUTPUTS, req.run.name, fence=req.fence)
+        if req.run.name in self.broken:
+            raise ApplicationError(self.broken[req.run.name], type="Broken", non_retryable=True)
         return PublishedOutputs(outputs=req.outputs, config_map=f"{req.run.name}-outputs")
 
     # --- the agent ----------------------------------------------------------------------------------------

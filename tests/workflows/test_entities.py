@@ -1,0 +1,61 @@
+"""The entity workflows stay under the server's per-execution signal limit (found by bench.paused: a throttle
+that 10,000 runs subscribed to refused the 10,001st signal): after `signals_per_run` signals they continue as
+new, carrying their whole state."""
+
+import asyncio
+import uuid
+
+from temporalio.client import Client, WorkflowHandle
+
+from tests.workflows.world import World
+from workflows.activity_types import WORKER_TASK_QUEUE
+from workflows.entity_types import CredentialState, CredentialSubscription, GateState, SlotRequest
+
+
+async def continued_as_new(handle: WorkflowHandle[object, object], first: str | None) -> bool:
+    """The entity moves to a new run shortly after its budget is spent (when its loop next wakes)."""
+    for _ in range(100):
+        if (await handle.describe()).run_id != first:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_credential_throttle_continues_as_new_before_the_signal_limit_and_keeps_its_subscribers(
+    client: Client, world: World
+) -> None:
+    workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
+    first = None
+    for i in range(12):
+        handle = await client.start_workflow(
+            "CredentialThrottle", CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=5),
+            id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="subscribe",
+            start_signal_args=[CredentialSubscription(run_id=f"ns/run-{i}")],
+        )  # fmt: skip
+        first = first or handle.result_run_id
+    handle = client.get_workflow_handle(workflow_id)
+    assert await continued_as_new(handle, first), "it continued as new"
+    state = await handle.query("state_query", result_type=CredentialState)
+    assert state.subscribers == [f"ns/run-{i}" for i in range(12)]
+
+
+async def test_a_gate_continues_as_new_before_the_signal_limit_and_keeps_holders_and_queue(
+    client: Client, world: World
+) -> None:
+    workflow_id = f"gate/team/ns/{uuid.uuid4().hex[:8]}"
+    first = None
+    for i in range(12):
+        handle = await client.start_workflow(
+            "ConcurrencyGate", GateState(scope=workflow_id.split("/", 1)[1], signals_per_run=5),
+            id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="acquire",
+            start_signal_args=[SlotRequest(run_id=f"ns/run-{i}", limit=3)],
+        )  # fmt: skip
+        first = first or handle.result_run_id
+    handle = client.get_workflow_handle(workflow_id)
+    assert await continued_as_new(handle, first), "it continued as new"
+    state = await handle.query("state_query", result_type=GateState)
+    # These run ids name no workflow, so the gate finds each grantee gone and passes its slot on: what must
+    # hold across the continue-as-new is the limit and the order.
+    assert len(state.holders) <= 3
+    everyone = [f"ns/run-{i}" for i in range(12)]
+    assert state.holders + state.waiting == sorted(state.holders + state.waiting, key=everyone.index)
