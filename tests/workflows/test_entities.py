@@ -34,9 +34,12 @@ async def test_a_credential_throttle_continues_as_new_before_the_signal_limit_an
         )  # fmt: skip
         first = first or handle.result_run_id
     handle = client.get_workflow_handle(workflow_id)
-    assert await continued_as_new(handle, first), "it continued as new"
-    state = await handle.query("state_query", result_type=CredentialState)
-    assert state.subscribers == [f"ns/run-{i}" for i in range(12)]
+    try:
+        assert await continued_as_new(handle, first), "it continued as new"
+        state = await handle.query("state_query", result_type=CredentialState)
+        assert state.subscribers == [f"ns/run-{i}" for i in range(12)]
+    finally:  # its subscribers name no workflow: nothing would ever end it on the shared test server
+        await handle.terminate("test over")
 
 
 async def test_a_gate_continues_as_new_before_the_signal_limit_and_keeps_holders_and_queue(
@@ -52,10 +55,13 @@ async def test_a_gate_continues_as_new_before_the_signal_limit_and_keeps_holders
         )  # fmt: skip
         first = first or handle.result_run_id
     handle = client.get_workflow_handle(workflow_id)
-    assert await continued_as_new(handle, first), "it continued as new"
-    state = await handle.query("state_query", result_type=GateState)
-    # These run ids name no workflow, so the gate finds each grantee gone and passes its slot on: what must
-    # hold across the continue-as-new is the limit and the order.
-    assert len(state.holders) <= 3
-    everyone = [f"ns/run-{i}" for i in range(12)]
-    assert state.holders + state.waiting == sorted(state.holders + state.waiting, key=everyone.index)
+    try:
+        assert await continued_as_new(handle, first), "it continued as new"
+        state = await handle.query("state_query", result_type=GateState)
+        # These run ids name no workflow, so the gate finds each grantee gone and passes its slot on: what must
+        # hold across the continue-as-new is the limit and the order.
+        assert len(state.holders) <= 3
+        everyone = [f"ns/run-{i}" for i in range(12)]
+        assert state.holders + state.waiting == sorted(state.holders + state.waiting, key=everyone.index)
+    finally:
+        await handle.terminate("test over")
