@@ -40,6 +40,7 @@ class ModelRef(KsquadModel):
     provider: str | None = None
     endpoint_ref: str | None = None
     credential: CredentialRef | None = None
+    resume_per_second: float | None = None  # the ramp after a rate limit (ModelEndpoint.resumePerSecond)
 
     def throttle_key(self, namespace: str) -> str:
         if self.credential is not None:

@@ -33,22 +33,22 @@ from workflows.model import KsquadModel
 
 PATCH_THROTTLE_MEMO = "throttle-memo"
 PATCH_SIGNAL_BUDGET = "signal-budget"  # continue as new after state.signals_per_run signals
+PATCH_RESUME_RAMP = "resume-ramp"  # each paused run gets its own place after a limit, resume_per_second apart
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
 
 
-async def signal_runs(run_ids: Iterable[str], signal: str, arg: KsquadModel) -> list[str]:
-    """Signal each run; return those that are gone (closed workflows cannot be signalled)."""
-    ids = list(run_ids)
+async def signal_runs(signals: Iterable[tuple[str, KsquadModel]], signal: str) -> list[str]:
+    """Send each run its argument; return the runs that are gone (closed workflows cannot be signalled)."""
 
-    async def one(run_id: str) -> str | None:
+    async def one(run_id: str, arg: KsquadModel) -> str | None:
         try:
             await workflow.get_external_workflow_handle(run_id).signal(signal, arg)
             return None
         except ApplicationError:
             return run_id
 
-    results = await asyncio.gather(*(one(run_id) for run_id in ids))
+    results = await asyncio.gather(*(one(run_id, arg) for run_id, arg in signals))
     return [r for r in results if r is not None]
 
 
@@ -62,26 +62,41 @@ class CredentialThrottleWorkflow:
     @workflow.init
     def __init__(self, state: CredentialState) -> None:
         self.state = state
-        self._outbox: list[tuple[list[str], ThrottleNotice]] = []
+        self._outbox: list[tuple[str, ThrottleNotice]] = []
         self._signals = 0  # received by this run of the workflow
         self._signal_budget = False
 
     def _notice(self) -> ThrottleNotice:
-        assert self.state.throttled_until is not None
+        """The limit as one run is told it: with its own place in the ramp (the next free one)."""
+        until = self.state.throttled_until
+        assert until is not None
+        if not workflow.patched(PATCH_RESUME_RAMP):
+            return ThrottleNotice(key=self.state.key, until=until, strikes=self.state.strikes)
+        resume_at = max(until, self.state.next_release or until)
+        self.state.next_release = resume_at + timedelta(seconds=1 / self.state.resume_per_second)
         return ThrottleNotice(
-            key=self.state.key, until=self.state.throttled_until, strikes=self.state.strikes
+            key=self.state.key, until=until, strikes=self.state.strikes, resume_at=resume_at
         )
 
     def _throttled(self) -> bool:
-        return self.state.throttled_until is not None and self.state.throttled_until > workflow.now()
+        """Limited, or still releasing the runs paused by the last limit."""
+        now = workflow.now()
+        if self.state.next_release is not None and self.state.next_release > now:
+            return True
+        return self.state.throttled_until is not None and self.state.throttled_until > now
+
+    def _rate(self, resume_per_second: float | None) -> None:
+        if resume_per_second is not None:
+            self.state.resume_per_second = resume_per_second
 
     @workflow.signal
     def subscribe(self, sub: CredentialSubscription) -> None:
         self._signals += 1
+        self._rate(sub.resume_per_second)
         if sub.run_id not in self.state.subscribers:
             self.state.subscribers.append(sub.run_id)
-        if self._throttled():  # a run joining during a limit learns of it at once
-            self._outbox.append(([sub.run_id], self._notice()))
+        if self._throttled():  # a run joining during a limit (or its ramp) learns of it at once
+            self._outbox.append((sub.run_id, self._notice()))
 
     @workflow.signal
     def unsubscribe(self, sub: CredentialSubscription) -> None:
@@ -93,16 +108,20 @@ class CredentialThrottleWorkflow:
     def limited(self, limit: CredentialLimit) -> None:
         """A run hit a 429 on this credential: every other subscriber pauses until `until` too."""
         self._signals += 1
-        if self.state.throttled_until is None or limit.until > self.state.throttled_until:
+        self._rate(limit.resume_per_second)
+        moved = self.state.throttled_until is None or limit.until > self.state.throttled_until
+        if moved:
             self.state.throttled_until = limit.until
+            self.state.next_release = None  # a new limit: everyone gets a new place after it
         self.state.strikes += 1
+        assert self.state.throttled_until is not None
         if workflow.patched(PATCH_THROTTLE_MEMO):
             # Readable without a workflow task (describe): a run subscribing during the limit learns of it
             # before its first call, not from a signal that may arrive after it.
             workflow.upsert_memo({THROTTLED_UNTIL_MEMO: self.state.throttled_until.isoformat(),
                                   "strikes": self.state.strikes})  # fmt: skip
-        others = [r for r in self.state.subscribers if r != limit.run_id]
-        self._outbox.append((others, self._notice()))
+        if moved or not workflow.patched(PATCH_RESUME_RAMP):  # the same limit again: everyone has a place
+            self._outbox.extend((r, self._notice()) for r in self.state.subscribers if r != limit.run_id)
 
     @workflow.signal
     def cleared(self, sub: CredentialSubscription) -> None:
@@ -136,8 +155,8 @@ class CredentialThrottleWorkflow:
                     return
                 continue
             while self._outbox:
-                run_ids, notice = self._outbox.pop(0)
-                for gone in await signal_runs(run_ids, CREDENTIAL_THROTTLED, notice):
+                notices, self._outbox = self._outbox, []
+                for gone in await signal_runs(notices, CREDENTIAL_THROTTLED):
                     if gone in self.state.subscribers:
                         self.state.subscribers.remove(gone)
             if self._renew_due():
@@ -227,12 +246,12 @@ class ConcurrencyGateWorkflow:
         while self._granted or self._queued:
             granted, self._granted = self._granted, []
             queued, self._queued = self._queued, []
-            gone = await signal_runs(granted, SLOT_GRANTED, SlotNotice(scope=self.state.scope))
+            gone = await signal_runs(((r, SlotNotice(scope=self.state.scope)) for r in granted), SLOT_GRANTED)
             for run_id in queued:
                 if run_id in self.state.waiting:
                     position = self.state.waiting.index(run_id) + 1
                     gone += await signal_runs(
-                        [run_id], SLOT_QUEUED, SlotNotice(scope=self.state.scope, position=position)
+                        [(run_id, SlotNotice(scope=self.state.scope, position=position))], SLOT_QUEUED
                     )
             for run_id in gone:
                 self.release(SlotRelease(run_id=run_id))

@@ -26,21 +26,30 @@ THROTTLED_UNTIL_MEMO = (
 )
 
 
+# Paused runs leave a rate limit at most this many per second per credential, unless the ModelEndpoint says
+# otherwise (resumePerSecond): a provider that just answered 429 does not get every paused run back at once.
+DEFAULT_RESUME_PER_SECOND = 10.0
+
+
 class ThrottleNotice(KsquadModel):
-    """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row."""
+    """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row; this run
+    resumes at `resume_at` (its place in the ramp after `until`; None from throttles older than the ramp)."""
 
     key: str
     until: datetime
     strikes: int
+    resume_at: datetime | None = None
 
 
 class CredentialSubscription(KsquadModel):
     run_id: str
+    resume_per_second: float | None = None  # the model's ModelEndpoint.resumePerSecond
 
 
 class CredentialLimit(KsquadModel):
     run_id: str
     until: datetime
+    resume_per_second: float | None = None
 
 
 # The server refuses signals past 10,000 per execution (history.maximumSignalsPerExecution): an entity that
@@ -54,6 +63,8 @@ class CredentialState(KsquadModel):
     strikes: int = 0
     subscribers: list[str] = Field(default_factory=list)
     signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
+    resume_per_second: float = DEFAULT_RESUME_PER_SECOND
+    next_release: datetime | None = None  # the next free place in the ramp after throttled_until
 
 
 class SlotRequest(KsquadModel):

@@ -116,6 +116,12 @@ RATE_LIMITS = RateLimitThresholds()
 _RETRY_UNTIL_DEADLINE = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
 )
+# Bookkeeping activities (publish, fence, release, entity signals) are bounded per attempt and by attempts,
+# never by schedule-to-close: that clock includes time spent waiting in the task queue, so a busy worker
+# (thousands of runs resuming) would fail runs whose work was never even tried.
+_RETRY_BOOKKEEPING = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=10
+)
 
 
 class Interrupt(StrEnum):
@@ -241,9 +247,7 @@ class RunWorkflow:
 
     @workflow.signal(name=CREDENTIAL_THROTTLED)
     def credential_throttled(self, notice: ThrottleNotice) -> None:
-        current = self.throttles.get(notice.key)
-        if current is None or notice.until > current:
-            self.throttles[notice.key] = notice.until
+        self._throttle(notice.key, notice.resume_at or notice.until)  # this run's own place in the ramp
         self.strikes[notice.key] = notice.strikes
         in_flight = self.status.phase in (Phase.CLAIMING, Phase.RUNNING)
         if in_flight and self.interrupt is None and notice.key == self._credential_key():
@@ -373,7 +377,7 @@ class RunWorkflow:
                 artifacts=result.artifacts,
             ),
             PublishedOutputs,
-            timeout=60,
+            start_to_close=60,
             summary="publish outputs",
         )
         self.status.outputs = published.outputs
@@ -751,7 +755,9 @@ class RunWorkflow:
             "CredentialThrottle",
             credential_workflow_id(key),
             "limited",
-            CredentialLimit(run_id=self._run_id(), until=until),
+            CredentialLimit(
+                run_id=self._run_id(), until=until, resume_per_second=self._model().resume_per_second
+            ),
         )
 
     def _throttle(self, key: str, until: datetime) -> None:
@@ -927,7 +933,7 @@ class RunWorkflow:
                         run=self.run_ref, work_item_ref=self.spec.work_item_ref, fence=self.claim_fence
                     ),
                     Claim,
-                    timeout=300,
+                    start_to_close=60,
                     summary=f"fence {self.spec.work_item_ref}",
                 )
                 self.claim_fence = fenced.fence
@@ -947,7 +953,7 @@ class RunWorkflow:
                 Activity.RELEASE_SANDBOX,
                 SandboxRelease(run=self.run_ref, sandbox=self.sandbox, confirm=confirm),
                 None,
-                timeout=600,
+                start_to_close=300,
                 heartbeat=AGENT_HEARTBEAT_TIMEOUT,
                 summary=f"delete sandbox {self.sandbox.name}"
                 + (" and confirm it is gone" if confirm else ""),
@@ -972,7 +978,7 @@ class RunWorkflow:
             Activity.RELEASE_WORK_ITEM,
             ClaimUpdate(run=self.run_ref, work_item_ref=ref, fence=self.claim_fence),
             None,
-            timeout=300,
+            start_to_close=60,
             summary=f"release {ref}",
         )
         set_condition(
@@ -996,7 +1002,7 @@ class RunWorkflow:
             Activity.RENEW_CLAIM,
             ClaimUpdate(run=self.run_ref, work_item_ref=ref, fence=self.claim_fence, lease_seconds=lease),
             Claim,
-            timeout=300,
+            start_to_close=60,
             summary=f"hold {ref} through the pause",
         )
 
@@ -1057,18 +1063,18 @@ class RunWorkflow:
 
     async def _subscribe_credentials(self) -> None:
         assert self.resolution is not None
-        keys: list[str] = []
+        models: dict[str, ModelRef] = {}
         for agent in self.resolution.agents:
             for model in (agent.model, agent.fallback_model):
-                if model is not None and (key := model.throttle_key(self.run_input.namespace)) not in keys:
-                    keys.append(key)
-        for key in keys:
+                if model is not None:
+                    models.setdefault(model.throttle_key(self.run_input.namespace), model)
+        for key, model in models.items():
             if key not in self.subscribed:
                 notice = await self._entity_signal(
                     "CredentialThrottle",
                     credential_workflow_id(key),
                     "subscribe",
-                    CredentialSubscription(run_id=self._run_id()),
+                    CredentialSubscription(run_id=self._run_id(), resume_per_second=model.resume_per_second),
                 )
                 self.subscribed.append(key)
                 if notice is not None:  # limited right now: pause before the first call
@@ -1083,7 +1089,7 @@ class RunWorkflow:
                 workflow=kind, workflow_id=workflow_id, signal=signal, arg=arg.model_dump(mode="json")
             ),
             ThrottleNotice | None,  # type: ignore[arg-type]  # a credential subscription's answer
-            timeout=120,
+            start_to_close=30,
             summary=f"{signal} -> {workflow_id}",
         )
 
@@ -1170,18 +1176,17 @@ class RunWorkflow:
         summary: str,
         task_queue: str | None = None,
         deadline: datetime | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - a Temporal schedule-to-close, not an asyncio timeout
         start_to_close: float | None = None,
         heartbeat: timedelta | None = None,
         retry: RetryPolicy | None = None,
         cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
     ) -> T:
-        """Run an activity by name. `deadline` or `timeout` bound it as a whole, retries included."""
+        """Run an activity by name. A `deadline` (a phase's bound, from the Run's timeouts) bounds it as a
+        whole, queue time and retries included; without one it gets `start_to_close` per attempt and
+        `_RETRY_BOOKKEEPING`'s attempts."""
         schedule_to_close = None
         if deadline is not None:
             schedule_to_close = timedelta(seconds=max(1.0, (deadline - workflow.now()).total_seconds()))
-        elif timeout is not None:
-            schedule_to_close = timedelta(seconds=timeout)
         result: T = await workflow.execute_activity(
             name.value,
             arg,
@@ -1192,7 +1197,7 @@ class RunWorkflow:
             if start_to_close
             else timedelta(seconds=60),
             heartbeat_timeout=heartbeat,
-            retry_policy=retry or _RETRY_UNTIL_DEADLINE,
+            retry_policy=retry or (_RETRY_UNTIL_DEADLINE if deadline is not None else _RETRY_BOOKKEEPING),
             cancellation_type=cancellation_type,
             summary=summary,
         )

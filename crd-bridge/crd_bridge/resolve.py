@@ -171,7 +171,8 @@ def _model(name: str, endpoint_ref: str | None, endpoint: ModelEndpointSpec | No
         endpoint.credential_secret_ref if endpoint else None
     )
     return ModelRef(name=name, url=endpoint.url if endpoint else None, provider=endpoint.provider if endpoint else None,
-                    endpoint_ref=endpoint_ref, credential=credential)  # fmt: skip
+                    endpoint_ref=endpoint_ref, credential=credential,
+                    resume_per_second=endpoint.resume_per_second if endpoint else None)  # fmt: skip
 
 
 async def resolve(

@@ -52,6 +52,9 @@ class ModelEndpointSpec(KsquadModel):
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     provider: Annotated[str, StringConstraints(max_length=64)] | None = None
     credential_secret_ref: SecretKeyRef | None = None
+    # After a rate limit, paused runs on this credential resume at most this many per second (a ramp, not a
+    # stampede at resumeAt). Default: workflows.entity_types.DEFAULT_RESUME_PER_SECOND.
+    resume_per_second: Annotated[float, Field(gt=0, le=10000)] | None = None
 
 
 class ToolResourceSpec(KsquadModel):

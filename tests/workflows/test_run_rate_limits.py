@@ -186,3 +186,43 @@ async def test_a_run_starting_while_its_credential_is_limited_pauses_before_its_
     assert (await a.result()).phase == Phase.SUCCEEDED
     assert paused_a.resume_at is not None
     assert world.calls_of(Activity.INVOKE_AGENT, "late")[0].at >= paused_a.resume_at
+
+
+async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
+    client: Client, world: World
+) -> None:
+    """No stampede at resumeAt: each paused run gets its own place after the limit, resumePerSecond apart (here
+    0.5/s: 2 s), in the order they subscribed; a run arriving during the limit queues behind them."""
+    waiting = ["w1", "w2", "w3"]
+    for run in ["limited", *waiting, "late"]:
+        world.agents[f"dev-{run}"] = agent(f"dev-{run}", "ramp-key")
+        world.agents[f"dev-{run}"].model.resume_per_second = 0.5
+    handles = {}
+    for run in waiting:
+        world.scripts[run] = [block(), ok()]
+        handles[run] = await start_run(client, run_input(run, agents=[f"dev-{run}"]))
+        await world.wait_entered(Activity.INVOKE_AGENT, run)
+    world.scripts["limited"] = [rate_limited("60"), ok()]
+    handles["limited"] = await start_run(client, run_input("limited", agents=["dev-limited"]))
+    until = (await world.until_phase("limited", "Paused")).resume_at
+    assert until is not None
+    places = [(await world.until_phase(run, "Paused")).resume_at for run in waiting]
+    world.scripts["late"] = [ok()]
+    handles["late"] = await start_run(client, run_input("late", agents=["dev-late"]))
+    await world.until_phase("late", "Paused")  # at once: the throttle's memo says until when
+
+    def late_placed() -> bool:  # then the throttle's notice gives it its place behind the others
+        status = world.last("late")
+        return status is not None and status.resume_at is not None and status.resume_at > until
+
+    await world.until("late to get its place", late_placed, 20)
+    places.append(world.last("late").resume_at)  # type: ignore[union-attr]
+    assert places == [until + timedelta(seconds=2 * i) for i in range(4)], "2 s apart, in order, late last"
+
+    for run, handle in handles.items():
+        assert (await handle.result()).phase == Phase.SUCCEEDED, run
+    for run, place in zip([*waiting, "late"], places, strict=True):
+        assert place is not None
+        calls = world.calls_of(Activity.INVOKE_AGENT, run)
+        assert calls[-1].at >= place, f"{run} called before its place in the ramp"
+    assert not world.calls_of(Activity.INVOKE_AGENT, "late")[:-1], "late made only the one call, after its place"
