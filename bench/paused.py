@@ -6,13 +6,15 @@ other Run on that credential pauses without calling (the CredentialThrottle work
 - time to get all N paused (they are created in chunks, as fast as the stack takes them);
 - worker and dev-server memory (RSS) while they are paused, sampled every second;
 - model calls during the pause (must be 0: nothing hammers a rate-limited provider);
-- resume lateness: when each run left Paused (the workflow's clock) minus its resumeAt, p99 and max;
-- time to drain: from resumeAt until the last run Succeeded.
+- resume lateness: when each run left Paused (the workflow's clock) minus its own resumeAt (its place in the
+  credential's release ramp: runs leave a limit `resumePerSecond` apart, not all at once), p99 and max;
+- time to drain: from the limit's end until the last run Succeeded.
 
-    python -m bench.paused [--runs 10000] [--retry-after auto]
+    python -m bench.paused [--runs 10000] [--retry-after auto] [--resume-per-second auto]
 
-`--retry-after auto` sizes the pause from the creation rate seen in a first chunk, so every run is paused
-before the credential's resumeAt (capped at 1 h by the Run workflow).
+A first chunk of runs (no limit) measures how fast this machine completes runs. `--retry-after auto` sizes
+the pause from it, so every run is paused before the limit ends (capped at 1 h by the Run workflow);
+`--resume-per-second auto` sets the ModelEndpoint's ramp to 75% of it (what one worker can drain, with room).
 """
 
 import argparse
@@ -29,6 +31,7 @@ from typing import Any
 from bench.embedded import NAMESPACE, bench_stack, rss_mb, run_docs, start_workers, stop_workers, until
 from bench.stats import percentiles, report
 from worker.dev import DevStack
+from worker.embedded import LOCAL_CREDENTIAL_SECRET
 
 LIMITED = "limited"
 CHUNK = 250
@@ -47,7 +50,7 @@ async def phases(dev: DevStack) -> dict[str, str]:
     }
 
 
-async def main(runs: int, retry_after: str) -> dict[str, Any]:
+async def main(runs: int, retry_after: str, resume_per_second: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         seconds = 3600 if retry_after == "auto" else int(retry_after)
         script: dict[str, list[dict[str, Any]]] = {
@@ -57,28 +60,34 @@ async def main(runs: int, retry_after: str) -> dict[str, Any]:
             assert dev.scripted is not None and dev.server.process is not None
             [worker] = start_workers(dev, 1)
             try:
-                return await measure(dev, worker.pid, dev.server.process.pid, runs, retry_after)
+                return await measure(dev, worker.pid, dev.server.process.pid, runs, retry_after,
+                                     resume_per_second)  # fmt: skip
             finally:
                 stop_workers([worker])
 
 
-async def measure(
-    dev: DevStack, worker_pid: int, server_pid: int, runs: int, retry_after: str
-) -> dict[str, Any]:
+async def measure(dev: DevStack, worker_pid: int, server_pid: int, runs: int, retry_after: str,
+                  resume_per_second: str) -> dict[str, Any]:  # fmt: skip
     assert dev.scripted is not None
     t0 = time.perf_counter()
-    if retry_after == "auto":  # a first chunk, to see how fast runs are taken, before any 429
-        probe = run_docs("probe", min(CHUNK, runs))
-        await dev.runs.apply(probe)
+    probe = run_docs("probe", min(CHUNK, runs))  # before any 429: how fast this machine completes runs
+    await dev.runs.apply(probe)
 
-        async def probed() -> bool:
-            return sum(p == "Succeeded" for p in (await phases(dev)).values()) == len(probe)
+    async def probed() -> bool:
+        return sum(p == "Succeeded" for p in (await phases(dev)).values()) == len(probe)
 
-        await until(probed, "the probe runs")
-        # Pausing is about two thirds of a whole run's work; leave 30% and two minutes of margin.
-        per_run = (time.perf_counter() - t0) / len(probe)
-        seconds = min(3600, int(per_run * 0.7 * runs * 1.3) + 120)
+    await until(probed, "the probe runs")
+    per_run = (time.perf_counter() - t0) / len(probe)
+    if (
+        retry_after == "auto"
+    ):  # at scale pausing costs about a whole run's work: leave 30% and 2 min of margin
+        seconds = min(3600, int(per_run * runs * 1.3) + 120)
         dev.scripted.script[LIMITED][0]["retry_after"] = str(seconds)
+    rate = round(0.75 / per_run, 2) if resume_per_second == "auto" else float(resume_per_second)
+    await dev.runs.apply([{"apiVersion": "ksquad.io/v1alpha1", "kind": "ModelEndpoint",
+                           "metadata": {"name": "local", "namespace": NAMESPACE},
+                           "spec": {"url": dev.model_url, "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET},
+                                    "resumePerSecond": rate}}])  # fmt: skip
     await dev.runs.apply(limited_docs("p", 1))
 
     async def first_paused() -> bool:
@@ -107,7 +116,7 @@ async def measure(
             break
         await asyncio.sleep(1.0)
     calls_during_pause = [c for c in dev.scripted.calls[calls_before:] if c.at < resume_at.timestamp()]
-    drain_deadline = time.perf_counter() + 1800
+    drain_deadline = time.perf_counter() + runs / rate * 1.5 + 600
     while True:
         mine = {n: p for n, p in (await phases(dev)).items() if n.startswith("p-")}
         if sum(p == "Succeeded" for p in mine.values()) == runs or time.perf_counter() > drain_deadline:
@@ -120,6 +129,8 @@ async def measure(
     return {
         "runs": runs,
         "retry_after_seconds": dev.scripted.script[LIMITED][0]["retry_after"],
+        "probe_runs_per_second": round(1 / per_run, 2),
+        "resume_per_second": rate,
         "seconds_to_pause_all": round(paused_all_at - created, 1) if paused_all_at else None,
         "all_paused_before_resume_at": paused_all_at is not None,
         "rss_mb_while_paused": {k: {"max": max(v), "last": v[-1]} for k, v in rss.items() if v},
@@ -139,7 +150,12 @@ async def resume_lateness(dev: DevStack, runs: int) -> tuple[list[float], dateti
             continue
         events = [e.data for e in await dev.store.events(run.uid) if e.kind == "phase"]
         for paused, after in itertools.pairwise(events):
-            if paused["phase"] == "Paused" and paused.get("resumeAt") and after["phase"] != "Cancelled":
+            # Paused -> Paused is the run learning its place in the ramp (or a later limit): not a resume.
+            if (
+                paused["phase"] == "Paused"
+                and paused.get("resumeAt")
+                and after["phase"] not in ("Paused", "Cancelled")
+            ):
                 left = datetime.fromisoformat(after["at"])
                 lateness.append((left - datetime.fromisoformat(paused["resumeAt"])).total_seconds() * 1000)
         done = [datetime.fromisoformat(e["at"]) for e in events if e["phase"] == "Succeeded"]
@@ -154,5 +170,6 @@ if __name__ == "__main__":
     )
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--retry-after", default="auto", help="seconds, or auto")
+    parser.add_argument("--resume-per-second", default="auto", help="the ModelEndpoint's ramp, or auto")
     args = parser.parse_args()
-    report("paused", asyncio.run(main(args.runs, args.retry_after)))
+    report("paused", asyncio.run(main(args.runs, args.retry_after, args.resume_per_second)))
