@@ -28,8 +28,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.embedded import NAMESPACE, bench_stack, rss_mb, run_docs, start_workers, stop_workers, until
 from bench.stats import percentiles, report
+from tests.support.embedded import (
+    NAMESPACE,
+    bench_stack,
+    rss_mb,
+    run_docs,
+    start_workers,
+    stop_workers,
+    until,
+)
 from worker.dev import DevStack
 from worker.embedded import LOCAL_CREDENTIAL_SECRET
 

@@ -15,8 +15,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.embedded import bench_stack, run_docs, start_workers, stop_workers, wait_terminal
 from bench.stats import cpu_seconds, report
+from tests.support.embedded import bench_stack, run_docs, start_workers, stop_workers, wait_terminal
 
 
 async def main(runs: int, worker_counts: list[int]) -> dict[str, Any]:

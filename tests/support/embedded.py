@@ -1,6 +1,6 @@
-"""The embedded stack as the benchmarks use it: `ksquad dev`'s stack in this process (its own state directory and
-free ports), an instant agent (the reference agent as one long-lived process, named by an Agent's `endpoint`,
-so no sandbox boots per run) and the scripted model answering at once."""
+"""The embedded stack as the benchmarks and the fault tests use it: `ksquad dev`'s stack in this process (its own
+state directory and free ports), an instant agent (the reference agent as one long-lived process, named by an
+Agent's `endpoint`, so no sandbox boots per run) and the scripted model answering at once."""
 
 import asyncio
 import contextlib
