@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -78,6 +79,12 @@ DUPLICATE_OF = "ksquad.io/duplicate-of"
 MAX_OUTPUTS = 32  # keys in status.outputs
 MAX_OUTPUT_VALUE = 4096  # characters per output value
 MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
+MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which must stay small
+# Progress is stored as it comes up to a burst, then at most PROGRESS_PER_SECOND (a token bucket); the updates
+# not stored are counted in the next stored one, and every change of state is stored. An agent flooding
+# progress must not flood the store.
+PROGRESS_BURST = 20
+PROGRESS_PER_SECOND = 5.0
 TERMINAL = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
             TaskState.TASK_STATE_REJECTED}  # fmt: skip
 PAUSED = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
@@ -110,6 +117,20 @@ class Progress:
     events: int = 0
     artifacts: list[Artifact] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
+    recorded_state: int | None = None  # of the last status stored
+    tokens: float = PROGRESS_BURST  # status updates that may be stored now, refilled at PROGRESS_PER_SECOND
+    refilled_at: float = field(default_factory=time.monotonic)
+    coalesced: int = 0  # status updates not stored since the last stored one
+
+    def may_record(self, state: int) -> bool:
+        now = time.monotonic()
+        self.tokens = min(PROGRESS_BURST, self.tokens + (now - self.refilled_at) * PROGRESS_PER_SECOND)
+        self.refilled_at = now
+        if state != self.recorded_state or self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        self.coalesced += 1
+        return False
 
     def heartbeat(self) -> dict[str, Any]:
         return {"taskId": self.task_id, "state": self.state, "events": self.events}
@@ -349,6 +370,9 @@ class Invocation:
                                      metadata=update.metadata)  # fmt: skip
                 elif kind == "artifact_update":
                     await self._record_artifact(event.artifact_update.artifact)
+                elif kind is None:  # valid JSON-RPC whose result is none of the A2A stream events
+                    raise agent_error(AgentError.INVALID_AGENT_RESPONSE, "the agent answered with an event that "
+                                      "is no task, status, artifact or message", FailureDetails(message=str(event)[:500]))  # fmt: skip
                 elif kind == "message":
                     raise agent_error(AgentError.INVALID_AGENT_RESPONSE, "the agent answered with a bare message, "
                                       "not a task", FailureDetails(message=get_message_text(event.message)))  # fmt: skip
@@ -391,11 +415,18 @@ class Invocation:
     # --- recording (fenced) -------------------------------------------------------------------------------
 
     async def _record_status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
+        progress = self.progress
+        if not progress.may_record(state):
+            return
         text = get_message_text(message) if message.parts else ""
+        data = {"state": TaskState.Name(state), **_small(metadata)}
+        if progress.coalesced:
+            data["coalesced"] = progress.coalesced
         await self._fenced(self.store.append_event(
-            self.holder, self.identity.fence, self.identity.attempt, "status", text[:4000],
-            {"state": TaskState.Name(state), **_small(metadata)}, work_item_ref=self.identity.work_item_ref,
+            self.holder, self.identity.fence, self.identity.attempt, "status", text[:4000], data,
+            work_item_ref=self.identity.work_item_ref,
         ))  # fmt: skip
+        progress.recorded_state, progress.coalesced = state, 0
 
     async def _record_artifact(self, artifact: Any) -> None:
         name = artifact.name or artifact.artifact_id
@@ -405,6 +436,11 @@ class Invocation:
             for part in data:
                 self._take_outputs(part)
             return
+        if len(self.progress.artifacts) >= MAX_ARTIFACTS:
+            raise agent_error(AgentError.INVALID_AGENT_RESPONSE,
+                              f"more than {MAX_ARTIFACTS} artifacts in one attempt (the next was {name})",
+                              FailureDetails(message=f"more than {MAX_ARTIFACTS} artifacts",
+                                             task_id=self.progress.task_id))  # fmt: skip
         content = ("\n".join(texts) if texts else json.dumps(data)).encode()
         if len(content) > MAX_ARTIFACT_BYTES:
             raise agent_error(AgentError.INVALID_AGENT_RESPONSE,

@@ -50,6 +50,7 @@ class Call:
     messages: int
     tools: list[str]
     at: float
+    task: str = ""  # the first user message (the Run's task), so tests can tell whose call it was
 
 
 @dataclass
@@ -76,6 +77,13 @@ class ScriptedModel:
         return steps[min(position, len(steps) - 1)]
 
 
+def first_user_text(messages: Any) -> str:
+    for message in messages if isinstance(messages, list) else []:
+        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+            return str(message["content"])[:200]
+    return ""
+
+
 def fingerprint(authorization: str | None) -> str:
     token = (authorization or "").removeprefix("Bearer ").strip()
     return hashlib.sha256(token.encode()).hexdigest()[:12] if token else "-"
@@ -93,7 +101,7 @@ def build_app(state: ScriptedModel) -> Starlette:
         state.calls.append(Call(model, fingerprint(request.headers.get("authorization")), stream,
                                 len(body.get("messages") or []),
                                 [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
-                                time.time()))  # fmt: skip
+                                time.time(), first_user_text(body.get("messages"))))  # fmt: skip
         step = state.next_step(model)
         expected = step.get("expect_key")
         if expected is not None and request.headers.get("authorization") != f"Bearer {expected}":

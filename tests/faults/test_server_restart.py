@@ -1,0 +1,42 @@
+"""Temporal's dev server (file-backed, as `ksquad dev` runs it) stopped in the middle of 60 runs and started
+again on the same address: the worker and the embedded bridge reconnect, every run finishes, once."""
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from tests.faults.audit import audit, runs, unfinished
+from tests.support.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
+
+RUNS = 60
+RESTARTS = 2
+DOWN_SECONDS = 5
+
+
+async def test_a_restarted_temporal_server_loses_and_doubles_nothing(
+    tmp_path: Path, fault_counts: Counter[str]
+) -> None:
+    script = {MODEL: [{"delay": 0.5, "text": "ok"}]}
+    async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
+        assert dev.server.db_file is not None, "the embedded server keeps its state in a file"
+        docs = runs("s", RUNS)
+        names = {d["metadata"]["name"] for d in docs}
+        [worker] = start_workers(dev, 1)
+        unfinished_at_restarts = []
+        try:
+            await dev.runs.apply(docs)
+            for _ in range(RESTARTS):
+                await asyncio.sleep(3)
+                unfinished_at_restarts.append(await unfinished(dev, names))
+                await dev.server.stop()
+                await asyncio.sleep(DOWN_SECONDS)
+                await dev.server.start()
+            await wait_terminal(dev, sorted(names), within=600)
+        finally:
+            stop_workers([worker])
+        print(f"{RESTARTS} restarts, with {unfinished_at_restarts} runs unfinished at each")
+        assert all(unfinished_at_restarts), "each restart happened with runs in flight"
+        result = await audit(dev, names)
+        result.assert_nothing_lost_or_doubled(names, "after server restarts")
+    fault_counts["server_restart.runs"] += RUNS
+    fault_counts["server_restart.restarts"] += RESTARTS

@@ -1,0 +1,51 @@
+"""The worker SIGKILLed at random points while 100 runs go through it (embedded stack: Temporal's dev server,
+the store, the bridge and the model in this process; the worker its own process, killed and started again):
+every run ends, once, in one workflow, and every attempt reached the model once."""
+
+import asyncio
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+from tests.faults.audit import audit, runs, unfinished
+from tests.support.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
+
+RUNS = 100
+KILLS = 12
+
+
+async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
+    tmp_path: Path, fault_counts: Counter[str]
+) -> None:
+    seed = int(os.environ.get("KSQUAD_FAULT_SEED") or random.SystemRandom().randrange(1 << 30))
+    rng = random.Random(seed)
+    script = {MODEL: [{"delay": 0.5, "text": "ok"}]}  # each call takes a while: kills land mid-call too
+    async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
+        docs = runs("k", RUNS)
+        names = {d["metadata"]["name"] for d in docs}
+        [worker] = start_workers(dev, 1)
+        kills, unfinished_at_kills = 0, []
+        try:
+            await dev.runs.apply(docs)
+            while kills < KILLS:
+                await asyncio.sleep(rng.uniform(0.5, 2.5))
+                left = await unfinished(dev, names)
+                if not left:
+                    break
+                worker.kill()
+                worker.wait(10)
+                kills += 1
+                unfinished_at_kills.append(left)
+                await asyncio.sleep(rng.uniform(0, 1.0))
+                [worker] = start_workers(dev, 1)
+            await wait_terminal(dev, sorted(names), within=600)
+        finally:
+            stop_workers([worker])
+        print(f"seed {seed}: {kills} SIGKILLs, with {unfinished_at_kills} runs unfinished at each")
+        assert kills >= 5, f"the runs outpaced the killer (seed {seed}): only {kills} kills"
+        result = await audit(dev, names)
+        result.assert_nothing_lost_or_doubled(names, f"seed {seed}")
+    fault_counts["worker_kills.runs"] += RUNS
+    fault_counts["worker_kills.sigkills"] += kills
+    fault_counts["worker_kills.retried_attempts"] += result.model_calls - RUNS
