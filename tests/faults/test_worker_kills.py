@@ -28,8 +28,16 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
         kills, unfinished_at_kills = 0, []
         try:
             await dev.runs.apply(docs)
-            while kills < KILLS:
-                await asyncio.sleep(rng.uniform(0.5, 2.5))
+            left = len(names)
+            while kills < KILLS and left:
+                # Let each new worker get going (some run finishes), then kill it at a random moment.
+                for _ in range(600):
+                    if await unfinished(dev, names) < left:
+                        break
+                    await asyncio.sleep(0.1)
+                else:
+                    raise AssertionError(f"no run finished in 60 s after kill {kills} (seed {seed})")
+                await asyncio.sleep(rng.uniform(0, 2.0))
                 left = await unfinished(dev, names)
                 if not left:
                     break
