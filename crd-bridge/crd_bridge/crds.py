@@ -70,6 +70,12 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
         if key == "const":
             out["enum"] = [value]
             continue
+        if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            # JSON Schema 2020 (pydantic's gt/lt) puts the bound here; Kubernetes' OpenAPI v3 wants the
+            # bound in minimum/maximum and a boolean here.
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+            continue
         out[key] = _convert(value, defs) if key in ("properties", "items", "additionalProperties") else value
         if key == "properties":
             out[key] = {name: _convert(sub, defs) for name, sub in value.items()}

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.crd_bridge.conftest import (
+    start_stack as start_stack,
+)  # ksquad on the control plane, as the chart does it
+
 LAST_RUN = Path(__file__).with_name("last-run.json")
 
 
