@@ -16,7 +16,9 @@ from tests.cluster.controlplane import ControlPlane
 from tests.support.agents import model as model  # the scripted model, a fixture for every test
 from tests.support.agents import start_agent as start_agent  # the reference agent as its own process
 from tests.support.agents import tool_server as tool_server  # an MCP server, likewise
+from tests.support.fault_counts import record_counts
 from tests.support.postgres import PostgresServer
+from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
 from tests.support.temporal import start_time_skipping
 from worker.devserver import DevServer
 
@@ -32,10 +34,16 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest.fixture(scope="session")
 async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevServer]:
-    """Temporal's dev server with ksquad's search attributes, headless, state in memory."""
+    """Temporal's dev server with ksquad's search attributes, headless, state in memory. After the suite, no
+    credential may be found in any workflow history it holds, nor in any log of the session."""
     log_file = tmp_path_factory.mktemp("temporal") / "dev-server.log"
     async with DevServer(ui=False, log_file=log_file) as server:
         yield server
+        histories = await scan_histories(await Client.connect(server.target))
+        logs = scan_logs(tmp_path_factory.getbasetemp())
+        record_counts({"secret_scan.histories": histories.scanned, "secret_scan.log_files": logs.scanned,
+                       "secret_scan.leaks_in_histories_and_logs": len(histories.leaks) + len(logs.leaks)})  # fmt: skip
+        assert not histories.leaks + logs.leaks, f"credentials copied: {histories.leaks + logs.leaks}"
 
 
 @pytest.fixture(scope="session")
@@ -72,6 +80,13 @@ def cluster() -> Iterator[ControlPlane]:
         plane.start()
         plane.start_kubelet()
         yield plane
+        # After the suite: nothing written to the apiserver holds a credential; every sandbox pod was locked down.
+        audit = scan_audit_log(plane.audit_log)
+        record_counts({"secret_scan.apiserver_writes": audit.scanned, "secret_scan.sandbox_pods": audit.sandbox_pods,
+                       "secret_scan.leaks_in_apiserver_writes": len(audit.leaks),
+                       "secret_scan.insecure_sandbox_pods": len(audit.insecure_pods)})  # fmt: skip
+        assert not audit.leaks, f"credentials copied into objects: {audit.leaks[:20]}"
+        assert not audit.insecure_pods, f"sandbox pods not locked down: {audit.insecure_pods[:20]}"
     finally:
         plane.stop()
 

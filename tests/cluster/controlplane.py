@@ -103,6 +103,25 @@ def _client_cert_user(pair: KeyPair) -> dict[str, str]:
     return {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
 
 
+# The apiserver logs what is written to it (never Secrets): tests.support.secret_scan reads it after the suite.
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  resources: [{group: "", resources: [secrets]}]
+- level: Request
+  verbs: [create, update, patch]
+  resources:
+  - {group: "", resources: [pods, pods/status, configmaps, events]}
+  - {group: batch, resources: [jobs]}
+  - {group: networking.k8s.io, resources: [networkpolicies]}
+  - {group: ksquad.io}
+- level: None
+"""
+
+
 @dataclass
 class ControlPlane:
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ksquad-k8s-")))
@@ -117,6 +136,16 @@ class ControlPlane:
     @property
     def admin_kubeconfig(self) -> Path:
         return self.root / "admin.kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        """What was written to the apiserver (AUDIT_POLICY: Jobs, Pods, ConfigMaps... never Secrets)."""
+        return self.root / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        policy = self.root / "audit-policy.yaml"
+        policy.write_text(AUDIT_POLICY)
+        return policy
 
     def log_file(self, component: str) -> Path:
         return self.root / f"{component}.log"
@@ -153,7 +182,9 @@ class ControlPlane:
              "--service-account-signing-key-file", str(self.pki.service_account_key),
              "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
              "--authorization-mode", "RBAC", "--allow-privileged=true",
-             "--cert-dir", str(self.root / "apiserver-certs"), "--profiling=false", "-v=1"],
+             "--cert-dir", str(self.root / "apiserver-certs"), "--profiling=false", "-v=1",
+             "--audit-policy-file", str(self._audit_policy()), "--audit-log-path", str(self.audit_log),
+             "--audit-log-format", "json"],
         )  # fmt: skip
         write_kubeconfig(self.admin_kubeconfig, self.server, self.pki.ca, _client_cert_user(admin))
         self._wait_ready("kube-apiserver", f"{self.server}/readyz", admin, timeout=90)

@@ -8,7 +8,7 @@ from typing import Any
 
 from kube import path
 from tests.crd_bridge.conftest import RUN_API, StackFactory
-from tests.support.agents import ModelEndpoint
+from tests.support.agents import ROTATED_MODEL_KEY, ModelEndpoint
 from tests.support.dev import ksquad
 from workflows import search_attributes as sa
 
@@ -164,13 +164,13 @@ async def test_a_run_whose_agent_appears_later_waits_with_the_condition_then_run
 async def test_a_rotated_credential_resumes_a_run_paused_on_it(
     start_stack: StackFactory, model: ModelEndpoint
 ) -> None:
-    model.script("dev-model", {"text": "works with the new key", "expect_key": "sk-rotated"})
+    model.script("dev-model", {"text": "works with the new key", "expect_key": ROTATED_MODEL_KEY})
     stack = await start_stack()
     stack.apply(*stack.resources(model), run_doc("rotate"))
     run = await stack.wait_phase("rotate", {"Paused"})
     assert run["status"]["pauseReason"] == "CredentialExpired"
     stack.kubectl("patch", "secret", "model-key", "-n", stack.namespace, "--type=merge", "-p",
-                  json.dumps({"stringData": {"apiKey": "sk-rotated"}}))  # fmt: skip
+                  json.dumps({"stringData": {"apiKey": ROTATED_MODEL_KEY}}))  # fmt: skip
     run = await stack.wait_phase("rotate", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert run["status"]["attempt"] == 1, "the same attempt went on: the task continued"

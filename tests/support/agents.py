@@ -30,6 +30,7 @@ from workflows.contract import (
 )
 
 MODEL_KEY = "sk-test-model-key"
+ROTATED_MODEL_KEY = "sk-test-rotated-key"  # what a test rotates MODEL_KEY to
 
 
 @dataclass

@@ -225,4 +225,6 @@ async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
         assert place is not None
         calls = world.calls_of(Activity.INVOKE_AGENT, run)
         assert calls[-1].at >= place, f"{run} called before its place in the ramp"
-    assert not world.calls_of(Activity.INVOKE_AGENT, "late")[:-1], "late made only the one call, after its place"
+    assert not world.calls_of(Activity.INVOKE_AGENT, "late")[:-1], (
+        "late made only the one call, after its place"
+    )

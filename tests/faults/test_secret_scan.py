@@ -1,0 +1,44 @@
+"""The end-of-suite scanner (tests.support.secret_scan) finds what it looks for: a credential in a Pod's env or
+in a log, and a sandbox pod that could run as root with a token. (The scan itself runs when the session's
+control plane and Temporal server stop: see tests/conftest.py.)"""
+
+import json
+import tempfile
+from pathlib import Path
+
+from tests.support.agents import MODEL_KEY
+from tests.support.secret_scan import scan_audit_log, scan_logs
+
+
+def pod_created(name: str, spec: dict[str, object]) -> str:
+    return json.dumps({"verb": "create", "objectRef": {"resource": "pods", "namespace": "ns", "name": name},
+                       "requestObject": {"metadata": {"labels": {"ksquad.io/run": "r"}}, "spec": spec}})  # fmt: skip
+
+
+def test_the_scanner_finds_a_copied_credential_and_an_unlocked_sandbox() -> None:
+    # Not under the session's tmp_path: the end-of-suite scan of it would find these planted secrets.
+    with tempfile.TemporaryDirectory() as tmp:
+        scan_planted(Path(tmp))
+
+
+def scan_planted(tmp_path: Path) -> None:
+    locked = {"automountServiceAccountToken": False, "securityContext": {"runAsNonRoot": True},
+              "containers": [{"name": "agent", "securityContext": {"allowPrivilegeEscalation": False}}]}  # fmt: skip
+    leaky = {**locked, "containers": [{"name": "agent", "env": [{"name": "KEY", "value": MODEL_KEY}],
+                                       "securityContext": {"allowPrivilegeEscalation": False}}]}  # fmt: skip
+    unlocked = {"containers": [{"name": "agent"}]}
+    audit = tmp_path / "audit.log"
+    audit.write_text("\n".join([pod_created("fine", locked), pod_created("leaky", leaky),
+                                pod_created("unlocked", unlocked)]) + "\n")  # fmt: skip
+    report = scan_audit_log(audit)
+    assert report.scanned == 3 and report.sandbox_pods == 3
+    assert len(report.leaks) == 1 and "ns/leaky" in report.leaks[0]
+    assert MODEL_KEY not in report.leaks[0], "the report names where, not the secret"
+    assert {p.split(":")[0].split()[-1] for p in report.insecure_pods} == {"ns/unlocked"}
+    assert len(report.insecure_pods) == 3, "token, root and privilege escalation each named"
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "worker.log").write_text(f"calling the model with {MODEL_KEY}\n")
+    (tmp_path / "logs" / "bridge.log").write_text("nothing to see\n")
+    logs = scan_logs(tmp_path / "logs")
+    assert logs.scanned == 2 and len(logs.leaks) == 1 and "worker.log" in logs.leaks[0]

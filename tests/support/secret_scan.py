@@ -1,0 +1,87 @@
+"""After the suite: every credential the tests handed out is looked for where ksquad must never copy it.
+
+- The control plane's audit log (tests/cluster/controlplane.py's AUDIT_POLICY): every Job, Pod,
+  ConfigMap, Event, NetworkPolicy and ksquad object written during the session, as it was sent. Every sandbox
+  Pod (a Pod carrying ksquad.io/ labels) must also run as non-root, without a service-account token.
+- Every workflow history on the session's Temporal server, as stored (payloads included).
+- Every log file under the session's temporary directory (the bridge's, the worker's, `ksquad dev`'s).
+
+The secrets are the values the tests put in credential Secrets or hand to the stacks as API keys."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+from tests.support.agents import MODEL_KEY, ROTATED_MODEL_KEY
+
+SECRET_VALUES = (MODEL_KEY, ROTATED_MODEL_KEY, "sk-test-dev")
+
+
+@dataclass
+class ScanReport:
+    scanned: int = 0  # objects, histories or files
+    sandbox_pods: int = 0
+    leaks: list[str] = field(default_factory=list)
+    insecure_pods: list[str] = field(default_factory=list)
+
+
+def _leaked(content: str | bytes, where: str, report: ScanReport) -> None:
+    data = content.encode() if isinstance(content, str) else content
+    for secret in SECRET_VALUES:
+        if secret.encode() in data:
+            report.leaks.append(f"{where} holds {secret[:6]}…")
+
+
+def scan_audit_log(path: Path) -> ScanReport:
+    report = ScanReport()
+    if not path.is_file():
+        return report
+    for line in path.read_text().splitlines():
+        event = json.loads(line)
+        obj: dict[str, Any] | None = event.get("requestObject")
+        if not obj:
+            continue
+        ref = event.get("objectRef", {})
+        where = f"{event.get('verb')} {ref.get('resource')}/{ref.get('subresource') or ''} {ref.get('namespace')}/{ref.get('name')}"
+        report.scanned += 1
+        _leaked(json.dumps(obj), where, report)
+        if ref.get("resource") == "pods" and event.get("verb") == "create" and not ref.get("subresource"):
+            labels = obj.get("metadata", {}).get("labels", {})
+            if any(k.startswith("ksquad.io/") for k in labels):
+                report.sandbox_pods += 1
+                spec = obj.get("spec", {})
+                if spec.get("automountServiceAccountToken") is not False:
+                    report.insecure_pods.append(f"{where}: mounts a service-account token")
+                if spec.get("securityContext", {}).get("runAsNonRoot") is not True:
+                    report.insecure_pods.append(f"{where}: may run as root")
+                containers = spec.get("containers", []) + spec.get("initContainers", [])
+                if any(
+                    (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False
+                    for c in containers
+                ):
+                    report.insecure_pods.append(f"{where}: a container may escalate privileges")
+    return report
+
+
+async def scan_histories(client: Client) -> ScanReport:
+    report = ScanReport()
+    async for execution in client.list_workflows():
+        history = await client.get_workflow_handle(execution.id, run_id=execution.run_id).fetch_history()
+        report.scanned += 1
+        # The protobuf as stored: payload bytes appear as they are (JSON would show them base64-encoded).
+        _leaked(
+            b"".join(e.SerializeToString() for e in history.events), f"the history of {execution.id}", report
+        )
+    return report
+
+
+def scan_logs(root: Path) -> ScanReport:
+    report = ScanReport()
+    for log in root.rglob("*.log"):
+        if log.is_file():
+            report.scanned += 1
+            _leaked(log.read_bytes(), str(log), report)
+    return report
