@@ -2,17 +2,27 @@
 
 A workflow cannot signal-with-start another workflow, and an entity (a credential's throttle, a concurrency
 gate) must exist before it can be signalled, so runs send their messages through `signal_with_start`.
-Gates use `find_closed_workflows` to free the slots of runs that were terminated without cleaning up.
+Gates use `find_closed_workflows` to free the slots of runs that were terminated without cleaning up. Runs
+paused by a rate limit take their place in the ramp after it from `reserve_resume_place`.
 """
 
-from datetime import UTC, datetime
+import hashlib
+from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.claims import as_activity_error
+from activities.store import Store, StoreError
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
-from workflows.entity_types import THROTTLED_UNTIL_MEMO, CredentialState, GateState, ThrottleNotice
+from workflows.entity_types import (
+    THROTTLED_UNTIL_MEMO,
+    CredentialState,
+    GateState,
+    ResumePlaceRequest,
+    ThrottleNotice,
+)
 
 
 class EntityActivities:
@@ -27,17 +37,32 @@ class EntityActivities:
         # The entity's key is the workflow id's tail: "credential/<ns>/<secret>" -> "<ns>/<secret>".
         key = message.workflow_id.split("/", 1)[1]
         state = CredentialState(key=key) if message.workflow == "CredentialThrottle" else GateState(scope=key)
-        handle = await self.client.start_workflow(
+        subscribing = message.workflow == "CredentialThrottle" and message.signal == "subscribe"
+        notice = await self._current_limit(message.workflow_id, key) if subscribing else None
+        arg = message.arg
+        if notice is not None:  # the throttle need not signal back what the subscriber already knows
+            arg = {**arg, "knownUntil": notice.until.isoformat()}
+        await self.client.start_workflow(
             message.workflow,
             state,
             id=message.workflow_id,
             task_queue=self.task_queue,
             start_signal=message.signal,
-            start_signal_args=[message.arg],
+            start_signal_args=[arg],
         )
-        if message.workflow != "CredentialThrottle" or message.signal != "subscribe":
+        return notice
+
+    async def _current_limit(self, workflow_id: str, key: str) -> ThrottleNotice | None:
+        """The limit in the throttle's memo, if it is running and limited now. Read before subscribing: a limit
+        set after this read reaches the subscriber as a signal (its subscription names what it knew)."""
+        try:
+            description = await self.client.get_workflow_handle(workflow_id).describe()
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return None
+            raise
+        if description.status != WorkflowExecutionStatus.RUNNING:
             return None
-        description = await handle.describe()
         until = await description.memo_value(THROTTLED_UNTIL_MEMO, None)
         if until is None or datetime.fromisoformat(str(until)) <= datetime.now(UTC):
             return None
@@ -58,3 +83,20 @@ class EntityActivities:
             if description.status != WorkflowExecutionStatus.RUNNING:
                 closed.append(workflow_id)
         return closed
+
+
+class ResumePlaces:
+    """Places in the ramp after a rate limit, handed out by the store (one counter per credential and limit):
+    unique and in order across every worker, whatever the throttle workflow is busy with."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @activity.defn(name=Activity.RESERVE_RESUME_PLACE)
+    async def reserve_resume_place(self, req: ResumePlaceRequest) -> datetime:
+        digest = hashlib.sha256(f"{req.key}@{req.until.isoformat()}".encode()).hexdigest()[:40]
+        try:
+            place = await self.store.next_in_line(f"resume:{digest}")
+        except StoreError as err:
+            raise as_activity_error(err) from None
+        return req.until + timedelta(seconds=(place - 1) / req.resume_per_second)

@@ -32,6 +32,7 @@ from temporalio.worker import Worker
 
 from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
+from activities.entities import ResumePlaces
 from activities.sandboxes import LocalSandboxes, SandboxActivities, SandboxSettings
 from activities.store import Store
 from activities.store.objects import ObjectStore
@@ -160,7 +161,8 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         objects = ObjectStore(store)
         bridge = EmbeddedBridge(objects, model_url, model_name)
         worker = build_worker(client, WORKER_TASK_QUEUE,
-                              [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(sandboxes).all()])  # fmt: skip
+                              [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(sandboxes).all(),
+                               ResumePlaces(store).reserve_resume_place])  # fmt: skip
         if options.serve_worker:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))

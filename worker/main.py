@@ -5,10 +5,13 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
+from activities.entities import ResumePlaces
 from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxActivities, SandboxSettings
 from activities.store import Store
 from kube import Config, Kube
@@ -41,7 +44,10 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         )
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
-        activities = [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(backend).all()]
+        activities: list[Callable[..., Any]] = [
+            *ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(backend).all(),
+            ResumePlaces(store).reserve_resume_place,
+        ]  # fmt: skip
         worker = build_worker(
             client, settings.task_queue, activities, max_cached_workflows=settings.max_cached_workflows
         )

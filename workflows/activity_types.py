@@ -38,6 +38,7 @@ class Activity(StrEnum):
     PUBLISH_OUTPUTS = "publish_outputs"
     SIGNAL_WITH_START = "signal_with_start"  # messages to the credential and concurrency-gate workflows
     FIND_CLOSED_WORKFLOWS = "find_closed_workflows"  # a gate frees the slots of runs that were terminated
+    RESERVE_RESUME_PLACE = "reserve_resume_place"  # a paused run's place in the ramp after a rate limit
 
 
 class RunRef(KsquadModel):

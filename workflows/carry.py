@@ -19,5 +19,6 @@ class RunCarry(KsquadModel):
     consecutive_limits: int = 0
     throttles: dict[str, datetime] = Field(default_factory=dict)
     strikes: dict[str, int] = Field(default_factory=dict)
+    unplaced: dict[str, datetime] = Field(default_factory=dict)  # limits this run holds no ramp place after
     slots: list[str] = Field(default_factory=list)
     claim_fence: int | None = None

@@ -33,7 +33,8 @@ from workflows.model import KsquadModel
 
 PATCH_THROTTLE_MEMO = "throttle-memo"
 PATCH_SIGNAL_BUDGET = "signal-budget"  # continue as new after state.signals_per_run signals
-PATCH_RESUME_RAMP = "resume-ramp"  # each paused run gets its own place after a limit, resume_per_second apart
+PATCH_SIGNAL_BATCHES = "signal-batches"  # notices sent SIGNAL_BATCH at a time; unsent ones carried over
+SIGNAL_BATCH = 500
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
 
@@ -57,45 +58,40 @@ async def signal_runs(signals: Iterable[tuple[str, KsquadModel]], signal: str) -
 
 @workflow.defn(name="CredentialThrottle")
 class CredentialThrottleWorkflow:
-    """The throttle of one credential (`<namespace>/<secret>`), shared by every run that uses it."""
+    """The throttle of one credential (`<namespace>/<secret>`), shared by every run that uses it.
+
+    It tells subscribers when the credential is limited; it does not order their resumption (each run takes its
+    own place in the ramp from the store: `reserve_resume_place`), so thousands of paused runs cost it no more
+    than their subscriptions."""
 
     @workflow.init
     def __init__(self, state: CredentialState) -> None:
         self.state = state
+        # Notices still to send; a continue-as-new carries the run ids (state.to_notify).
         self._outbox: list[tuple[str, ThrottleNotice]] = []
+        if state.to_notify and state.throttled_until is not None:
+            self._outbox = [(r, self._notice()) for r in state.to_notify]
+        state.to_notify = []
         self._signals = 0  # received by this run of the workflow
         self._signal_budget = False
 
     def _notice(self) -> ThrottleNotice:
-        """The limit as one run is told it: with its own place in the ramp (the next free one)."""
-        until = self.state.throttled_until
-        assert until is not None
-        if not workflow.patched(PATCH_RESUME_RAMP):
-            return ThrottleNotice(key=self.state.key, until=until, strikes=self.state.strikes)
-        resume_at = max(until, self.state.next_release or until)
-        self.state.next_release = resume_at + timedelta(seconds=1 / self.state.resume_per_second)
+        assert self.state.throttled_until is not None
         return ThrottleNotice(
-            key=self.state.key, until=until, strikes=self.state.strikes, resume_at=resume_at
+            key=self.state.key, until=self.state.throttled_until, strikes=self.state.strikes
         )
 
     def _throttled(self) -> bool:
-        """Limited, or still releasing the runs paused by the last limit."""
-        now = workflow.now()
-        if self.state.next_release is not None and self.state.next_release > now:
-            return True
-        return self.state.throttled_until is not None and self.state.throttled_until > now
-
-    def _rate(self, resume_per_second: float | None) -> None:
-        if resume_per_second is not None:
-            self.state.resume_per_second = resume_per_second
+        return self.state.throttled_until is not None and self.state.throttled_until > workflow.now()
 
     @workflow.signal
     def subscribe(self, sub: CredentialSubscription) -> None:
         self._signals += 1
-        self._rate(sub.resume_per_second)
         if sub.run_id not in self.state.subscribers:
             self.state.subscribers.append(sub.run_id)
-        if self._throttled():  # a run joining during a limit (or its ramp) learns of it at once
+        # A run joining during a limit learns of it at once, unless its subscription already knew it (read from
+        # the memo before subscribing): then no signal is needed, which matters when thousands subscribe.
+        if self._throttled() and sub.known_until != self.state.throttled_until:
             self._outbox.append((sub.run_id, self._notice()))
 
     @workflow.signal
@@ -108,20 +104,16 @@ class CredentialThrottleWorkflow:
     def limited(self, limit: CredentialLimit) -> None:
         """A run hit a 429 on this credential: every other subscriber pauses until `until` too."""
         self._signals += 1
-        self._rate(limit.resume_per_second)
-        moved = self.state.throttled_until is None or limit.until > self.state.throttled_until
-        if moved:
+        if self.state.throttled_until is None or limit.until > self.state.throttled_until:
             self.state.throttled_until = limit.until
-            self.state.next_release = None  # a new limit: everyone gets a new place after it
         self.state.strikes += 1
-        assert self.state.throttled_until is not None
         if workflow.patched(PATCH_THROTTLE_MEMO):
             # Readable without a workflow task (describe): a run subscribing during the limit learns of it
             # before its first call, not from a signal that may arrive after it.
             workflow.upsert_memo({THROTTLED_UNTIL_MEMO: self.state.throttled_until.isoformat(),
                                   "strikes": self.state.strikes})  # fmt: skip
-        if moved or not workflow.patched(PATCH_RESUME_RAMP):  # the same limit again: everyone has a place
-            self._outbox.extend((r, self._notice()) for r in self.state.subscribers if r != limit.run_id)
+        others = [r for r in self.state.subscribers if r != limit.run_id]
+        self._outbox.extend((r, self._notice()) for r in others)
 
     @workflow.signal
     def cleared(self, sub: CredentialSubscription) -> None:
@@ -142,6 +134,7 @@ class CredentialThrottleWorkflow:
     @workflow.run
     async def run(self, state: CredentialState) -> None:
         self._signal_budget = workflow.patched(PATCH_SIGNAL_BUDGET)
+        batched = workflow.patched(PATCH_SIGNAL_BATCHES)
         while True:
             idle = not self.state.subscribers and not self._throttled()
             try:
@@ -154,13 +147,17 @@ class CredentialThrottleWorkflow:
                 if not self.state.subscribers and not self._throttled():
                     return
                 continue
-            while self._outbox:
-                notices, self._outbox = self._outbox, []
+            while self._outbox and not (batched and self._renew_due()):
+                # The server refuses more than 2,000 signals in flight from one workflow: send in batches.
+                size = SIGNAL_BATCH if batched else len(self._outbox)
+                notices, self._outbox = self._outbox[:size], self._outbox[size:]
                 for gone in await signal_runs(notices, CREDENTIAL_THROTTLED):
                     if gone in self.state.subscribers:
                         self.state.subscribers.remove(gone)
             if self._renew_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                if batched:
+                    self.state.to_notify = [run_id for run_id, _ in self._outbox]
                 workflow.continue_as_new(self.state)
 
 

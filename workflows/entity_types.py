@@ -32,24 +32,30 @@ DEFAULT_RESUME_PER_SECOND = 10.0
 
 
 class ThrottleNotice(KsquadModel):
-    """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row; this run
-    resumes at `resume_at` (its place in the ramp after `until`; None from throttles older than the ramp)."""
+    """To runs: the credential `key` is throttled until `until`, after `strikes` limits in a row."""
 
     key: str
     until: datetime
     strikes: int
-    resume_at: datetime | None = None
 
 
 class CredentialSubscription(KsquadModel):
     run_id: str
-    resume_per_second: float | None = None  # the model's ModelEndpoint.resumePerSecond
+    # The limit the subscriber already knows of (read from the throttle's memo before subscribing), if any.
+    known_until: datetime | None = None
 
 
 class CredentialLimit(KsquadModel):
     run_id: str
     until: datetime
-    resume_per_second: float | None = None
+
+
+class ResumePlaceRequest(KsquadModel):
+    """A place in the ramp after `key`'s limit ending at `until`: places are `1 / resume_per_second` apart."""
+
+    key: str
+    until: datetime
+    resume_per_second: float = Field(default=DEFAULT_RESUME_PER_SECOND, gt=0)
 
 
 # The server refuses signals past 10,000 per execution (history.maximumSignalsPerExecution): an entity that
@@ -63,8 +69,7 @@ class CredentialState(KsquadModel):
     strikes: int = 0
     subscribers: list[str] = Field(default_factory=list)
     signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
-    resume_per_second: float = DEFAULT_RESUME_PER_SECOND
-    next_release: datetime | None = None  # the next free place in the ramp after throttled_until
+    to_notify: list[str] = Field(default_factory=list)  # notices not yet sent when it continued as new
 
 
 class SlotRequest(KsquadModel):

@@ -66,10 +66,12 @@ from workflows.contract import (
 )
 from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
+    DEFAULT_RESUME_PER_SECOND,
     SLOT_GRANTED,
     SLOT_QUEUED,
     CredentialLimit,
     CredentialSubscription,
+    ResumePlaceRequest,
     SlotNotice,
     SlotRelease,
     SlotRequest,
@@ -106,6 +108,9 @@ T = TypeVar("T")
 # take the old path. tests/workflows/test_replay.py replays such histories.
 PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
 PATCH_FAILURES_FAIL_THE_RUN = "failures-fail-the-run"
+PATCH_RESUME_RAMP = (
+    "resume-ramp"  # a paused run takes its place in the ramp after the limit (reserve_resume_place)
+)
 
 AGENT_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
 MIRROR_FLUSH_SECONDS = 60.0  # at the end, wait this long for the last status to be mirrored
@@ -192,6 +197,7 @@ class RunWorkflow:
         self.consecutive_limits = carry.consecutive_limits
         self.throttles = dict(carry.throttles)
         self.strikes = dict(carry.strikes)
+        self.unplaced = dict(carry.unplaced)
         self.slots = list(carry.slots)
         self.claim_fence = carry.claim_fence
         self.queued: dict[str, int] = {}
@@ -247,7 +253,7 @@ class RunWorkflow:
 
     @workflow.signal(name=CREDENTIAL_THROTTLED)
     def credential_throttled(self, notice: ThrottleNotice) -> None:
-        self._throttle(notice.key, notice.resume_at or notice.until)  # this run's own place in the ramp
+        self._throttle(notice.key, notice.until)
         self.strikes[notice.key] = notice.strikes
         in_flight = self.status.phase in (Phase.CLAIMING, Phase.RUNNING)
         if in_flight and self.interrupt is None and notice.key == self._credential_key():
@@ -755,14 +761,35 @@ class RunWorkflow:
             "CredentialThrottle",
             credential_workflow_id(key),
             "limited",
-            CredentialLimit(
-                run_id=self._run_id(), until=until, resume_per_second=self._model().resume_per_second
-            ),
+            CredentialLimit(run_id=self._run_id(), until=until),
         )
 
     def _throttle(self, key: str, until: datetime) -> None:
+        """A limit on `key` until `until`: this run holds no place in the ramp after it yet."""
         if key not in self.throttles or until > self.throttles[key]:
             self.throttles[key] = until
+            self.unplaced[key] = until
+
+    async def _take_place(self, key: str) -> None:
+        """This run's place in the ramp after the limit (the store hands them out, 1/resumePerSecond apart), so
+        the runs paused by one limit do not all call the provider again in the same second."""
+        limit = self.unplaced.pop(key)
+        rate = self._model().resume_per_second or DEFAULT_RESUME_PER_SECOND
+        try:
+            place: datetime = await self._activity(
+                Activity.RESERVE_RESUME_PLACE,
+                ResumePlaceRequest(key=key, until=limit, resume_per_second=rate),
+                datetime,
+                start_to_close=30,
+                summary=f"place in the ramp after {key}'s limit",
+            )
+        except (
+            ActivityError
+        ) as err:  # the ramp spares the provider; without a place the run resumes at the limit
+            workflow.logger.warning("no place in the ramp after %s: %s", key, _cause(err))
+            return
+        if place > self.throttles.get(key, limit):
+            self.throttles[key] = place
 
     def _throttle_moved(self, key: str, until: datetime) -> bool:
         return self.throttles.get(key) != until
@@ -786,6 +813,12 @@ class RunWorkflow:
         """Paused(RateLimited) until the credential's resumeAt: one durable timer, no calls meanwhile."""
         while True:
             key = self._credential_key()
+            if (
+                key in self.unplaced
+                and self.throttles[key] > workflow.now()
+                and workflow.patched(PATCH_RESUME_RAMP)
+            ):
+                await self._take_place(key)
             until = self.throttles.get(key)
             now = workflow.now()
             if until is None or until <= now:
@@ -1054,6 +1087,7 @@ class RunWorkflow:
             consecutive_limits=self.consecutive_limits,
             throttles=self.throttles,
             strikes=self.strikes,
+            unplaced=self.unplaced,
             slots=self.slots,
             claim_fence=self.claim_fence,
         )
@@ -1063,18 +1097,18 @@ class RunWorkflow:
 
     async def _subscribe_credentials(self) -> None:
         assert self.resolution is not None
-        models: dict[str, ModelRef] = {}
+        keys: list[str] = []
         for agent in self.resolution.agents:
             for model in (agent.model, agent.fallback_model):
-                if model is not None:
-                    models.setdefault(model.throttle_key(self.run_input.namespace), model)
-        for key, model in models.items():
+                if model is not None and (key := model.throttle_key(self.run_input.namespace)) not in keys:
+                    keys.append(key)
+        for key in keys:
             if key not in self.subscribed:
                 notice = await self._entity_signal(
                     "CredentialThrottle",
                     credential_workflow_id(key),
                     "subscribe",
-                    CredentialSubscription(run_id=self._run_id(), resume_per_second=model.resume_per_second),
+                    CredentialSubscription(run_id=self._run_id()),
                 )
                 self.subscribed.append(key)
                 if notice is not None:  # limited right now: pause before the first call

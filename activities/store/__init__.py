@@ -407,6 +407,13 @@ class Store:
         return int(seq)
 
     @_unavailable
+    async def next_in_line(self, name: str) -> int:
+        """1, 2, 3... for each call with the same `name` (at most 128 characters), across every process: a
+        named counter kept in run_sequences beside the runs' event numbers."""
+        async with self.engine.begin() as c:
+            return await self.next_seq(c, name)
+
+    @_unavailable
     async def add_comment(self, work_item_ref: str, holder: Holder, fence: int, body: str) -> int:
         async with self.engine.begin() as c:
             row = await self._fenced_insert(

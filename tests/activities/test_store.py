@@ -1,15 +1,20 @@
-"""The coordination store on real PostgreSQL and SQLite: one holder, fences, leases, migrations."""
+"""The coordination store on real PostgreSQL and SQLite: one holder, fences, leases, migrations, and the places
+in the ramp after a rate limit."""
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from temporalio.testing import ActivityEnvironment
 
+from activities.entities import ResumePlaces
 from activities.store import Holder, StaleFence, Store, WorkItemHeld, sync_url
 from activities.store.schema import metadata
 from tests.activities.conftest import Clock
+from workflows.entity_types import ResumePlaceRequest
 
 A = Holder("uid-a", "payments/run-a", "alice@example.com")
 B = Holder("uid-b", "payments/run-b", "bob@example.com")
@@ -191,3 +196,16 @@ async def test_a_later_attempts_artifact_replaces_the_earlier_one(store: Store) 
     assert first == second, "one artifact per name and run: the newest attempt's"
     with pytest.raises(StaleFence):
         await store.put_artifact(A, 1, "answer", content=b"late attempt 1")
+
+
+async def test_places_in_the_resume_ramp_are_unique_and_in_order_for_concurrent_takers(store: Store) -> None:
+    until = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    places = ResumePlaces(store)
+    env = ActivityEnvironment()
+    request = ResumePlaceRequest(key="ns/model-key", until=until, resume_per_second=4)
+    taken = await asyncio.gather(*(env.run(places.reserve_resume_place, request) for _ in range(40)))
+    assert sorted(taken) == [until + timedelta(seconds=i / 4) for i in range(40)], "40 places, 0.25 s apart"
+    other = await env.run(
+        places.reserve_resume_place, request.model_copy(update={"until": until + timedelta(hours=1)})
+    )
+    assert other == until + timedelta(hours=1), "a new limit starts its own ramp"

@@ -126,6 +126,7 @@ rules:
 class ControlPlane:
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ksquad-k8s-")))
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    commands: dict[str, tuple[list[str], Path | None]] = field(default_factory=dict)
     apiserver_port: int = 0
     etcd_port: int = 0
 
@@ -155,7 +156,7 @@ class ControlPlane:
         t0 = time.monotonic()
         self.pki = Pki(self.root / "pki")
         serving = self.pki.issue("apiserver", "kube-apiserver", server=True)
-        admin = self.pki.issue("admin", "ksquad-test-admin", ("system:masters",))
+        admin = self.admin = self.pki.issue("admin", "ksquad-test-admin", ("system:masters",))
         kcm = self.pki.issue("controller-manager", "system:kube-controller-manager")
         self.etcd_port, peer_port = free_port(), free_port()
         self.apiserver_port = free_port()
@@ -228,7 +229,21 @@ class ControlPlane:
             f"the loopback kubelet's node is not Ready after {timeout}s:\n{self.tail('kubelet')}"
         )
 
+    def stop_apiserver(self) -> None:
+        """Take kube-apiserver away (SIGKILL: a graceful stop waits a minute for watches to drain): from now on
+        everything talking to it is refused."""
+        proc = self.processes["kube-apiserver"]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+    def start_apiserver(self, timeout: float = 90) -> None:
+        """Bring it back with the same flags, certificates and etcd: the same cluster, as after a restart."""
+        cmd, cwd = self.commands["kube-apiserver"]
+        self._spawn("kube-apiserver", cmd, cwd)
+        self._wait_ready("kube-apiserver", f"{self.server}/readyz", self.admin, timeout=timeout)
+
     def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
+        self.commands[name] = (cmd, cwd)
         out = self.log_file(name).open("ab")
         self.processes[name] = subprocess.Popen(
             cmd,

@@ -5,12 +5,13 @@ control plane and Temporal server stop: see tests/conftest.py.)"""
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tests.support.agents import MODEL_KEY
 from tests.support.secret_scan import scan_audit_log, scan_logs
 
 
-def pod_created(name: str, spec: dict[str, object]) -> str:
+def pod_created(name: str, spec: Any) -> str:
     return json.dumps({"verb": "create", "objectRef": {"resource": "pods", "namespace": "ns", "name": name},
                        "requestObject": {"metadata": {"labels": {"ksquad.io/run": "r"}}, "spec": spec}})  # fmt: skip
 

@@ -4,12 +4,19 @@ new, carrying their whole state."""
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client, WorkflowHandle
 
 from tests.workflows.world import World
 from workflows.activity_types import WORKER_TASK_QUEUE
-from workflows.entity_types import CredentialState, CredentialSubscription, GateState, SlotRequest
+from workflows.entity_types import (
+    CredentialLimit,
+    CredentialState,
+    CredentialSubscription,
+    GateState,
+    SlotRequest,
+)
 
 
 async def continued_as_new(handle: WorkflowHandle[object, object], first: str | None) -> bool:
@@ -63,5 +70,35 @@ async def test_a_gate_continues_as_new_before_the_signal_limit_and_keeps_holders
         assert len(state.holders) <= 3
         everyone = [f"ns/run-{i}" for i in range(12)]
         assert state.holders + state.waiting == sorted(state.holders + state.waiting, key=everyone.index)
+    finally:
+        await handle.terminate("test over")
+
+
+async def test_a_limit_with_thousands_of_subscribers_is_told_in_batches_under_the_servers_limit(
+    client: Client, world: World
+) -> None:
+    """The server refuses more than 2,000 signals in flight from one workflow: a throttle with 2,100 subscribers
+    when a limit comes sends its notices in batches (these subscribers are gone, so each notice comes back
+    undeliverable and the subscriber is dropped: all 2,100 answered)."""
+    workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
+    subscribers = [f"ns/gone-{i}" for i in range(2100)]
+    handle = await client.start_workflow(
+        "CredentialThrottle", CredentialState(key=workflow_id.split("/", 1)[1], subscribers=subscribers),
+        id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="limited",
+        start_signal_args=[CredentialLimit(run_id="ns/reporter", until=datetime.now(UTC) + timedelta(hours=1))],
+    )  # fmt: skip
+    try:
+        for _ in range(600):
+            state = await handle.query("state_query", result_type=CredentialState)
+            if not state.subscribers:
+                break
+            await asyncio.sleep(0.1)
+        assert state.subscribers == [], f"{len(state.subscribers)} subscribers never told"
+        failed = [
+            e
+            async for e in handle.fetch_history_events()
+            if e.HasField("workflow_task_failed_event_attributes")
+        ]
+        assert not failed, failed[0].workflow_task_failed_event_attributes.failure.message
     finally:
         await handle.terminate("test over")

@@ -2,6 +2,7 @@
 throttling shared per credential."""
 
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import Client
 
@@ -142,8 +143,9 @@ async def test_runs_sharing_a_credential_pause_together_others_keep_running(
     paused_a = await world.until_phase("a", "Paused")
     paused_b = await world.until_phase("b", "Paused")
     assert paused_b.pause_reason == PauseReason.RATE_LIMITED
-    assert paused_b.resume_at == paused_a.resume_at, (
-        "one 429 pauses every run on the credential until its resumeAt"
+    assert paused_a.resume_at is not None and paused_b.resume_at is not None
+    assert timedelta(0) <= paused_b.resume_at - paused_a.resume_at <= timedelta(seconds=0.1), (
+        "one 429 pauses every run on the credential until its resumeAt (b's place in the ramp: at most 0.1 s on)"
     )
     assert "shared-key" in (paused_b.message or "")
     assert world.cancelled == ["task-uid-b-a1"], "b's in-flight call was stopped, c's was not"
@@ -177,7 +179,10 @@ async def test_a_run_starting_while_its_credential_is_limited_pauses_before_its_
     late = await start_run(client, run_input("late", agents=["dev-late"]))
     paused_late = await world.until_phase("late", "Paused")
     assert paused_late.pause_reason == PauseReason.RATE_LIMITED
-    assert paused_late.resume_at == paused_a.resume_at, "it learns the limit when it subscribes"
+    assert paused_late.resume_at is not None and paused_a.resume_at is not None
+    assert timedelta(0) <= paused_late.resume_at - paused_a.resume_at <= timedelta(seconds=0.1), (
+        "it learns the limit when it subscribes"
+    )
     assert paused_late.attempt == 0, "paused before its first attempt"
     assert not world.calls_of(Activity.INVOKE_AGENT, "late"), "no call while the credential is limited"
     assert not world.calls_of(Activity.ACQUIRE_SANDBOX, "late"), "and no sandbox"
@@ -191,8 +196,8 @@ async def test_a_run_starting_while_its_credential_is_limited_pauses_before_its_
 async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
     client: Client, world: World
 ) -> None:
-    """No stampede at resumeAt: each paused run gets its own place after the limit, resumePerSecond apart (here
-    0.5/s: 2 s), in the order they subscribed; a run arriving during the limit queues behind them."""
+    """No stampede at resumeAt: each paused run takes its own place after the limit, resumePerSecond apart
+    (here 0.5/s: 2 s); a run arriving during the limit queues behind them."""
     waiting = ["w1", "w2", "w3"]
     for run in ["limited", *waiting, "late"]:
         world.agents[f"dev-{run}"] = agent(f"dev-{run}", "ramp-key")
@@ -206,25 +211,30 @@ async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
     handles["limited"] = await start_run(client, run_input("limited", agents=["dev-limited"]))
     until = (await world.until_phase("limited", "Paused")).resume_at
     assert until is not None
-    places = [(await world.until_phase(run, "Paused")).resume_at for run in waiting]
+
+    def placed(runs: list[str]) -> bool:
+        """Each run shows its own place (first Paused until the limit, then at its place)."""
+        places = [(s := world.last(r)) is not None and s.resume_at for r in runs]
+        return sum(world.resume_places.values()) >= len(runs) and len(set(places)) == len(runs)
+
+    first = ["limited", *waiting]
+    await world.until("the first four to take their places", lambda: placed(first), 20)
+    places: dict[str, Any] = {r: world.last(r).resume_at for r in first}  # type: ignore[union-attr]
+    assert sorted(places.values()) == [until + timedelta(seconds=2 * i) for i in range(4)], "2 s apart"
+
     world.scripts["late"] = [ok()]
     handles["late"] = await start_run(client, run_input("late", agents=["dev-late"]))
-    await world.until_phase("late", "Paused")  # at once: the throttle's memo says until when
-
-    def late_placed() -> bool:  # then the throttle's notice gives it its place behind the others
-        status = world.last("late")
-        return status is not None and status.resume_at is not None and status.resume_at > until
-
-    await world.until("late to get its place", late_placed, 20)
-    places.append(world.last("late").resume_at)  # type: ignore[union-attr]
-    assert places == [until + timedelta(seconds=2 * i) for i in range(4)], "2 s apart, in order, late last"
+    await world.until("late to take its place", lambda: placed([*first, "late"]), 20)
+    late = world.last("late")
+    assert late is not None and late.resume_at == until + timedelta(seconds=8), "behind the others"
+    assert late.attempt == 0, "it paused before its first call"
+    places["late"] = late.resume_at
 
     for run, handle in handles.items():
         assert (await handle.result()).phase == Phase.SUCCEEDED, run
-    for run, place in zip([*waiting, "late"], places, strict=True):
+    for run, place in places.items():
         assert place is not None
-        calls = world.calls_of(Activity.INVOKE_AGENT, run)
-        assert calls[-1].at >= place, f"{run} called before its place in the ramp"
-    assert not world.calls_of(Activity.INVOKE_AGENT, "late")[:-1], (
+        assert world.calls_of(Activity.INVOKE_AGENT, run)[-1].at >= place, f"{run} called before its place"
+    assert len(world.calls_of(Activity.INVOKE_AGENT, "late")) == 1, (
         "late made only the one call, after its place"
     )

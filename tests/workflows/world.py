@@ -44,6 +44,7 @@ from workflows.activity_types import (
 )
 from workflows.client import connect, register_search_attributes, with_converter
 from workflows.contract import ConcurrencyScope, CredentialRef, ModelRef, Resolution, ResolvedAgent
+from workflows.entity_types import ResumePlaceRequest
 from workflows.run import RunWorkflow
 from workflows.spec import RunInput, parse_run_spec
 from workflows.status import PhaseEvent, RunStatus, StatusSnapshot
@@ -125,6 +126,7 @@ class World:
         self.missing: dict[str, list[str]] = {}  # run name -> objects reported missing
         self.invalid: dict[str, str] = {}
         self.broken: dict[str, str] = {}  # run name -> why publishing its outputs fails for good
+        self.resume_places: dict[str, int] = {}  # the ramp counters: credential@limit -> places given
         self.scopes: dict[str, list[ConcurrencyScope]] = {}  # run name -> scopes it counts against
         self.scripts: dict[str, list[Outcome]] = {}  # run name -> outcomes, one per invocation
         self.default_outcome = ok()
@@ -272,6 +274,13 @@ class World:
             raise ApplicationError(self.broken[req.run.name], type="Broken", non_retryable=True)
         return PublishedOutputs(outputs=req.outputs, config_map=f"{req.run.name}-outputs")
 
+    @activity.defn(name=Activity.RESERVE_RESUME_PLACE)
+    async def reserve_resume_place(self, req: ResumePlaceRequest) -> datetime:
+        """activities.entities.ResumePlaces, with the store's counter kept here (the world has no database)."""
+        name = f"{req.key}@{req.until.isoformat()}"
+        self.resume_places[name] = place = self.resume_places.get(name, 0) + 1
+        return req.until + timedelta(seconds=(place - 1) / req.resume_per_second)
+
     # --- the agent ----------------------------------------------------------------------------------------
 
     @activity.defn(name=Activity.INVOKE_AGENT)
@@ -328,6 +337,7 @@ class World:
         return [
             self.claim_work_item, self.fence_work_item, self.renew_claim, self.release_work_item,
             self.acquire_sandbox, self.release_sandbox, self.publish_outputs, self.invoke_agent,
+            self.reserve_resume_place,
         ]  # fmt: skip
 
     def bridge_activities(self) -> list[Any]:

@@ -1,0 +1,57 @@
+"""kube-apiserver gone for 30 s while runs are in flight (the bridge and the worker as the chart deploys them,
+cold sandbox Jobs on the loopback kubelet): the runs go on (agents keep working, workflows move to their next
+step and wait there), and once it is back every Run's status converges on its workflow's."""
+
+import asyncio
+import time
+from collections import Counter
+
+from tests.crd_bridge.conftest import RUN_API, StackFactory
+from tests.support.agents import ModelEndpoint
+from workflows.status import RunStatus
+
+RUNS = 6
+DOWN_SECONDS = 30
+
+
+async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
+    start_stack: StackFactory, model: ModelEndpoint, fault_counts: Counter[str]
+) -> None:
+    model.script("dev-model", {"delay": 8, "text": "done despite the outage"})
+    stack = await start_stack()
+    names = [f"outage-{i}" for i in range(RUNS)]
+    stack.apply(*stack.resources(model), *({"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": n},
+                                            "spec": {"agents": ["dev-1"], "inputs": {"task": n}}} for n in names))  # fmt: skip
+    for name in names:
+        await stack.wait_phase(name, {"Running"}, within=120)
+    handles = {n: stack.temporal.get_workflow_handle(f"{stack.namespace}/{n}") for n in names}
+
+    stack.cluster.stop_apiserver()
+    down_at = time.monotonic()
+    try:
+        moved_on: set[str] = set()
+        while time.monotonic() - down_at < DOWN_SECONDS:
+            for name, handle in handles.items():
+                pending = {
+                    a.activity_type for a in (await handle.describe()).raw_description.pending_activities
+                }
+                if (
+                    "invoke_agent" not in pending
+                ):  # the agent answered; the workflow went on without the apiserver
+                    moved_on.add(name)
+            await asyncio.sleep(1)
+    finally:
+        stack.cluster.start_apiserver()
+    assert moved_on == set(names), f"only {sorted(moved_on)} got past their agent call during the outage"
+
+    for name in names:
+        run = await stack.wait_phase(name, {"Succeeded", "Failed"}, within=180)
+        assert run["status"]["phase"] == "Succeeded", run["status"]
+        state = await handles[name].query("state", result_type=RunStatus)
+        assert run["status"]["revision"] == state.revision, f"{name}: the status converged on the workflow's"
+        assert run["status"]["outputs"] == {"answer": "done despite the outage"}
+    assert stack.processes["bridge"].poll() is None and stack.processes["worker"].poll() is None, (
+        "both survived"
+    )
+    fault_counts["apiserver_outage.runs"] += RUNS
+    fault_counts["apiserver_outage.seconds_down"] += DOWN_SECONDS
