@@ -109,6 +109,7 @@ def ksquad_cluster(cluster: ControlPlane) -> ControlPlane:
     """The control plane with ksquad's CRDs installed and the RuntimeClasses runs ask for."""
     cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    cluster.wait_for_resource("runs.ksquad.io")
     for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
         cluster.kubectl("apply", "-f", "-", input=f"apiVersion: node.k8s.io/v1\nkind: RuntimeClass\n"
                                                  f"metadata: {{name: {name}}}\nhandler: {handler}\n")  # fmt: skip

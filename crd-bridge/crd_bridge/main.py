@@ -7,6 +7,7 @@ anywhere); the replica holding the Lease also reconciles Runs and watches creden
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -24,6 +25,7 @@ from workflows.activity_types import BRIDGE_TASK_QUEUE
 from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.bridge")
+SHUTDOWN_SECONDS = 10.0
 
 
 async def serve(settings: BridgeSettings) -> int:
@@ -42,7 +44,8 @@ async def serve(settings: BridgeSettings) -> int:
         bridge = BridgeActivities(kube, settings.identity, settings.namespace_max_concurrent_runs)
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0
-        async with worker:
+        serving = asyncio.create_task(worker.run())
+        try:
             state["ready"] = True
             elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, settings.identity)
             stopping: asyncio.Task[Any] = asyncio.create_task(stop.wait())
@@ -66,8 +69,23 @@ async def serve(settings: BridgeSettings) -> int:
                         code = 1 if isinstance(error, LostLeadership) else 2
             else:
                 acquiring.cancel()
+        finally:
             state["ready"] = False
+            await _stop_worker(worker, serving, code)
     return code
+
+
+async def _stop_worker(worker: Worker, serving: "asyncio.Task[None]", code: int) -> None:
+    """Stop serving activities, bounded: a bridge that lost its lease must stop acting now, and an activity
+    stuck on an unreachable API server must not keep the process (and its stale leadership) alive. Past the
+    bound the process exits at once; its Deployment starts a fresh one."""
+    try:
+        await asyncio.wait_for(worker.shutdown(), SHUTDOWN_SECONDS)
+        await asyncio.wait_for(serving, SHUTDOWN_SECONDS)
+    except TimeoutError:
+        log.error("the bridge's Temporal worker did not stop within %.0fs: exiting now", SHUTDOWN_SECONDS)
+        logging.shutdown()
+        os._exit(code or 2)
 
 
 def main() -> None:

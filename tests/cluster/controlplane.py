@@ -242,6 +242,17 @@ class ControlPlane:
         self._spawn("kube-apiserver", cmd, cwd)
         self._wait_ready("kube-apiserver", f"{self.server}/readyz", self.admin, timeout=timeout)
 
+    def wait_for_resource(self, resource: str, timeout: float = 60) -> None:
+        """Until `kubectl get <resource>` works: a CRD (re)established is served a moment after it says so."""
+        deadline = time.monotonic() + timeout
+        while True:
+            done = self.kubectl("get", resource, "--all-namespaces", "-o", "name", check=False)
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"{resource} not served after {timeout}s: {done.stderr.strip()}")
+            time.sleep(0.2)
+
     def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
         self.commands[name] = (cmd, cwd)
         out = self.log_file(name).open("ab")

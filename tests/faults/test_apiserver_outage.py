@@ -1,6 +1,7 @@
 """kube-apiserver gone for 30 s while runs are in flight (the bridge and the worker as the chart deploys them,
 cold sandbox Jobs on the loopback kubelet): the runs go on (agents keep working, workflows move to their next
-step and wait there), and once it is back every Run's status converges on its workflow's."""
+step and wait there), and once it is back (and the bridge, which gave up its leader lease, is started again as
+its Deployment would) every Run's status converges on its workflow's."""
 
 import asyncio
 import time
@@ -32,17 +33,23 @@ async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
         moved_on: set[str] = set()
         while time.monotonic() - down_at < DOWN_SECONDS:
             for name, handle in handles.items():
-                pending = {
-                    a.activity_type for a in (await handle.describe()).raw_description.pending_activities
-                }
-                if (
-                    "invoke_agent" not in pending
-                ):  # the agent answered; the workflow went on without the apiserver
-                    moved_on.add(name)
+                described = await handle.describe()
+                if "invoke_agent" not in {
+                    a.activity_type.name for a in described.raw_description.pending_activities
+                }:
+                    moved_on.add(name)  # the agent answered; the workflow went on without the apiserver
             await asyncio.sleep(1)
     finally:
         stack.cluster.start_apiserver()
+        stack.cluster.wait_for_resource("runs.ksquad.io")  # for the tests after this one too
     assert moved_on == set(names), f"only {sorted(moved_on)} got past their agent call during the outage"
+    # The bridge cannot renew its leader lease without the apiserver: it stops, as client-go's leader election
+    # does, and its Deployment starts it again; here the test does what the kubelet would.
+    assert stack.processes["bridge"].poll() is not None, (
+        "the bridge that lost its lease is gone, not hanging on"
+    )
+    assert "could not renew the lease" in stack.log("bridge")
+    await stack.start("bridge")
 
     for name in names:
         run = await stack.wait_phase(name, {"Succeeded", "Failed"}, within=180)
@@ -50,8 +57,7 @@ async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
         state = await handles[name].query("state", result_type=RunStatus)
         assert run["status"]["revision"] == state.revision, f"{name}: the status converged on the workflow's"
         assert run["status"]["outputs"] == {"answer": "done despite the outage"}
-    assert stack.processes["bridge"].poll() is None and stack.processes["worker"].poll() is None, (
-        "both survived"
-    )
+    assert stack.processes["worker"].poll() is None, "the worker rode it out"
     fault_counts["apiserver_outage.runs"] += RUNS
     fault_counts["apiserver_outage.seconds_down"] += DOWN_SECONDS
+    fault_counts["apiserver_outage.bridge_restarts"] += 1
