@@ -81,6 +81,11 @@ class CredentialThrottleWorkflow:
             key=self.state.key, until=self.state.throttled_until, strikes=self.state.strikes
         )
 
+    def _memo(self) -> dict[str, object]:
+        if self.state.throttled_until is None:
+            return {}
+        return {THROTTLED_UNTIL_MEMO: self.state.throttled_until.isoformat(), "strikes": self.state.strikes}
+
     def _throttled(self) -> bool:
         return self.state.throttled_until is not None and self.state.throttled_until > workflow.now()
 
@@ -110,8 +115,7 @@ class CredentialThrottleWorkflow:
         if workflow.patched(PATCH_THROTTLE_MEMO):
             # Readable without a workflow task (describe): a run subscribing during the limit learns of it
             # before its first call, not from a signal that may arrive after it.
-            workflow.upsert_memo({THROTTLED_UNTIL_MEMO: self.state.throttled_until.isoformat(),
-                                  "strikes": self.state.strikes})  # fmt: skip
+            workflow.upsert_memo(self._memo())
         others = [r for r in self.state.subscribers if r != limit.run_id]
         self._outbox.extend((r, self._notice()) for r in others)
 
@@ -158,7 +162,9 @@ class CredentialThrottleWorkflow:
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 if batched:
                     self.state.to_notify = [run_id for run_id, _ in self._outbox]
-                workflow.continue_as_new(self.state)
+                # The memo is not carried over by itself: without it, runs subscribing after the renewal would
+                # not learn of the limit before their first call.
+                workflow.continue_as_new(self.state, memo=self._memo())
 
 
 # --- concurrency gates ------------------------------------------------------------------------------------

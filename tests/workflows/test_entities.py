@@ -11,6 +11,7 @@ from temporalio.client import Client, WorkflowHandle
 from tests.workflows.world import World
 from workflows.activity_types import WORKER_TASK_QUEUE
 from workflows.entity_types import (
+    THROTTLED_UNTIL_MEMO,
     CredentialLimit,
     CredentialState,
     CredentialSubscription,
@@ -102,3 +103,26 @@ async def test_a_limit_with_thousands_of_subscribers_is_told_in_batches_under_th
         assert not failed, failed[0].workflow_task_failed_event_attributes.failure.message
     finally:
         await handle.terminate("test over")
+
+
+async def test_a_limit_survives_the_throttles_continue_as_new_in_its_memo(
+    client: Client, world: World
+) -> None:
+    """Found by bench.paused: after the throttle renewed itself its memo was empty, so runs subscribing later
+    did not learn of the limit before their first call."""
+    workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
+    until = datetime.now(UTC) + timedelta(hours=1)
+    handle = await client.start_workflow(
+        "CredentialThrottle", CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=3),
+        id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="limited",
+        start_signal_args=[CredentialLimit(run_id="ns/reporter", until=until)],
+    )  # fmt: skip
+    first = handle.result_run_id
+    try:
+        for i in range(4):  # they know the limit already: nothing to send them, only signals to count
+            await handle.signal("subscribe", CredentialSubscription(run_id=f"ns/r-{i}", known_until=until))
+        assert await continued_as_new(client.get_workflow_handle(workflow_id), first)
+        memo = await (await client.get_workflow_handle(workflow_id).describe()).memo()
+        assert datetime.fromisoformat(memo[THROTTLED_UNTIL_MEMO]) == until
+    finally:
+        await client.get_workflow_handle(workflow_id).terminate("test over")
