@@ -214,8 +214,15 @@ async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
 
     def placed(runs: list[str]) -> bool:
         """Each run shows its own place (first Paused until the limit, then at its place)."""
-        places = [(s := world.last(r)) is not None and s.resume_at for r in runs]
-        return sum(world.resume_places.values()) >= len(runs) and len(set(places)) == len(runs)
+        places = [
+            s.resume_at if (s := world.last(r)) is not None and s.phase == Phase.PAUSED else None
+            for r in runs
+        ]
+        return (
+            sum(world.resume_places.values()) >= len(runs)
+            and None not in places
+            and len(set(places)) == len(runs)
+        )
 
     first = ["limited", *waiting]
     await world.until("the first four to take their places", lambda: placed(first), 20)
