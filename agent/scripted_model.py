@@ -79,7 +79,11 @@ class ScriptedModel:
 
 def first_user_text(messages: Any) -> str:
     for message in messages if isinstance(messages, list) else []:
-        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+        if (
+            isinstance(message, dict)
+            and message.get("role") == "user"
+            and isinstance(message.get("content"), str)
+        ):
             return str(message["content"])[:200]
     return ""
 
