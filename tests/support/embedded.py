@@ -83,12 +83,16 @@ async def wait_terminal(dev: DevStack, names: list[str], within: float) -> dict[
         await asyncio.sleep(0.2)
 
 
-def start_workers(dev: DevStack, count: int) -> list[subprocess.Popen[bytes]]:
-    """`ksquad-worker` processes on the stack's Temporal, SQLite and codec key (the stack serves no worker)."""
+def start_workers(
+    dev: DevStack, count: int, database_url: str | None = None
+) -> list[subprocess.Popen[bytes]]:
+    """`ksquad-worker` processes on the stack's Temporal, codec key and SQLite (or `database_url`): the stack
+    itself serves no worker."""
     workers = []
     for _ in range(count):
         env = {**os.environ, "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
-               "KSQUAD_DATABASE_URL": f"sqlite:///{dev.state_dir / 'ksquad.db'}", "KSQUAD_SANDBOX_BACKEND": "local",
+               "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
+               "KSQUAD_SANDBOX_BACKEND": "local",
                "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"), "KSQUAD_HEALTH_PORT": str(free_port())}  # fmt: skip
         workers.append(subprocess.Popen([sys.executable, "-m", "worker.main"], env=env, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, preexec_fn=die_with_parent))  # fmt: skip
