@@ -57,6 +57,17 @@ def task_queue() -> str:
     return f"test-{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture
+def outage_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own: the test stops and starts it (`halt`, `resume`)."""
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     server = PostgresServer()

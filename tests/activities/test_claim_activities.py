@@ -2,7 +2,6 @@
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -81,33 +80,22 @@ async def test_heartbeats_keep_the_lease_and_notice_when_it_is_lost(tmp_path: Pa
         await store.close()
 
 
-@pytest.fixture
-async def outage_db() -> AsyncIterator[PostgresServer]:
-    """A PostgreSQL server of the test's own: the test stops and starts it."""
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def test_with_the_database_down_the_claim_fails_retryably_and_the_run_goes_on_after(
-    dev_server: DevServer, outage_db: PostgresServer
+    dev_server: DevServer, outage_postgres: PostgresServer
 ) -> None:
-    store = await Store.open(outage_db.dsn)
+    store = await Store.open(outage_postgres.dsn)
     world = World()
     ns = f"t-{uuid.uuid4().hex[:8]}"
     try:
         async with running_world_on(dev_server.target, world, ClaimActivities(store).all()) as client:
-            outage_db.halt()
+            outage_postgres.halt()
             handle = await start_run(client, run_input("outage", namespace=ns, work_item_ref="wi-outage"))
             failure = await wait_for_failed_attempts(client, handle.id, attempts=2)
             assert "database unavailable" in failure
             assert world.last("outage").phase == Phase.CLAIMING  # type: ignore[union-attr]
             assert not world.calls_of(Activity.INVOKE_AGENT), "nothing runs without the claim"
 
-            outage_db.resume()
+            outage_postgres.resume()
             status = await handle.result()
         assert status.phase == Phase.SUCCEEDED
         history = await store.claim_history("wi-outage")

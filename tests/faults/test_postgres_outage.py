@@ -5,10 +5,7 @@ claimed and released exactly once."""
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from activities.store import Store
 from tests.faults.audit import audit, runs, task_of
@@ -20,19 +17,8 @@ DURING = 6
 DOWN_SECONDS = 15
 
 
-@pytest.fixture
-async def claims_db() -> AsyncIterator[PostgresServer]:
-    """A PostgreSQL server of the test's own: the test stops and starts it."""
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 async def test_claims_fail_closed_while_postgres_is_down_and_runs_go_on_after(
-    tmp_path: Path, claims_db: PostgresServer, fault_counts: Counter[str]
+    tmp_path: Path, outage_postgres: PostgresServer, fault_counts: Counter[str]
 ) -> None:
     script = {MODEL: [{"delay": 3, "text": "ok"}]}
     async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
@@ -41,7 +27,7 @@ async def test_claims_fail_closed_while_postgres_is_down_and_runs_go_on_after(
         for doc in first + later:
             doc["spec"]["workItemRef"] = f"wi-{doc['metadata']['name']}"
         names = {d["metadata"]["name"] for d in first + later}
-        [worker] = start_workers(dev, 1, database_url=claims_db.dsn)
+        [worker] = start_workers(dev, 1, database_url=outage_postgres.dsn)
         try:
             await dev.runs.apply(first)
             for _ in range(300):  # every first run holds its claim and waits on the model
@@ -49,7 +35,7 @@ async def test_claims_fail_closed_while_postgres_is_down_and_runs_go_on_after(
                     break
                 await asyncio.sleep(0.1)
             assert dev.scripted.in_flight == IN_FLIGHT
-            claims_db.halt()
+            outage_postgres.halt()
             try:
                 await dev.runs.apply(later)
                 await asyncio.sleep(DOWN_SECONDS)
@@ -63,13 +49,13 @@ async def test_claims_fail_closed_while_postgres_is_down_and_runs_go_on_after(
                     "no agent ran without a claim"
                 )
             finally:
-                claims_db.resume()
+                outage_postgres.resume()
             await wait_terminal(dev, sorted(names), within=300)
         finally:
             stop_workers([worker])
         result = await audit(dev, names)
         result.assert_nothing_lost_or_doubled(names, "after the PostgreSQL outage")
-    store = await Store.open(claims_db.dsn)
+    store = await Store.open(outage_postgres.dsn)
     try:
         for name in sorted(names):
             history = [e.action for e in await store.claim_history(f"wi-{name}")]
