@@ -108,6 +108,7 @@ T = TypeVar("T")
 # take the old path. tests/workflows/test_replay.py replays such histories.
 PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
 PATCH_FAILURES_FAIL_THE_RUN = "failures-fail-the-run"
+PATCH_EXPIRED_NOTICES = "expired-notices"  # a notice of a limit already over does not interrupt an attempt
 PATCH_RESUME_RAMP = (
     "resume-ramp"  # a paused run takes its place in the ramp after the limit (reserve_resume_place)
 )
@@ -256,7 +257,9 @@ class RunWorkflow:
         self._throttle(notice.key, notice.until)
         self.strikes[notice.key] = notice.strikes
         in_flight = self.status.phase in (Phase.CLAIMING, Phase.RUNNING)
-        if in_flight and self.interrupt is None and notice.key == self._credential_key():
+        # A notice of a limit that has already ended (it crossed the run's own resumption) stops nothing.
+        expired = notice.until <= workflow.now() and workflow.patched(PATCH_EXPIRED_NOTICES)
+        if in_flight and not expired and self.interrupt is None and notice.key == self._credential_key():
             self.interrupt = Interrupt.THROTTLED
 
     @workflow.signal(name=SLOT_GRANTED)

@@ -50,7 +50,7 @@ def test_demo_keep_leaves_the_ui_answering_until_interrupted(tmp_path: Path) -> 
         assert httpx.get(ui, timeout=10).status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(30)
+        proc.wait(60)  # Ctrl-C stops the dev server gracefully (up to 15 s), slower on a loaded machine
     assert proc.returncode == 0
 
 
