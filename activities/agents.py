@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 from a2a.client import (
+    A2ACardResolver,
     A2AClientError,
     A2AClientTimeoutError,
     AgentCardResolutionError,
@@ -35,6 +36,7 @@ from a2a.client import (
 )
 from a2a.helpers import get_data_parts, get_message_text, get_text_parts, new_data_part
 from a2a.types import (
+    AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
     ListTasksRequest,
@@ -88,6 +90,11 @@ PROGRESS_PER_SECOND = 5.0
 TERMINAL = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
             TaskState.TASK_STATE_REJECTED}  # fmt: skip
 PAUSED = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
+# An agent's card is read once per endpoint for this long: a long-lived agent (an Agent's `endpoint`) served a
+# card request for every run, a third of its work for a short task. Sandboxes have an endpoint each, so for
+# them nothing changes; a failed call forgets its endpoint's card.
+CARD_TTL_SECONDS = 30.0
+MAX_CACHED_CARDS = 256
 
 
 def agent_error(kind: AgentError, message: str, details: Any) -> ApplicationError:
@@ -141,6 +148,7 @@ class AgentActivities:
         self.store = store
         self.timing = timing or Timing()
         self._http: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
+        self._cards: dict[str, tuple[float, AgentCard]] = {}  # endpoint -> (read at, monotonic; card)
 
     def http(self) -> httpx.AsyncClient:
         """One HTTP client for every call: a new one per call cost ~20 ms of CPU for its TLS context alone, and
@@ -196,22 +204,36 @@ class AgentActivities:
                             f"lost the claim: {lease.reason}", type="StaleFence", non_retryable=True
                         )
                     return work.result()
+                except ApplicationError:
+                    self._cards.pop(inv.endpoint, None)  # the next attempt reads the card again
+                    raise
                 finally:
                     await client.close()
         finally:
             beat.cancel()
 
     async def _connect(self, http: httpx.AsyncClient, inv: AgentInvocation) -> Client:
+        factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
+        now = time.monotonic()
+        cached = self._cards.get(inv.endpoint)
+        if cached is not None and now - cached[0] < CARD_TTL_SECONDS:
+            return factory.create(cached[1])
         try:
-            return await ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create_from_url(
-                inv.endpoint
-            )
+            card = await A2ACardResolver(http, inv.endpoint).get_agent_card()
+            client = factory.create(card)
         except AgentCardResolutionError as err:
             raise agent_error(AgentError.SANDBOX_LOST, f"cannot reach the agent at {inv.endpoint}: {err.message}",
                               FailureDetails(message=f"agent card: {err.message}")) from None  # fmt: skip
         except (A2AError, ValidationError, ValueError) as err:
             raise agent_error(AgentError.INVALID_AGENT_RESPONSE, f"invalid agent card at {inv.endpoint}: {err}",
                               FailureDetails(message=str(err))) from None  # fmt: skip
+        self._cards.pop(inv.endpoint, None)
+        if len(self._cards) >= MAX_CACHED_CARDS:
+            self._cards = {e: c for e, c in self._cards.items() if now - c[0] < CARD_TTL_SECONDS}
+            while len(self._cards) >= MAX_CACHED_CARDS:
+                del self._cards[next(iter(self._cards))]  # the oldest read
+        self._cards[inv.endpoint] = (now, card)
+        return client
 
     async def _heartbeat(self, progress: Progress) -> None:
         while True:

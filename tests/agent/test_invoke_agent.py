@@ -184,6 +184,34 @@ async def test_a_warm_sandbox_gets_its_contract_in_the_first_message(
     assert result.outputs == {"answer": "done warm"}
 
 
+async def test_a_long_lived_agents_card_is_read_once_and_again_after_a_failed_call(
+    store: Store, model: ModelEndpoint, start_agent: AgentFactory
+) -> None:
+    model.script("dev-model", {"text": "one"}, {"text": "two"}, {"error": 500}, {"text": "four"})
+    agent = await start_agent(None)  # an Agent's `endpoint`: one process serving many runs
+    acts = AgentActivities(store, FAST)
+    card_reads: list[str] = []
+
+    async def on_request(request: httpx.Request) -> None:
+        if request.url.path.endswith("/.well-known/agent-card.json"):
+            card_reads.append(request.url.path)
+
+    acts._http = (asyncio.get_running_loop(), httpx.AsyncClient(event_hooks={"request": [on_request]}))
+    outcomes: list[str] = []
+    for run in range(4):
+        inv = invocation(agent.url, model, deliver=True, uid=f"uid-{run}", work_item_ref=None)
+        try:
+            outcomes.append((await ActivityEnvironment().run(acts.invoke_agent, inv)).outputs["answer"])
+        except ApplicationError as err:
+            outcomes.append(err.type or "")
+        if run == 1:
+            assert len(card_reads) == 1, "the second run reused the card"
+    await acts.aclose()
+    assert outcomes == ["one", "two", "AgentFailed", "four"]
+    assert len(card_reads) == 2, "the run after the failed call read the card again"
+    assert len(model.state.calls) == 4
+
+
 async def test_cancellation_reaches_the_agent_which_reports_canceled_and_abandons_the_model_call(
     store: Store, model: ModelEndpoint, start_agent: AgentFactory
 ) -> None:
