@@ -3,8 +3,8 @@ into `bench/results/<date>.json`, then a short table of the headline figures aga
 
     python -m bench [--quick] [--only overhead,paused]
 
-`--quick` runs each with small counts (minutes, not the half hour of the full set: the paused-scale run of
-10,000 Runs alone takes most of it); the report says which counts were used.
+`--quick` runs each with small counts (minutes, not the hour and a half of the full set: the paused-scale run
+of 10,000 Runs alone takes more than an hour); the report says which counts were used.
 """
 
 import argparse
