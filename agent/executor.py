@@ -11,13 +11,15 @@ A message id seen before is never run again: its task is REJECTED, pointing at t
 """
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from a2a.helpers import (
@@ -49,6 +51,9 @@ ASK_USER = "ksquad_request_input"  # the agent's own tool: the model asks the us
 MAX_STEPS = 25
 KEEPALIVE_SECONDS = 10.0  # a status while the model thinks, so a silent agent means a dead one
 MAX_OUTPUT_CHARS = 2000
+# A message id is refused as a repeat for a day: far beyond the orchestrator's retries of one send (seconds to
+# minutes), and bounded for an agent that lives for months.
+SEEN_RETENTION_SECONDS = 24 * 3600.0
 ROTATION_WAIT_SECONDS = float(os.environ.get("KSQUAD_CREDENTIAL_ROTATION_WAIT_SECONDS", "120"))
 
 ASK_USER_TOOL = {
@@ -83,14 +88,16 @@ class Stats:
     duplicates: int = 0  # repeated message ids, refused
     cancelled: int = 0
     completed: int = 0
-    message_ids: list[str] = field(default_factory=list)
 
 
 class KsquadAgentExecutor(AgentExecutor):
     def __init__(self, contract: Contract | None = None) -> None:
         self.env_contract = contract
+        # Only tasks that may be continued keep their conversation (paused for input or a credential); a
+        # long-lived agent (an Agent's `endpoint`) serving thousands of runs must not keep every one.
         self.conversations: dict[str, Conversation] = {}
-        self.seen: dict[str, str] = {}  # message id -> task id
+        self.seen: dict[str, str] = {}  # message id -> task id, kept SEEN_RETENTION_SECONDS
+        self._seen_at: collections.deque[tuple[float, str]] = collections.deque()
         self.running: dict[str, asyncio.Task[Any]] = {}
         self.stats = Stats()
 
@@ -108,9 +115,8 @@ class KsquadAgentExecutor(AgentExecutor):
                     metadata={DUPLICATE_OF: original},
                 )  # fmt: skip
                 return
-            self.seen[message.message_id] = context.task_id
+            self._remember(message.message_id, context.task_id)
             self.stats.messages += 1
-            self.stats.message_ids.append(message.message_id)
             try:
                 conversation = self._start(message)
             except ContractError as err:
@@ -140,6 +146,15 @@ class KsquadAgentExecutor(AgentExecutor):
             raise
         finally:
             self.running.pop(context.task_id, None)
+            if conversation.pending_question is None and conversation.refused_key is None:
+                self.conversations.pop(context.task_id, None)  # ended: no follow-up can come
+
+    def _remember(self, message_id: str, task_id: str) -> None:
+        now = time.monotonic()
+        while self._seen_at and now - self._seen_at[0][0] > SEEN_RETENTION_SECONDS:
+            self.seen.pop(self._seen_at.popleft()[1], None)
+        self.seen[message_id] = task_id
+        self._seen_at.append((now, message_id))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None

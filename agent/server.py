@@ -19,7 +19,6 @@ from types import FrameType
 import uvicorn
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,6 +27,7 @@ from starlette.routing import Route
 
 from agent.contract import contract_from_env
 from agent.executor import KsquadAgentExecutor
+from agent.task_store import RetainingTaskStore
 
 log = logging.getLogger("ksquad.agent")
 
@@ -62,7 +62,7 @@ def staged_toolchains() -> list[str]:
 
 def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
     card = agent_card(url)
-    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=card)
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=RetainingTaskStore(), agent_card=card)
 
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"ok": True})
@@ -72,7 +72,8 @@ def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
 
     async def stats(_: Request) -> JSONResponse:
         staged = await asyncio.to_thread(staged_toolchains)
-        return JSONResponse({**dataclasses.asdict(executor.stats), "toolchains": staged})
+        return JSONResponse({**dataclasses.asdict(executor.stats), "toolchains": staged,
+                             "conversations": len(executor.conversations)})  # fmt: skip
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/ksquad/stats", stats)]
     return Starlette(

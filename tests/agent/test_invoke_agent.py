@@ -166,12 +166,14 @@ async def test_input_required_pauses_and_a_follow_up_continues_the_same_task(
     assert caught.value.type == "InputRequired"
     pause = TaskPause.model_validate(caught.value.details[0])
     assert pause.message == "Which test?"
+    assert (await agent.stats())["conversations"] == 1, "a paused task keeps its conversation"
     follow_up = ContinueTask(task_id=pause.task_id, context_id=pause.context_id, text="test_payment_retry")
     result = await invoke(store, invocation(agent.url, model, fence=fence, turn=1, follow_up=follow_up))
     assert result.task_id == pause.task_id
     assert result.outputs == {"answer": "Fixed test_payment_retry."}
     stats = await agent.stats()
     assert (stats["messages"], stats["follow_ups"]) == (1, 1)
+    assert stats["conversations"] == 0, "an ended task's conversation is forgotten"
 
 
 async def test_a_warm_sandbox_gets_its_contract_in_the_first_message(
