@@ -14,7 +14,7 @@ other Run on that credential pauses without calling (the CredentialThrottle work
 
 A first chunk of runs (no limit) measures how fast this machine completes runs. `--retry-after auto` sizes
 the pause from it, so every run is paused before the limit ends (capped at 1 h by the Run workflow);
-`--resume-per-second auto` sets the ModelEndpoint's ramp to RAMP_SHARE of it: what one worker drains for an hour
+`--resume-per-second auto` sets the ModelEndpoint's ramp to 60% of it (RAMP_SHARE): what one worker drains for an hour
 with room (a short probe flatters the machine: at 10,000 runs 85% of it fell behind after 35 minutes, 58% held
 for the whole 48-minute drain, both on 2 cores).
 """
