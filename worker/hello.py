@@ -2,7 +2,7 @@
 attribute) through a worker, show its history and the UI address. A smoke check of the Temporal side alone."""
 
 import asyncio
-import contextlib
+import signal
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -58,9 +58,14 @@ async def hello(keep: bool, state_dir: Path) -> int:
         url = f"{server.ui_url}/namespaces/default/workflows/{quote(workflow_id, safe='')}/{handle.result_run_id}/history"
         print(f"\nTemporal UI: {server.ui_url} (HTTP {status})\nthis run:    {url}")
         if keep:
-            print("\nThe dev server keeps running; Ctrl-C stops it.")
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.Event().wait()
+            # Stop on Ctrl-C or SIGTERM by our own handlers, as `ksquad dev` does: started from a script in the
+            # background, a process inherits SIGINT ignored and would never hear Ctrl-C's signal otherwise.
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            print("\nThe dev server keeps running; Ctrl-C stops it.", flush=True)
+            await stop.wait()
         else:
             print(
                 f"\nThe dev server stops now; its state stays in {server.db_file}. "

@@ -291,8 +291,10 @@ class ControlPlane:
             time.sleep(0.2)
         raise ControlPlaneError(f"{name} not ready after {timeout}s ({last}):\n{self.tail(name)}")
 
-    def wait_for_default_service_account(self, namespace: str, timeout: float = 30) -> None:
-        """The controller manager makes each namespace's `default` ServiceAccount, which pods need."""
+    def wait_for_default_service_account(self, namespace: str, timeout: float = 90) -> None:
+        """The controller manager makes each namespace's `default` ServiceAccount, which pods need. Right after
+        an apiserver restart (the outage test) its informers were refused by RBAC not yet loaded and back off:
+        30 s was once too short for the next namespace."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()

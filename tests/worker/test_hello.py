@@ -50,8 +50,9 @@ def test_demo_keep_leaves_the_ui_answering_until_interrupted(tmp_path: Path) -> 
         assert httpx.get(ui, timeout=10).status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(60)  # Ctrl-C stops the dev server gracefully (up to 15 s), slower on a loaded machine
-    assert proc.returncode == 0
+        # Ctrl-C stops the dev server gracefully (up to 15 s); communicate() drains both pipes meanwhile.
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
 
 
 def test_binaries_come_from_the_wheels() -> None:
