@@ -5,6 +5,8 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.faults.audit import audit, runs, unfinished
 from tests.support.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
 
@@ -13,6 +15,7 @@ RESTARTS = 2
 DOWN_SECONDS = 5
 
 
+@pytest.mark.timeout(900)  # its own bound on the runs is shorter
 async def test_a_restarted_temporal_server_loses_and_doubles_nothing(
     tmp_path: Path, fault_counts: Counter[str]
 ) -> None:

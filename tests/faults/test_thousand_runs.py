@@ -5,12 +5,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.faults.audit import audit, runs
 from tests.support.embedded import bench_stack, start_workers, stop_workers, wait_terminal
 
 RUNS = 1000
 
 
+@pytest.mark.timeout(1500)  # its own bound on the runs is shorter
 async def test_a_thousand_runs_created_at_once_all_finish_once(
     tmp_path: Path, fault_counts: Counter[str]
 ) -> None:

@@ -8,6 +8,8 @@ import random
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.faults.audit import audit, runs, unfinished
 from tests.support.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
 
@@ -15,6 +17,7 @@ RUNS = 100
 KILLS = 12
 
 
+@pytest.mark.timeout(900)  # its own bound on the runs is shorter
 async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
     tmp_path: Path, fault_counts: Counter[str]
 ) -> None:

@@ -75,6 +75,24 @@ async def test_temporal_workflow_signal_cancel_cancels_a_running_run(
     assert (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
 
 
+async def test_pause_then_resume_before_it_takes_effect_changes_nothing(
+    dev_client: Client, world: World, ns: str
+) -> None:
+    # On the dev server, not the time-skipping one: the pause can reach the workflow while the (instant)
+    # reference resolution completes. The workflow then asks to cancel an activity whose completion the server
+    # holds back until the workflow task ends. Temporal's server accepts that; the time-skipping test server
+    # refuses the task (ACTIVITY_UNKNOWN) and never hands it out again, so the run hung there (sdk-java#3088).
+    world.missing["r"] = ["Agent ksquad-system/dev-1"]
+    handle = await start_run(dev_client, run_input("r", namespace=ns))
+    await world.wait_entered(Activity.RESOLVE_REFERENCES, "r")
+    await handle.signal("pause")
+    await handle.signal("resume")
+    del world.missing["r"]
+    await handle.signal("references_updated")
+    status = await handle.result()
+    assert (status.phase, status.attempt, status.retries) == (Phase.SUCCEEDED, 1, 0)
+
+
 async def test_temporal_workflow_list_finds_a_paused_run_and_query_shows_its_state(
     dev_server: DevServer, dev_client: Client, world: World, ns: str
 ) -> None:

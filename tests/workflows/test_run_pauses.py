@@ -73,14 +73,3 @@ async def test_manual_pause_ends_in_failure_after_paused_seconds(client: Client,
     await world.until_phase("r", "Paused")
     status = await handle.result()
     assert (status.phase, status.reason) == (Phase.FAILED, "ManualTimeout")
-
-
-async def test_pause_then_resume_before_it_takes_effect_changes_nothing(client: Client, world: World) -> None:
-    world.missing["r"] = ["Agent ksquad-system/dev-1"]
-    handle = await start_run(client, run_input("r"))
-    await world.wait_entered(Activity.RESOLVE_REFERENCES, "r")
-    await handle.signal("pause")
-    await handle.signal("resume")
-    del world.missing["r"]
-    await handle.signal("references_updated")
-    assert (await handle.result()).phase == Phase.SUCCEEDED
