@@ -109,6 +109,7 @@ T = TypeVar("T")
 PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
 PATCH_FAILURES_FAIL_THE_RUN = "failures-fail-the-run"
 PATCH_EXPIRED_NOTICES = "expired-notices"  # a notice of a limit already over does not interrupt an attempt
+PATCH_WAITED_OUT = "waited-out"  # a throttle interrupt is spent once the run has waited the limit out
 PATCH_RESUME_RAMP = (
     "resume-ramp"  # a paused run takes its place in the ramp after the limit (reserve_resume_place)
 )
@@ -825,6 +826,10 @@ class RunWorkflow:
             until = self.throttles.get(key)
             now = workflow.now()
             if until is None or until <= now:
+                # A notice that came while no attempt was in flight (a continued-as-new run's status still says
+                # Running when it subscribes again) has been waited out here: it must not end the next attempt.
+                if self.interrupt == Interrupt.THROTTLED and workflow.patched(PATCH_WAITED_OUT):
+                    self.interrupt = None
                 return
             if self.status.phase != Phase.PAUSED or self.status.resume_at != until:
                 self._move(
@@ -1181,6 +1186,8 @@ class RunWorkflow:
                 self.interrupt,
                 (self.interrupt if self.interrupt == Interrupt.CANCEL else None),
             )
+            if asyncio.iscoroutine(aw):
+                aw.close()  # never started: close it, or Python warns that it was never awaited
             raise Interrupted(kind)
         task = asyncio.ensure_future(aw)
         try:
