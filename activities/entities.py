@@ -1,7 +1,8 @@
 """Activities that talk to Temporal itself on behalf of a workflow: messages to entity workflows.
 
 A workflow cannot signal-with-start another workflow, and an entity (a credential's throttle, a concurrency
-gate) must exist before it can be signalled, so runs send their messages through `signal_with_start`.
+gate) must exist before it can be signalled, so runs send their messages through `signal_with_start` (a local activity of the run's own worker: two
+short RPCs, not worth a task the server dispatches).
 Gates use `find_closed_workflows` to free the slots of runs that were terminated without cleaning up. Runs
 paused by a rate limit take their place in the ramp after it from `reserve_resume_place`.
 """

@@ -4,8 +4,8 @@ process), interleaved so both see the same machine:
 - ksquad: a Run applied (validated, stored, its workflow started) with an instant agent (`tests.support.embedded`),
   until its workflow returns Succeeded; everything a run does (references, gates, status mirroring, the A2A
   call to the agent and the agent's call to the model, payload encryption) is in the number;
-- bare: `bench.bare.BareWorkflow` running as many trivial activities, one after another, as a ksquad run
-  schedules (counted from a run's history), on the same dev server.
+- bare: `bench.bare.BareWorkflow` running as many trivial activities, one after another, and as many trivial
+  local activities as a ksquad run schedules (both counted from a run's history), on the same dev server.
 
 Latency: one at a time (p50/p99 and the ratio). Throughput: batches started at once (runs per second and the
 ratio). Targets (DESIGN.md): overhead at most 1.25 times bare, throughput at least 80% of bare.
@@ -29,6 +29,8 @@ from bench.stats import percentiles, report
 from tests.support.embedded import NAMESPACE, bench_stack, run_docs
 from worker.dev import DevStack
 
+LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the marker a local activity leaves in the history
+
 
 async def ksquad_runs(dev: DevStack, prefix: str, count: int) -> tuple[list[float], float]:
     """Latency of each run (ms) and the batch's wall time (s)."""
@@ -44,12 +46,17 @@ async def ksquad_runs(dev: DevStack, prefix: str, count: int) -> tuple[list[floa
     return list(latencies), time.perf_counter() - t0
 
 
-async def bare_runs(client: Client, prefix: str, count: int, activities: int) -> tuple[list[float], float]:
+async def bare_runs(
+    client: Client, prefix: str, count: int, shape: dict[str, int]
+) -> tuple[list[float], float]:
     t0 = time.perf_counter()
 
     async def one(i: int) -> float:
         await client.execute_workflow(
-            BareWorkflow.run, activities, id=f"{prefix}-{i}", task_queue=BARE_TASK_QUEUE
+            BareWorkflow.run,
+            args=[shape["activities"], shape["local_activities"]],
+            id=f"{prefix}-{i}",
+            task_queue=BARE_TASK_QUEUE,
         )
         return (time.perf_counter() - t0) * 1000
 
@@ -64,8 +71,11 @@ async def shape_of_a_run(dev: DevStack) -> dict[str, int]:
     counts: dict[str, int] = {}
     async for event in handle.fetch_history_events():
         name = EventType.Name(event.event_type)
+        if name == "EVENT_TYPE_MARKER_RECORDED":
+            name = event.marker_recorded_event_attributes.marker_name  # a local activity, a patch
         counts[name] = counts.get(name, 0) + 1
     return {"activities": counts.get("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED", 0),
+            "local_activities": counts.get(LOCAL_ACTIVITY_MARKER, 0),
             "workflow_tasks": counts.get("EVENT_TYPE_WORKFLOW_TASK_COMPLETED", 0),
             "history_events": sum(counts.values())}  # fmt: skip
 
@@ -78,19 +88,15 @@ async def main(runs: int, batch: int, rounds: int) -> dict[str, Any]:
             async with Worker(
                 bare_client, task_queue=BARE_TASK_QUEUE, workflows=[BareWorkflow], activities=[noop]
             ):
-                await bare_runs(bare_client, "bare-warm", 1, shape["activities"])
+                await bare_runs(bare_client, "bare-warm", 1, shape)
                 latency: dict[str, list[float]] = {"ksquad": [], "bare": []}
                 for i in range(runs):  # one at a time, alternating
                     latency["ksquad"] += (await ksquad_runs(dev, f"lat-{i}", 1))[0]
-                    latency["bare"] += (
-                        await bare_runs(bare_client, f"bare-lat-{i}", 1, shape["activities"])
-                    )[0]
+                    latency["bare"] += (await bare_runs(bare_client, f"bare-lat-{i}", 1, shape))[0]
                 wall = {"ksquad": 0.0, "bare": 0.0}
                 for r in range(rounds):  # batches started at once, alternating
                     wall["ksquad"] += (await ksquad_runs(dev, f"thr-{r}", batch))[1]
-                    wall["bare"] += (
-                        await bare_runs(bare_client, f"bare-thr-{r}", batch, shape["activities"])
-                    )[1]
+                    wall["bare"] += (await bare_runs(bare_client, f"bare-thr-{r}", batch, shape))[1]
     lat = {k: percentiles(v) for k, v in latency.items()}
     rate = {k: round(batch * rounds / v, 2) for k, v in wall.items()}
     return {

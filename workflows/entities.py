@@ -1,7 +1,7 @@
 """Entity workflows shared by runs: one per credential (throttling) and one per concurrency scope (a gate).
 
-Runs talk to them by signal-with-start (the `signal_with_start` activity) and they answer by signalling the
-runs back. Neither polls: a throttle is a timestamp handed to every subscribed run, a slot is handed to the
+Runs talk to them by signal-with-start (the `signal_with_start` activity, run as a local activity) and they
+answer by signalling the runs back. Neither polls: a throttle is a timestamp handed to every subscribed run, a slot is handed to the
 next waiting run when a holder releases it. Each finishes when idle and continues-as-new when its history
 grows.
 """

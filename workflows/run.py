@@ -110,6 +110,7 @@ PATCH_SHIELDED_TEARDOWN = "shielded-teardown"
 PATCH_FAILURES_FAIL_THE_RUN = "failures-fail-the-run"
 PATCH_EXPIRED_NOTICES = "expired-notices"  # a notice of a limit already over does not interrupt an attempt
 PATCH_WAITED_OUT = "waited-out"  # a throttle interrupt is spent once the run has waited the limit out
+PATCH_LOCAL_ENTITY_SIGNALS = "local-entity-signals"  # messages to entities as local activities
 PATCH_RESUME_RAMP = (
     "resume-ramp"  # a paused run takes its place in the ramp after the limit (reserve_resume_place)
 )
@@ -1125,14 +1126,29 @@ class RunWorkflow:
     async def _entity_signal(
         self, kind: EntityKind, workflow_id: str, signal: str, arg: KsquadModel
     ) -> ThrottleNotice | None:
+        message = EntitySignal(
+            workflow=kind, workflow_id=workflow_id, signal=signal, arg=arg.model_dump(mode="json")
+        )
+        summary = f"{signal} -> {workflow_id}"
+        if workflow.patched(PATCH_LOCAL_ENTITY_SIGNALS):
+            # Two short RPCs from this worker's own client: as a local activity the server dispatches no task
+            # and records one marker. Every run sends at least two (subscribe, unsubscribe); as activities they
+            # cost ~20% of a run's CPU (bench.overhead: 5.75 -> 7.3 runs/s with local ones).
+            notice: ThrottleNotice | None = await workflow.execute_local_activity(
+                Activity.SIGNAL_WITH_START.value,
+                message,
+                result_type=ThrottleNotice | None,  # type: ignore[arg-type]  # a credential subscription's answer
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=_RETRY_BOOKKEEPING,
+                summary=summary,
+            )
+            return notice
         return await self._activity(
             Activity.SIGNAL_WITH_START,
-            EntitySignal(
-                workflow=kind, workflow_id=workflow_id, signal=signal, arg=arg.model_dump(mode="json")
-            ),
-            ThrottleNotice | None,  # type: ignore[arg-type]  # a credential subscription's answer
+            message,
+            ThrottleNotice | None,  # type: ignore[arg-type]
             start_to_close=30,
-            summary=f"{signal} -> {workflow_id}",
+            summary=summary,
         )
 
     # --- helpers ------------------------------------------------------------------------------------------
