@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench lint pytest venv testbins postgres-server clean
+.PHONY: demo test bench lint pytest venv testbins host-packages images lock clean
 
 venv: $(BIN)/.installed
 $(BIN)/.installed: pyproject.toml
@@ -20,12 +20,31 @@ demo: venv
 testbins:
 	tests/cluster/build-control-plane.sh >/dev/null
 
-# Debian's PostgreSQL server; the test bed starts its own instance in a temporary directory.
-postgres-server:
-	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { \
-	  echo "installing Debian's postgresql (the tests start their own server)"; \
+# What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
+# podman and mmdebstrap (the images), containerd, runc, the CNI plugins and nftables (the test cluster's node).
+HOST_PROGRAMS := /usr/lib/postgresql/*/bin/postgres /usr/bin/podman /usr/bin/mmdebstrap /usr/bin/containerd \
+                 /usr/sbin/runc /usr/lib/cni/bridge /usr/sbin/nft /usr/sbin/iptables
+HOST_PACKAGES := postgresql podman mmdebstrap containerd runc containernetworking-plugins nftables iptables
+host-packages:
+	@ls $(HOST_PROGRAMS) >/dev/null 2>&1 || { \
+	  echo "installing Debian packages the test bed needs: $(HOST_PACKAGES)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; }
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(HOST_PACKAGES) >/dev/null; }
+
+# The ksquad and ksquad-agent images (images/build.sh): a minute the first time, seconds when only code changed.
+images: venv host-packages
+	PYTHON=$(BIN)/python images/build.sh
+
+# The images' locked dependencies (images/*.lock), after pyproject.toml's dependencies change.
+UV_COMPILE = $(BIN)/uv pip compile --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_36 \
+             --no-header --no-annotate --quiet
+lock: venv
+	$(BIN)/pip install --quiet uv
+	{ echo "# The locked dependency set of the ksquad and ksquad-agent images (CPython 3.11, x86_64, glibc 2.36:"; \
+	  echo "# Debian bookworm). Regenerate with \`make lock\` after changing pyproject.toml's dependencies."; \
+	  $(UV_COMPILE) pyproject.toml; } > images/requirements.lock
+	{ echo "# The pip that installs the images' wheels (run from its wheel inside the build; not in the images)."; \
+	  echo "# Regenerate with \`make lock\`."; echo pip | $(UV_COMPILE) -; } > images/build-tools.lock
 
 lint: venv
 	$(BIN)/ruff check .
@@ -33,14 +52,16 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-pytest: venv testbins postgres-server
-	$(BIN)/pytest $(PYTEST_ARGS)
+# In network, PID and mount namespaces of their own (tests/cluster/isolate.py): the test cluster's pods, its
+# servers and everything they start live and die there.
+pytest: venv testbins host-packages images
+	$(BIN)/python -m tests.cluster.isolate $(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint pytest
 
 # Every benchmark, into bench/results/<date>.json and a table against the targets (BENCH_ARGS=--quick: minutes).
-bench: venv testbins postgres-server
-	$(BIN)/python -m bench $(BENCH_ARGS)
+bench: venv testbins host-packages images
+	$(BIN)/python -m tests.cluster.isolate $(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .ksquad .mypy_cache .ruff_cache .pytest_cache

@@ -13,6 +13,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.isolate import service_address
 from tests.support.agents import model as model  # the scripted model, a fixture for every test
 from tests.support.agents import start_agent as start_agent  # the reference agent as its own process
 from tests.support.agents import tool_server as tool_server  # an MCP server, likewise
@@ -37,7 +38,7 @@ async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     """Temporal's dev server with ksquad's search attributes, headless, state in memory. After the suite, no
     credential may be found in any workflow history it holds, nor in any log of the session."""
     log_file = tmp_path_factory.mktemp("temporal") / "dev-server.log"
-    async with DevServer(ui=False, log_file=log_file) as server:
+    async with DevServer(ip=service_address(), ui=False, log_file=log_file) as server:
         yield server
         histories = await scan_histories(await Client.connect(server.target))
         logs = scan_logs(tmp_path_factory.getbasetemp())
@@ -85,11 +86,12 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ControlPlane]:
-    """etcd, kube-apiserver, kube-controller-manager and the loopback kubelet, on loopback."""
+    """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and a node (kubelet, containerd, kube-proxy)
+    that runs pods in containers from ksquad's images."""
     plane = ControlPlane()
     try:
         plane.start()
-        plane.start_kubelet()
+        plane.start_node()
         yield plane
         # After the suite: nothing written to the apiserver holds a credential; every sandbox pod was locked down.
         audit = scan_audit_log(plane.audit_log)

@@ -1,5 +1,20 @@
 """`ksquad-worker`: connect to Temporal, the coordination store and (for Kubernetes sandboxes) the cluster,
-then serve the ksquad task queue until SIGTERM or Ctrl-C."""
+then serve the ksquad task queue until SIGTERM or Ctrl-C.
+
+Settings come from the environment (the chart sets them):
+  KSQUAD_TEMPORAL_ADDRESS      Temporal's frontend, host:port (default 127.0.0.1:7233)
+  KSQUAD_TEMPORAL_NAMESPACE    Temporal namespace (default: default)
+  KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
+  KSQUAD_CODEC_KEY_FILE        the payload codec's key (32 bytes, raw, base64 or hex); unset: payloads in clear
+  KSQUAD_DATABASE_URL          the coordination store: postgresql://... (production) or sqlite:///FILE
+  KSQUAD_SANDBOX_CONFIG        the sandbox settings (YAML; the chart's ConfigMap ksquad-sandbox)
+  KSQUAD_TASK_QUEUE            the task queue served (default ksquad)
+  KSQUAD_HEALTH_PORT           /healthz and /readyz (default 8082)
+  KSQUAD_MAX_CACHED_WORKFLOWS  workflows kept in memory between tasks
+  KUBECONFIG                   the cluster (default: the pod's service account)
+"""
+
+import argparse
 
 import asyncio
 import contextlib
@@ -63,7 +78,9 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
     log.info("stopped")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(prog="ksquad-worker", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(Settings.from_env(), SandboxSettings.from_env()))
 

@@ -3,8 +3,22 @@
 Every replica serves the `ksquad-bridge` task queue (resolve_references, mirror_status: both safe to run
 anywhere); the replica holding the Lease also reconciles Runs and watches credentials. Health on
 `KSQUAD_HEALTH_PORT` (8081): `/healthz` (alive), `/readyz` (serving the task queue).
+
+Settings come from the environment (the chart sets them):
+  KSQUAD_TEMPORAL_ADDRESS      Temporal's frontend, host:port (default 127.0.0.1:7233)
+  KSQUAD_TEMPORAL_NAMESPACE    Temporal namespace (default: default)
+  KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
+  KSQUAD_CODEC_KEY_FILE        the payload codec's key (32 bytes, raw, base64 or hex); unset: payloads in clear
+  KSQUAD_WATCH_NAMESPACES      the Run namespaces, comma-separated
+  KSQUAD_LEASE_NAMESPACE       where the leader's Lease is (KSQUAD_LEASE_NAME, default ksquad-bridge)
+  KSQUAD_TASK_QUEUE            where Run workflows are started (default ksquad)
+  KSQUAD_NAMESPACE_MAX_CONCURRENT_RUNS   a limit of running Runs per namespace (default none)
+  KSQUAD_HEALTH_PORT           /healthz and /readyz (default 8081)
+  POD_NAME                     this replica's identity in the Lease
+  KUBECONFIG                   the cluster (default: the pod's service account)
 """
 
+import argparse
 import asyncio
 import logging
 import os
@@ -88,7 +102,9 @@ async def _stop_worker(worker: Worker, serving: "asyncio.Task[None]", code: int)
         os._exit(code or 2)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(prog="ksquad-bridge", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "temporalio.activity"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

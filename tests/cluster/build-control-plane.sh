@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the test control plane (kube-apiserver, kube-controller-manager, etcd) and helm from the Go
-# module proxy into a cache outside the clone, keyed by versions. Rebuilds only what is missing.
+# Builds the test cluster (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, etcd)
+# and helm from the Go module proxy into a cache outside the clone, keyed by versions. Rebuilds only what is
+# missing.
 #
 #   tests/cluster/build-control-plane.sh            build what is missing, print the cache directory
 #   KSQUAD_TESTBINS=/path tests/cluster/build-control-plane.sh
@@ -15,6 +16,8 @@ K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 GO_VERSION="$(go env GOVERSION)"
+# The node's parts too: a real kubelet (pods in containers through containerd), the scheduler, kube-proxy.
+KUBERNETES_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 cache_root="${KSQUAD_TESTBINS_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/ksquad-testbins}"
@@ -59,11 +62,12 @@ build_kubernetes() {
     echo ")"
   } > go.mod
   log "wrapper go.mod replaces $(grep -c '=>' go.mod) staging modules with ${staging_version}"
-  go get "k8s.io/kubernetes/cmd/kube-apiserver@${K8S_VERSION}" "k8s.io/kubernetes/cmd/kube-controller-manager@${K8S_VERSION}" >&2
+  local cmd
+  for cmd in "${KUBERNETES_COMMANDS[@]}"; do go get "k8s.io/kubernetes/cmd/$cmd@${K8S_VERSION}" >&2; done
   local pkg=k8s.io/component-base/version
   local ldflags="-s -w -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${minor_patch%%.*} -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
   ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=${K8S_VERSION}"
-  for cmd in kube-apiserver kube-controller-manager; do
+  for cmd in "${KUBERNETES_COMMANDS[@]}"; do
     [ -x "$out/$cmd" ] && continue
     step "go build $cmd" go build -ldflags "$ldflags" -o "$out/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd"
     mv "$out/$cmd.tmp" "$out/$cmd"
@@ -88,7 +92,9 @@ build_helm() {
 
 total0=$SECONDS
 log "cache: $out (go ${GO_VERSION})"
-if [ -x "$out/kube-apiserver" ] && [ -x "$out/kube-controller-manager" ]; then log "cached: kubernetes ${K8S_VERSION}"
+missing=0
+for cmd in "${KUBERNETES_COMMANDS[@]}"; do [ -x "$out/$cmd" ] || missing=1; done
+if [ "$missing" = 0 ]; then log "cached: kubernetes ${K8S_VERSION}"
 else step "kubernetes ${K8S_VERSION}" build_kubernetes; fi
 if [ -x "$out/etcd" ]; then log "cached: etcd ${ETCD_VERSION}"; else step "etcd ${ETCD_VERSION}" build_etcd; fi
 if [ -x "$out/helm" ]; then log "cached: helm ${HELM_VERSION}"; else step "helm ${HELM_VERSION}" build_helm; fi

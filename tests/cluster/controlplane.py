@@ -1,8 +1,12 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-controller-manager.
+"""A real Kubernetes cluster for the tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and
+a node (tests/cluster/node.py: kubelet, containerd, kube-proxy) that runs pods in containers.
 
 The binaries come from `build-control-plane.sh` (built once from the Go module proxy, cached outside the
-clone). RBAC is on; the admin authenticates with a client certificate in `system:masters`, the controller
-manager with its own certificate and then per-controller service-account credentials, as in a real cluster.
+clone). Authorization is Node and RBAC; the admin authenticates with a client certificate in
+`system:masters`, every component with its own certificate (the controller manager then with per-controller
+service-account credentials), as in a real cluster. It runs inside the test session's namespaces
+(tests/cluster/isolate.py): the API server listens on the node's address too, where pods reach it through
+the `kubernetes` Service.
 """
 
 import contextlib
@@ -23,7 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.kubelet import NODE_NAME
+from tests.cluster.isolate import NODE_ADDRESS, isolated
+from tests.cluster.node import Node
 from tests.cluster.pki import KeyPair, Pki
 from worker.binaries import die_with_parent, find_binary
 
@@ -32,7 +37,8 @@ log = logging.getLogger(__name__)
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 # Controllers the tests rely on: Jobs, ReplicaSets and Deployments, owner-reference garbage collection,
-# namespaces and their default ServiceAccounts, TTL after finish, aggregated ClusterRoles.
+# namespaces and their default ServiceAccounts, TTL after finish, aggregated ClusterRoles, node lifecycle (the
+# not-ready taint), EndpointSlices of Services, PodDisruptionBudgets.
 CONTROLLERS = ",".join(
     [
         "job-controller",
@@ -45,6 +51,9 @@ CONTROLLERS = ",".join(
         "ttl-after-finished-controller",
         "clusterrole-aggregation-controller",
         "root-ca-certificate-publisher-controller",
+        "node-lifecycle-controller",
+        "endpointslice-controller",
+        "disruption-controller",
     ]
 )
 
@@ -151,13 +160,25 @@ class ControlPlane:
     def log_file(self, component: str) -> Path:
         return self.root / f"{component}.log"
 
+    def free_port(self) -> int:
+        return free_port()
+
     def start(self) -> None:
-        bins = cached_binaries_dir()
+        bins = self.bins = cached_binaries_dir()
         t0 = time.monotonic()
         self.pki = Pki(self.root / "pki")
-        serving = self.pki.issue("apiserver", "kube-apiserver", server=True)
+        # Inside the test bed's namespaces the API server also serves the node's address (the `kubernetes`
+        # Service's endpoint, for pods); outside them, loopback only.
+        bind = "0.0.0.0" if isolated() else "127.0.0.1"
+        advertise = NODE_ADDRESS if isolated() else "127.0.0.1"
+        serving = self.pki.issue("apiserver", "kube-apiserver", server=True, addresses=("10.0.0.1", advertise),
+                                 dns_names=("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                                            "kubernetes.default.svc.cluster.local"))  # fmt: skip
         admin = self.admin = self.pki.issue("admin", "ksquad-test-admin", ("system:masters",))
         kcm = self.pki.issue("controller-manager", "system:kube-controller-manager")
+        to_kubelet = self.pki.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+        )
         self.etcd_port, peer_port = free_port(), free_port()
         self.apiserver_port = free_port()
 
@@ -174,7 +195,7 @@ class ControlPlane:
         self._spawn(
             "kube-apiserver",
             [str(bins / "kube-apiserver"), "--etcd-servers", etcd_url,
-             "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+             "--bind-address", bind, "--advertise-address", advertise,
              "--secure-port", str(self.apiserver_port),
              "--tls-cert-file", str(serving.cert), "--tls-private-key-file", str(serving.key),
              "--client-ca-file", str(self.pki.ca),
@@ -182,7 +203,9 @@ class ControlPlane:
              "--service-account-key-file", str(self.pki.service_account_pub),
              "--service-account-signing-key-file", str(self.pki.service_account_key),
              "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
-             "--authorization-mode", "RBAC", "--allow-privileged=true",
+             "--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+             "--kubelet-client-certificate", str(to_kubelet.cert), "--kubelet-client-key", str(to_kubelet.key),
+             "--kubelet-preferred-address-types", "InternalIP", "--allow-privileged=true",
              "--cert-dir", str(self.root / "apiserver-certs"), "--profiling=false", "-v=1",
              "--audit-policy-file", str(self._audit_policy()), "--audit-log-path", str(self.audit_log),
              "--audit-log-format", "json"],
@@ -190,9 +213,7 @@ class ControlPlane:
         write_kubeconfig(self.admin_kubeconfig, self.server, self.pki.ca, _client_cert_user(admin))
         self._wait_ready("kube-apiserver", f"{self.server}/readyz", admin, timeout=90)
 
-        kcm_kubeconfig = write_kubeconfig(
-            self.root / "controller-manager.kubeconfig", self.server, self.pki.ca, _client_cert_user(kcm)
-        )
+        kcm_kubeconfig = self.certificate_kubeconfig("controller-manager", kcm)
         self._spawn(
             "kube-controller-manager",
             [str(bins / "kube-controller-manager"), "--kubeconfig", str(kcm_kubeconfig),
@@ -205,28 +226,26 @@ class ControlPlane:
              "--concurrent-job-syncs", "10", "--concurrent-replicaset-syncs", "10",
              "--concurrent-gc-syncs", "10", "--profiling=false", "-v=1"],
         )  # fmt: skip
+        scheduler = self.certificate_kubeconfig(
+            "scheduler", self.pki.issue("scheduler", "system:kube-scheduler")
+        )
+        self._spawn(
+            "kube-scheduler",
+            [str(bins / "kube-scheduler"), "--kubeconfig", str(scheduler), "--authentication-kubeconfig", str(scheduler),
+             "--authorization-kubeconfig", str(scheduler), "--authentication-skip-lookup", "--leader-elect=false", "--bind-address", "127.0.0.1",
+             "--secure-port", str(free_port()), "--profiling=false", "-v=1"],
+        )  # fmt: skip
         self.wait_for_default_service_account("default", timeout=60)
         log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)
 
-    def start_kubelet(self, timeout: float = 30) -> None:
-        """Start the loopback kubelet (tests/cluster/kubelet.py) and wait for its Node to be Ready."""
-        self.kubelet_dir = self.root / "kubelet"
-        self._spawn(
-            "kubelet",
-            [sys.executable, "-m", "tests.cluster.kubelet", "--kubeconfig", str(self.admin_kubeconfig),
-             "--state-dir", str(self.kubelet_dir)],
-            cwd=Path(__file__).parents[2],
-        )  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            done = self.kubectl("get", "node", NODE_NAME, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
-                                check=False)  # fmt: skip
-            if done.stdout.strip() == "True":
-                return
-            time.sleep(0.2)
-        raise ControlPlaneError(
-            f"the loopback kubelet's node is not Ready after {timeout}s:\n{self.tail('kubelet')}"
+    def start_node(self) -> None:
+        """The node: containerd, the kubelet and kube-proxy (tests/cluster/node.py); until it is Ready."""
+        self.node = Node(self)
+        self.node.start()
+
+    def certificate_kubeconfig(self, name: str, pair: KeyPair) -> Path:
+        return write_kubeconfig(
+            self.root / f"{name}.kubeconfig", self.server, self.pki.ca, _client_cert_user(pair)
         )
 
     def stop_apiserver(self) -> None:
@@ -252,6 +271,17 @@ class ControlPlane:
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"{resource} not served after {timeout}s: {done.stderr.strip()}")
             time.sleep(0.2)
+
+    def spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
+        """Start a component of the cluster, logging to `log_file(name)`; it dies with this process."""
+        self._spawn(name, cmd, cwd)
+
+    def running(self, name: str) -> bool:
+        proc = self.processes.get(name)
+        return proc is not None and proc.poll() is None
+
+    def check_alive(self) -> None:
+        self._check_alive()
 
     def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
         self.commands[name] = (cmd, cwd)
@@ -324,27 +354,34 @@ class ControlPlane:
             self.root / f"{name}.kubeconfig", self.server, self.pki.ca, {"token": token}, namespace
         )
 
+    def stop_process(self, name: str) -> None:
+        proc = self.processes.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
     def stop(self) -> None:
-        for name in ("kubelet", "kube-controller-manager", "kube-apiserver", "etcd"):
-            proc = self.processes.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        node = getattr(self, "node", None)
+        if node is not None:
+            node.stop()
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+            self.stop_process(name)
         if not os.environ.get("KSQUAD_KEEP_CLUSTER"):  # set it to keep logs and state for a post-mortem
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-if __name__ == "__main__":  # `python -m tests.cluster.controlplane`: a control plane to poke at by hand
+# A cluster to poke at by hand: python -m tests.cluster.isolate python -m tests.cluster.controlplane
+if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # delivered to sigwait below
     plane = ControlPlane()
     plane.start()
-    plane.start_kubelet()
+    plane.start_node()
     print(f"export KUBECONFIG={plane.admin_kubeconfig}", flush=True)
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})

@@ -1,5 +1,6 @@
-"""The test control plane's keys and certificates: a CA, the API server's serving certificate, client
-certificates (admin in `system:masters`, the controller manager) and the service-account signing key."""
+"""The test cluster's keys and certificates: a CA, serving certificates (the API server's, the kubelet's),
+client certificates (admin in `system:masters`, the controller manager, the scheduler, kube-proxy, the node,
+the API server towards the kubelet) and the service-account signing key."""
 
 import datetime
 import ipaddress
@@ -65,8 +66,10 @@ class Pki:
         )
 
     def issue(
-        self, name: str, common_name: str, organizations: tuple[str, ...] = (), server: bool = False
-    ) -> KeyPair:
+        self, name: str, common_name: str, organizations: tuple[str, ...] = (), server: bool = False,
+        addresses: tuple[str, ...] = (), dns_names: tuple[str, ...] = (),
+    ) -> KeyPair:  # fmt: skip
+        """A client certificate, or with `server` a serving one for localhost, 127.0.0.1 and `addresses`."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
@@ -84,14 +87,8 @@ class Pki:
         if server:
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
-                    [
-                        x509.DNSName("localhost"),
-                        x509.DNSName("kubernetes"),
-                        x509.DNSName("kubernetes.default.svc"),
-                        x509.DNSName("kubernetes.default.svc.cluster.local"),
-                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
-                    ]
+                    [x509.DNSName(n) for n in ("localhost", *dns_names)]
+                    + [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", *addresses)]
                 ),
                 critical=False,
             ).add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

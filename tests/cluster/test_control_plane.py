@@ -1,9 +1,10 @@
-"""The local control plane and the loopback kubelet run Jobs, ReplicaSets, garbage collection and RBAC for real."""
+"""The test cluster runs Jobs, ReplicaSets, garbage collection and RBAC for real, and its node runs pods in
+containers from ksquad's images: the pod's user, a read-only root, env and volumes from Secrets and
+ConfigMaps, the projected service-account token, restarts, probes and memory limits, as a kubelet does."""
 
 import json
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,9 +17,12 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
+from tests.cluster.images import KSQUAD_IMAGE
+from tests.cluster.isolate import NODE_ADDRESS
 
 T = TypeVar("T")
-PY = sys.executable
+PY = "python3"  # the ksquad image's Python, ksquad installed
+IMAGE = KSQUAD_IMAGE
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, interval: float = 0.2) -> T:
@@ -50,7 +54,7 @@ def test_job_runs_a_local_program_to_complete_and_its_pod_is_garbage_collected(
     check = (
         "import os, sys; e = os.environ;"
         "ok = (e['TOKEN'] == 's3cret' and e['MODE'] == 'fast' and e['POD'] == e['HOSTNAME']"
-        " and e['POD_IP'].startswith('127.') and e['POD_IP'] != '127.0.0.1' and e['GREETING'] == 'hi fast');"
+        " and e['POD_IP'].startswith('10.244.') and e['POD_IP'] != e['NODE_IP'] and e['GREETING'] == 'hi fast');"
         "print(dict(e)); sys.exit(0 if ok else 3)"
     )
     apply(cluster, namespace, {
@@ -58,12 +62,13 @@ def test_job_runs_a_local_program_to_complete_and_its_pod_is_garbage_collected(
         "spec": {"backoffLimit": 0, "template": {"spec": {
             "restartPolicy": "Never",
             "containers": [{
-                "name": "main", "image": "local", "command": [PY, "-c", check],
+                "name": "main", "image": IMAGE, "command": [PY, "-c", check],
                 "env": [
                     {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "agent-key", "key": "token"}}},
                     {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
                     {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                    {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
                     {"name": "GREETING", "value": "hi $(MODE)"},
                 ],
             }],
@@ -92,7 +97,7 @@ def test_failing_program_fails_the_job_with_its_exit_code(cluster: ControlPlane,
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "broken"},
         "spec": {"backoffLimit": 0, "template": {"spec": {
             "restartPolicy": "Never",
-            "containers": [{"name": "main", "image": "local", "command": [PY, "-c", "raise SystemExit(7)"]}],
+            "containers": [{"name": "main", "image": IMAGE, "command": [PY, "-c", "raise SystemExit(7)"]}],
         }}},
     })  # fmt: skip
 
@@ -109,7 +114,7 @@ def test_failing_program_fails_the_job_with_its_exit_code(cluster: ControlPlane,
 def test_replicaset_replaces_a_pod_relabelled_out_of_its_selector(
     cluster: ControlPlane, namespace: str
 ) -> None:
-    # Each pod serves HTTP on its own loopback address; the readiness probe gates Ready.
+    # Each pod serves HTTP on its own address; the readiness probe gates Ready.
     server = "import http.server, os; http.server.HTTPServer((os.environ['POD_IP'], 8080), http.server.SimpleHTTPRequestHandler).serve_forever()"
     apply(cluster, namespace, {
         "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "pool"},
@@ -121,7 +126,7 @@ def test_replicaset_replaces_a_pod_relabelled_out_of_its_selector(
                 "spec": {
                     "terminationGracePeriodSeconds": 2,
                     "containers": [{
-                        "name": "agent", "image": "local", "command": [PY, "-c", server],
+                        "name": "agent", "image": IMAGE, "command": [PY, "-c", server],
                         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                         "ports": [{"name": "http", "containerPort": 8080}],
                         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
@@ -160,9 +165,7 @@ def test_replicaset_replaces_a_pod_relabelled_out_of_its_selector(
     bound_ip = first[0]["status"]["podIP"]
     cluster.kubectl("delete", "pod", bound, "-n", namespace, "--wait=true", "--timeout=30s")
     assert cluster.kubectl("get", "pod", bound, "-n", namespace, check=False).returncode != 0
-    with pytest.raises(
-        urllib.error.URLError, match="Connection refused"
-    ):  # the kubelet stopped the deleted pod's process
+    with pytest.raises(urllib.error.URLError):  # the kubelet stopped the deleted pod's container
         urllib.request.urlopen(f"http://{bound_ip}:8080/", timeout=5)
 
 
@@ -215,7 +218,7 @@ def test_pods_that_cannot_start_say_why(cluster: ControlPlane, namespace: str) -
             "spec": {"restartPolicy": "Never", "containers": [{"name": "main", **container}], **spec},
         }  # fmt: skip
 
-    sleeper = {"image": "local", "command": [PY, "-c", "import time; time.sleep(60)"]}
+    sleeper = {"image": IMAGE, "command": [PY, "-c", "import time; time.sleep(60)"]}
     apply(cluster, namespace, pod("missing-secret", {**sleeper, "env": [
         {"name": "T", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "token"}}}]}))  # fmt: skip
     apply(cluster, namespace, pod("image-only", {"image": "registry.example/agent:1"}))
@@ -228,7 +231,8 @@ def test_pods_that_cannot_start_say_why(cluster: ControlPlane, namespace: str) -
 
     assert waiting_for(waiting, "missing-secret") == {
         "reason": "CreateContainerConfigError", "message": 'secret "nope" not found'}  # fmt: skip
-    assert waiting_for(waiting, "image-only")["reason"] == "ErrImagePull"
+    # No registry is reachable from the test cluster: the pull fails at once.
+    assert waiting_for(waiting, "image-only")["reason"] in ("ErrImagePull", "ImagePullBackOff")
 
     def unschedulable() -> dict[str, Any] | None:
         conditions = get(cluster, "pod", "nowhere", "-n", namespace).get("status", {}).get("conditions") or []
@@ -246,3 +250,143 @@ def test_pods_that_cannot_start_say_why(cluster: ControlPlane, namespace: str) -
 
 def waiting_for(probe: Callable[[str], dict[str, Any] | None], name: str) -> dict[str, Any]:
     return wait_for(f"{name} to report why it waits", lambda: probe(name), timeout=30)
+
+
+def pod_manifest(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": IMAGE, **container}], **spec}}  # fmt: skip
+
+
+def finished(cluster: ControlPlane, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        pod: dict[str, Any] = get(cluster, "pod", name, "-n", namespace)
+        return pod if pod.get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_for(f"pod {name} to finish", done, timeout)
+
+
+def logs(cluster: ControlPlane, namespace: str, name: str) -> str:
+    return cluster.kubectl("logs", name, "-n", namespace).stdout
+
+
+def test_a_container_runs_as_the_pods_user_on_a_read_only_root(cluster: ControlPlane, namespace: str) -> None:
+    script = "id -u; id -g; touch /written 2>/dev/null && echo wrote-root || echo root-refused; touch /tmp/ok && echo wrote-tmp"
+    apply(cluster, namespace, pod_manifest("locked", {
+        "command": ["sh", "-c", script],
+        "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }, securityContext={"runAsUser": 4242, "runAsGroup": 4343, "runAsNonRoot": True},
+        volumes=[{"name": "tmp", "emptyDir": {}}]))  # fmt: skip
+    pod = finished(cluster, namespace, "locked")
+    assert pod["status"]["phase"] == "Succeeded"
+    assert logs(cluster, namespace, "locked").split() == ["4242", "4343", "root-refused", "wrote-tmp"]
+
+
+def test_run_as_non_root_refuses_a_root_user(cluster: ControlPlane, namespace: str) -> None:
+    apply(cluster, namespace, pod_manifest("as-root", {"command": ["id"]},
+                                           securityContext={"runAsUser": 0, "runAsNonRoot": True}))  # fmt: skip
+
+    def refused(name: str) -> dict[str, Any] | None:
+        statuses = get(cluster, "pod", name, "-n", namespace).get("status", {}).get("containerStatuses") or []
+        waiting = statuses[0]["state"].get("waiting", {}) if statuses else {}
+        return waiting if waiting.get("reason") == "CreateContainerConfigError" else None
+
+    assert "non-root" in waiting_for(refused, "as-root")["message"]
+
+
+def test_a_pod_calls_the_api_server_as_its_service_account_with_the_projected_token(
+    cluster: ControlPlane, namespace: str
+) -> None:
+    cluster.kubectl("create", "serviceaccount", "caller", "-n", namespace)
+    # The kubelet projects a TokenRequest token, the cluster CA and the namespace; KUBERNETES_SERVICE_HOST/PORT
+    # lead to the API server through the `kubernetes` Service (kube-proxy). SelfSubjectReview says who we are.
+    check = (
+        "import json, os, ssl, urllib.request; d = '/var/run/secrets/kubernetes.io/serviceaccount/';"
+        "ctx = ssl.create_default_context(cafile=d + 'ca.crt');"
+        "url = 'https://%s:%s/apis/authentication.k8s.io/v1/selfsubjectreviews' % (os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT']);"
+        "body = json.dumps({'apiVersion': 'authentication.k8s.io/v1', 'kind': 'SelfSubjectReview'}).encode();"
+        "req = urllib.request.Request(url, body, {'Authorization': 'Bearer ' + open(d + 'token').read(), 'Content-Type': 'application/json'});"
+        "print(json.loads(urllib.request.urlopen(req, context=ctx).read())['status']['userInfo']['username']);"
+        "print(open(d + 'namespace').read())"
+    )
+    apply(
+        cluster,
+        namespace,
+        pod_manifest("caller", {"command": [PY, "-c", check]}, serviceAccountName="caller"),
+    )
+    pod = finished(cluster, namespace, "caller")
+    assert pod["status"]["phase"] == "Succeeded", logs(cluster, namespace, "caller")
+    assert logs(cluster, namespace, "caller").split() == [
+        f"system:serviceaccount:{namespace}:caller",
+        namespace,
+    ]
+    token_volume = next(v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access-"))
+    assert token_volume["projected"]["sources"][0]["serviceAccountToken"]["expirationSeconds"] > 0
+
+
+def test_a_crashed_container_is_restarted_and_a_readiness_probe_gates_ready(
+    cluster: ControlPlane, namespace: str
+) -> None:
+    # Exits 3 the first time (a file on the emptyDir remembers), then serves; Ready only once it answers.
+    script = ("import http.server, os, sys; m = '/scratch/started';"
+              "first = not os.path.exists(m); open(m, 'w').close();"
+              "sys.exit(3) if first else http.server.HTTPServer(('', 8080), http.server.SimpleHTTPRequestHandler).serve_forever()")  # fmt: skip
+    apply(cluster, namespace, pod_manifest("crasher", {
+        "command": [PY, "-c", script], "workingDir": "/scratch",
+        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+    }, restartPolicy="Always", volumes=[{"name": "scratch", "emptyDir": {}}]))  # fmt: skip
+
+    def ready() -> dict[str, Any] | None:
+        pod: dict[str, Any] = get(cluster, "pod", "crasher", "-n", namespace)
+        conditions = pod.get("status", {}).get("conditions", [])
+        return pod if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+
+    pod = wait_for("the restarted container to be Ready", ready, timeout=90)
+    status = pod["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 3
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(cluster: ControlPlane, namespace: str) -> None:
+    hog = "b = []\nwhile True: b.append(bytearray(16 << 20))"
+    apply(cluster, namespace, pod_manifest("hog", {
+        "command": [PY, "-c", hog], "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}},
+    }))  # fmt: skip
+    pod = finished(cluster, namespace, "hog")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
+
+
+def test_a_changed_secret_reaches_its_mounted_volume(cluster: ControlPlane, namespace: str) -> None:
+    cluster.kubectl("create", "secret", "generic", "rotating", "-n", namespace, "--from-literal=key=first")
+    watch = "import time\nwhile open('/secret/key').read() != 'second': time.sleep(0.2)\nprint('saw second')"
+    apply(cluster, namespace, pod_manifest("reader", {
+        "command": [PY, "-c", watch], "volumeMounts": [{"name": "s", "mountPath": "/secret", "readOnly": True}],
+    }, volumes=[{"name": "s", "secret": {"secretName": "rotating"}}]))  # fmt: skip
+    wait_for(
+        "the reader to run",
+        lambda: get(cluster, "pod", "reader", "-n", namespace)["status"].get("phase") == "Running",
+    )
+    cluster.kubectl("patch", "secret", "rotating", "-n", namespace, "-p", '{"stringData": {"key": "second"}}')
+    pod = finished(cluster, namespace, "reader", timeout=120)
+    assert pod["status"]["phase"] == "Succeeded"
+    assert logs(cluster, namespace, "reader").strip() == "saw second"
+
+
+def test_pods_get_addresses_of_their_own_on_the_node_network(cluster: ControlPlane, namespace: str) -> None:
+    for name in ("one", "two"):
+        apply(
+            cluster,
+            namespace,
+            pod_manifest(name, {"command": ["sleep", "60"]}, terminationGracePeriodSeconds=1),
+        )
+    ips = {
+        name: wait_for(
+            f"{name}'s address", lambda n=name: get(cluster, "pod", n, "-n", namespace)["status"].get("podIP")
+        )  # type: ignore[misc]
+        for name in ("one", "two")
+    }
+    assert len(set(ips.values())) == 2
+    assert all(ip.startswith("10.244.") and ip != NODE_ADDRESS for ip in ips.values())

@@ -16,6 +16,7 @@ import pytest
 from mcp.server.mcpserver import Context, MCPServer
 
 from agent.scripted_model import ScriptedModel, build_app
+from tests.cluster.isolate import service_address
 from tests.support.asgi import free_port, serving
 from worker.binaries import die_with_parent
 from workflows.contract import (
@@ -76,7 +77,7 @@ async def tool_server() -> AsyncIterator[ToolServer]:
         return "ran"
 
     async with serving(
-        mcp.streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1"), lifespan="on"
+        mcp.streamable_http_app(streamable_http_path="/mcp", host=service_address()), lifespan="on"
     ) as url:
         record.url = f"{url}/mcp"
         yield record

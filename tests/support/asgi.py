@@ -1,4 +1,5 @@
-"""Serve an ASGI app (Starlette, an MCP server, the scripted model) in the test's event loop, on loopback."""
+"""Serve an ASGI app (Starlette, an MCP server, the scripted model) in the test's event loop, on the test bed's
+service address (where the cluster's pods reach it too)."""
 
 import asyncio
 import socket
@@ -8,19 +9,22 @@ from typing import Any, Literal
 
 import uvicorn
 
+from tests.cluster.isolate import service_address
 
-def free_port(host: str = "127.0.0.1") -> int:
+
+def free_port(host: str | None = None) -> int:
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind((host or service_address(), 0))
         port: int = s.getsockname()[1]
         return port
 
 
 @asynccontextmanager
 async def serving(
-    app: Any, host: str = "127.0.0.1", lifespan: Literal["auto", "on", "off"] = "auto"
+    app: Any, host: str | None = None, lifespan: Literal["auto", "on", "off"] = "auto"
 ) -> AsyncIterator[str]:
     """Yields the base URL (`http://host:port`) while uvicorn serves `app`."""
+    host = host or service_address()
     port = free_port(host)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan))
     task = asyncio.create_task(server.serve())

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL server: Debian's binaries, a temporary data directory, a free loopback port.
+"""A throwaway PostgreSQL server: Debian's binaries, a temporary data directory, a free port on the test bed's
+service address (the cluster's pods reach it there).
 
 PostgreSQL refuses to run as root, so when the tests run as root the server runs as the `postgres` user
 that Debian's package creates.
@@ -17,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.cluster.isolate import service_address
+
 
 class PostgresUnavailable(RuntimeError):
     pass
@@ -33,9 +36,9 @@ def find_bindir() -> Path:
     return Path(candidates[-1]).parent
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
@@ -44,7 +47,7 @@ def _free_port() -> int:
 class PostgresServer:
     database: str = "ksquad"
     user: str = "ksquad"
-    host: str = "127.0.0.1"
+    host: str = field(default_factory=service_address)
     port: int = 0
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ksquad-pg-")))
     process: subprocess.Popen[bytes] | None = None
@@ -84,7 +87,10 @@ class PostgresServer:
              "--no-sync", "--no-instructions"],
             check=True, capture_output=True,
         )  # fmt: skip
-        self.port = self.port or _free_port()
+        # Trust on the node's network too: the cluster's pods (the chart's worker) connect from there.
+        with (data / "pg_hba.conf").open("a") as hba:
+            hba.write("host all all samenet trust\n")
+        self.port = self.port or _free_port(self.host)
         self.resume()
         self.create_database(self.database)
 
