@@ -18,6 +18,7 @@ Kubernetes:
 import asyncio
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -80,7 +81,7 @@ class SandboxSettings(BaseModel):
     """How the worker makes sandboxes (chart values -> a ConfigMap -> KSQUAD_SANDBOX_CONFIG)."""
 
     backend: Literal["kubernetes", "local"] = "kubernetes"
-    image: str = "ghcr.io/ksquad/agent:0.1.0"
+    image: str = f"ghcr.io/ksquad/ksquad-agent:{importlib.metadata.version('ksquad')}"  # the chart sets it
     command: list[str] = Field(default_factory=lambda: ["ksquad-agent"])
     port: int = 8080
     service_account: str = "ksquad-sandbox"

@@ -13,7 +13,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from tests.cluster.controlplane import ControlPlane
-from tests.cluster.isolate import service_address
+from tests.cluster.isolate import isolated
 from tests.support.agents import model as model  # the scripted model, a fixture for every test
 from tests.support.agents import start_agent as start_agent  # the reference agent as its own process
 from tests.support.agents import tool_server as tool_server  # an MCP server, likewise
@@ -38,7 +38,9 @@ async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     """Temporal's dev server with ksquad's search attributes, headless, state in memory. After the suite, no
     credential may be found in any workflow history it holds, nor in any log of the session."""
     log_file = tmp_path_factory.mktemp("temporal") / "dev-server.log"
-    async with DevServer(ip=service_address(), ui=False, log_file=log_file) as server:
+    # Pods reach it on the node's address. Given a single non-loopback --ip, the dev server's own services
+    # cannot reach each other (they announce 127.0.0.1): inside the test bed's namespaces it listens on all.
+    async with DevServer(ip="0.0.0.0" if isolated() else "127.0.0.1", ui=False, log_file=log_file) as server:
         yield server
         histories = await scan_histories(await Client.connect(server.target))
         logs = scan_logs(tmp_path_factory.getbasetemp())

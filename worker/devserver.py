@@ -81,11 +81,16 @@ class DevServer:
 
     @property
     def target(self) -> str:
-        return f"{self.ip}:{self.port}"
+        return f"{self._host}:{self.port}"
+
+    @property
+    def _host(self) -> str:
+        """Where to reach it: loopback when it listens on every address."""
+        return "127.0.0.1" if self.ip in ("0.0.0.0", "::") else self.ip
 
     @property
     def ui_url(self) -> str | None:
-        return f"http://{self.ip}:{self.ui_port}" if self.ui else None
+        return f"http://{self._host}:{self.ui_port}" if self.ui else None
 
     def command(self) -> list[str]:
         cmd = [

@@ -1,10 +1,9 @@
-"""Sandboxes on the real control plane with the loopback kubelet: cold Jobs that run the reference agent,
+"""Sandboxes on the test cluster, in containers from ksquad's images: cold Jobs that run the reference agent,
 warm pools that never double-bind, toolchains, no secrets in specs, pods that cannot start."""
 
 import asyncio
 import base64
 import json
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,20 +25,25 @@ from activities.sandboxes import (
 from activities.store import Store
 from kube import ApiError, Config, Kube, path
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.images import AGENT_IMAGE, KSQUAD_IMAGE
 from tests.support import chart
 from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
 from workflows.activity_types import AgentInvocation, OutputsRequest, RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
 from workflows.spec import SandboxPolicy
 
-AGENT = [sys.executable, "-m", "agent.server"]
-STAGE_JQ = [sys.executable, "-c", "import os; d = os.environ['KSQUAD_TOOLCHAIN_DIR'] + '/bin'; os.makedirs(d); "
+# A toolchain's init container: stages a `jq` into the shared volume (from the ksquad image, which has Python).
+STAGE_JQ = ["python3", "-c", "import os; d = os.environ['KSQUAD_TOOLCHAIN_DIR'] + '/bin'; os.makedirs(d); "
             "open(d + '/jq', 'w').write('#!/bin/sh\\necho jq')"]  # fmt: skip
 
 
+# The test node has 2 CPUs: sandboxes ask for little, so twenty fit beside each other.
+SMALL = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}}
+
+
 def settings(**overrides: Any) -> SandboxSettings:
-    base: dict[str, Any] = {"image": "ksquad/agent:test", "command": AGENT, "poll_seconds": 0.1,
-                            "toolchains": {"jq": ContainerSpec(image="ksquad/toolchain-jq:test", command=STAGE_JQ)}}  # fmt: skip
+    base: dict[str, Any] = {"image": AGENT_IMAGE, "poll_seconds": 0.1, "resources": SMALL,
+                            "toolchains": {"jq": ContainerSpec(image=KSQUAD_IMAGE, command=STAGE_JQ)}}  # fmt: skip
     return SandboxSettings(**{**base, **overrides})
 
 
@@ -153,9 +157,8 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
 async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
     ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
 ) -> None:
-    pool = {"name": "p1", "namespace": run_ns, "replicas": 5, "runtimeClass": "gvisor", "credentials": ["model-key"],
-            "command": AGENT}  # fmt: skip
-    apply_sandbox_parts(ksquad_cluster, {"namespaces": [run_ns], "pools": [pool]})
+    pool = {"name": "p1", "namespace": run_ns, "replicas": 5, "runtimeClass": "gvisor", "credentials": ["model-key"]}
+    apply_sandbox_parts(ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}})
     await ready_warm(kube, run_ns, 5)
     backend = KubernetesSandboxes(kube, settings())
     contracts = []
@@ -247,7 +250,7 @@ async def test_no_spec_holds_a_secret_and_sandboxes_run_non_root_without_a_token
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"command": []}, "ErrImagePull"),
+        ({"image": "registry.example/agent:missing"}, "ErrImagePull"),
         ({"node_selector": {"gpu": "h100"}, "unschedulable_grace_seconds": 1.0}, "cannot be scheduled"),
         (
             {"service_account": "nobody", "pod_creation_grace_seconds": 1.0},

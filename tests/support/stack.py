@@ -1,7 +1,7 @@
 """ksquad as the chart deploys it, on the real control plane: the bridge and the worker as their own processes,
 authenticated as the chart's ServiceAccounts with the RBAC `helm template` renders, against Temporal's dev
-server, a SQLite store, cold sandboxes run by the loopback kubelet, and the scripted model. Used by the bridge
-tests and the benchmarks."""
+server, a SQLite store, cold sandboxes in containers of the reference agent's image, and the scripted model.
+Used by the bridge tests and the benchmarks; tests/chart/ installs the chart itself, from its images."""
 
 import asyncio
 import json
@@ -20,6 +20,7 @@ from temporalio.client import Client
 
 from kube import Kube, path
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.images import AGENT_IMAGE
 from tests.support import chart
 from tests.support.agents import MODEL_KEY, ModelEndpoint
 from tests.support.asgi import free_port
@@ -75,8 +76,8 @@ class Stack:
             module = "crd_bridge.main"
         else:
             config = self.root / "sandbox.yaml"
-            config.write_text(yaml.safe_dump({"backend": "kubernetes", "command": [sys.executable, "-m", "agent.server"],
-                                              "image": "ksquad/agent:test", "poll_seconds": 0.1}))  # fmt: skip
+            config.write_text(yaml.safe_dump({"backend": "kubernetes", "image": AGENT_IMAGE, "poll_seconds": 0.1,
+                                              "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}}}))
             env = {**self.env("worker"), "KSQUAD_DATABASE_URL": f"sqlite:///{self.root / 'ksquad.db'}",
                    "KSQUAD_SANDBOX_CONFIG": str(config)}  # fmt: skip
             module = "worker.main"

@@ -29,7 +29,11 @@ capabilities:
 
 
 {{- define "ksquad.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "ksquad.agentImage" -}}
+{{ .Values.sandbox.image | default (printf "%s-agent:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion)) }}
 {{- end -}}
 
 {{- define "ksquad.temporalEnv" -}}
