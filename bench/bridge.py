@@ -42,7 +42,7 @@ CRDS = Path(__file__).parents[1] / "charts" / "ksquad" / "crds" / "ksquad.io.yam
 async def main(runs: int, rates: list[float]) -> None:
     plane = ControlPlane()
     plane.start()
-    plane.start_kubelet()
+    plane.start_node()
     plane.kubectl("apply", "--server-side", "-f", str(CRDS))
     plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
     state = ScriptedModel()

@@ -1,6 +1,6 @@
-"""Warm sandbox claims against cold acquisitions, on the local control plane with the loopback kubelet.
+"""Warm sandbox claims against cold acquisitions, on the test cluster (pods in containers of the agent image).
 
-    python -m bench.sandboxes [--runs N]
+    python -m tests.cluster.isolate python -m bench.sandboxes [--runs N]     (make bench runs it so)
 
 Warm: one guarded label patch on a ready pool pod (plus the list that finds it). Cold: create a Job, wait for
 its pod to be scheduled, started and ready. Both measured in the same run on the same control plane; the
@@ -10,7 +10,6 @@ pool is refilled between warm claims so each finds a ready pod. Prints JSON with
 import argparse
 import asyncio
 import json
-import sys
 import time
 
 import yaml
@@ -19,12 +18,12 @@ from activities.sandboxes import KubernetesSandboxes, SandboxSettings, pod_ready
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.images import AGENT_IMAGE
 from workflows.activity_types import RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy
 
 NS = "bench"
-AGENT = [sys.executable, "-m", "agent.server"]
 
 
 def contract(i: int) -> ExecutionContract:
@@ -36,7 +35,7 @@ def contract(i: int) -> ExecutionContract:
 async def main(runs: int) -> None:
     plane = ControlPlane()
     plane.start()
-    plane.start_kubelet()
+    plane.start_node()
     try:
         plane.kubectl("create", "namespace", NS)
         plane.wait_for_default_service_account(NS)
@@ -52,14 +51,14 @@ async def main(runs: int) -> None:
                          "template": {"metadata": {"labels": {"ksquad.io/state": "warm", "ksquad.io/pool": "b",
                                                               "ksquad.io/runtime-class": "gvisor"}},
                                       "spec": {"containers": [{
-                                          "name": "agent", "image": "x", "command": AGENT,
+                                          "name": "agent", "image": AGENT_IMAGE, "command": ["ksquad-agent"],
                                           "args": ["--host", "$(POD_IP)", "--port", "8080"],
                                           "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                                           "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1}}]}}}}  # fmt: skip
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(pool))
         async with Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as kube:
             sandboxes = KubernetesSandboxes(
-                kube, SandboxSettings(command=AGENT, poll_seconds=0.05, run_as_user=65532)
+                kube, SandboxSettings(image=AGENT_IMAGE, poll_seconds=0.05, run_as_user=65532)
             )
             warm, cold = [], []
             for i in range(runs):

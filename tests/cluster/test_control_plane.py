@@ -382,11 +382,13 @@ def test_pods_get_addresses_of_their_own_on_the_node_network(cluster: ControlPla
             namespace,
             pod_manifest(name, {"command": ["sleep", "60"]}, terminationGracePeriodSeconds=1),
         )
-    ips = {
-        name: wait_for(
-            f"{name}'s address", lambda n=name: get(cluster, "pod", n, "-n", namespace)["status"].get("podIP")
-        )  # type: ignore[misc]
-        for name in ("one", "two")
-    }
+
+    def address(name: str) -> str:
+        ip: str = wait_for(
+            f"{name}'s address", lambda: get(cluster, "pod", name, "-n", namespace)["status"].get("podIP")
+        )
+        return ip
+
+    ips = {name: address(name) for name in ("one", "two")}
     assert len(set(ips.values())) == 2
     assert all(ip.startswith("10.244.") and ip != NODE_ADDRESS for ip in ips.values())
