@@ -40,6 +40,7 @@ from temporalio.exceptions import ApplicationError
 
 from kube import ApiError, Kube, Obj, Unreachable, path
 from workflows.activity_types import (
+    SANDBOX_MISCONFIGURED,
     Activity,
     OutputsRequest,
     PublishedOutputs,
@@ -114,6 +115,18 @@ class SandboxSettings(BaseModel):
 
 def sandbox_failed(message: str) -> ApplicationError:
     return ApplicationError(message[:2000], type=SANDBOX_FAILED, non_retryable=True)
+
+
+def missing_runtime_class(policy: SandboxPolicy, refused: str) -> str | None:
+    """The reason to give when a sandbox pod was refused for want of its RuntimeClass, else None."""
+    found = re.search(r'RuntimeClass "([^"]+)" not found', refused)
+    if not found:
+        return None
+    name = found.group(1)
+    return (f'RuntimeClass "{name}" does not exist in this cluster (Run spec.sandboxPolicy.runtimeClass '
+            f'{policy.runtime_class} -> chart value sandbox.runtimeClasses.{policy.runtime_class}): install it '
+            f"(docs/operating.md, \"Sandbox runtimes\"), or set sandbox.runtimeClasses.{policy.runtime_class} to a "
+            f"RuntimeClass the cluster has (null: the nodes' default runtime)")  # fmt: skip
 
 
 def job_name(run: str, attempt: int) -> str:
@@ -348,10 +361,10 @@ class KubernetesSandboxes:
         except ApiError as err:
             if err.status != 409:  # 409: a retried activity made it already
                 raise sandbox_failed(f"cannot create Job {ns}/{name}: {err.message}") from None
-        pod = await self.wait_ready(ns, name, req.timeout_seconds)
+        pod = await self.wait_ready(ns, name, req.timeout_seconds, req.policy)
         return Sandbox(name=name, kind="cold", endpoint=self._endpoint(pod))
 
-    async def wait_ready(self, namespace: str, job: str, within: float) -> Obj:
+    async def wait_ready(self, namespace: str, job: str, within: float, policy: SandboxPolicy) -> Obj:
         loop = asyncio.get_running_loop()
         start = loop.time()
         unschedulable_since: float | None = None
@@ -376,12 +389,13 @@ class KubernetesSandboxes:
                 else:
                     last = f"pod {pod['metadata']['name']} {pod.get('status', {}).get('phase', 'Pending')}"
             if not live:
-                await self._job_failure(namespace, job, loop.time() - start)
+                await self._job_failure(namespace, job, loop.time() - start, policy)
             await asyncio.sleep(self.settings.poll_seconds)
         raise sandbox_failed(f"Job {namespace}/{job} not ready within {within:.0f}s ({last})")
 
-    async def _job_failure(self, namespace: str, job: str, waited: float) -> None:
-        """No pod: the Job failed, or the pod was refused (admission, quota, missing ServiceAccount)."""
+    async def _job_failure(self, namespace: str, job: str, waited: float, policy: SandboxPolicy) -> None:
+        """No pod: the Job failed, or the pod was refused (admission, quota, missing ServiceAccount). A missing
+        RuntimeClass fails the run at once; other refusals get a grace period (a ServiceAccount may be coming)."""
         try:
             obj = await self.kube.get(path("batch/v1", "jobs", namespace, job))
         except ApiError as err:
@@ -393,12 +407,16 @@ class KubernetesSandboxes:
                 raise sandbox_failed(
                     f"Job {namespace}/{job} failed: {condition.get('reason')}: {condition.get('message', '')}"
                 )
-        if waited < self.settings.pod_creation_grace_seconds:
-            return
+        if waited < min(1.0, self.settings.pod_creation_grace_seconds):
+            return  # the Job controller makes the pod within milliseconds; look at events only when it did not
         events = await self.kube.list(path("v1", "events", namespace),
                                       fields=f"involvedObject.name={job},involvedObject.kind=Job")  # fmt: skip
         refused = [e for e in events["items"] if e.get("reason") == "FailedCreate"]
-        if refused:
+        for event in refused:
+            misconfigured = missing_runtime_class(policy, event.get("message", ""))
+            if misconfigured:
+                raise ApplicationError(misconfigured, type=SANDBOX_MISCONFIGURED, non_retryable=True)
+        if refused and waited >= self.settings.pod_creation_grace_seconds:
             raise sandbox_failed(
                 f"Job {namespace}/{job} cannot create its pod: {refused[-1].get('message', '')}"
             )

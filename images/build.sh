@@ -15,7 +15,8 @@
 # Without BASE_IMAGE the base is a minimal Debian bookworm root filesystem with Python 3.11, made by mmdebstrap
 # (no registry needed) and kept as localhost/ksquad-base:<key>. Builds are offline (`--network none`): the
 # wheels are downloaded first, by hash, into a cache outside the clone. SOURCE_DATE_EPOCH is the commit's time,
-# so the same commit and base give the same image digests.
+# so the same commit and base give the same image digests. Each image is also tagged <version>-src.<digest of
+# the sources> (images/source_digest.py): the test bed runs exactly the images of its checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -110,7 +111,8 @@ build() {  # build TARGET
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg SOURCE_DATE_EPOCH="$epoch" --build-arg VERSION="$version" \
     --build-arg SOURCE_DIGEST="$source_digest" \
     --build-arg DEPENDENCIES_DIGEST="$(cat images/requirements.lock images/build-tools.lock | sha256sum | cut -c1-16)" \
-    --target "$1" -t "$REPOSITORY/$1:$version" -f images/Containerfile "$context" >/dev/null
+    --target "$1" -t "$REPOSITORY/$1:$version" -t "$REPOSITORY/$1:$version-src.$source_digest" \
+    -f images/Containerfile "$context" >/dev/null
 }
 for target in ksquad ksquad-agent; do
   log "image: $REPOSITORY/$target:$version"

@@ -146,6 +146,11 @@ class AgentError(StrEnum):
     SANDBOX_LOST = "SandboxLost"  # the agent stopped answering: its sandbox died
 
 
+# acquire_sandbox's ApplicationError type when the cluster cannot run the sandbox as configured (a RuntimeClass
+# that does not exist): the run fails at once, naming what to set, instead of retrying what cannot work.
+SANDBOX_MISCONFIGURED = "SandboxMisconfigured"
+
+
 class RateLimitDetails(KsquadModel):
     retry_after: str | None = None  # raw Retry-After (delta-seconds or HTTP-date) or retry-after-ms
     retry_after_ms: str | None = None

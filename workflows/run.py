@@ -35,6 +35,7 @@ from workflows import search_attributes as sa
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
     CLAIM_LEASE_SECONDS,
+    SANDBOX_MISCONFIGURED,
     Activity,
     AgentError,
     AgentInvocation,
@@ -111,6 +112,9 @@ PATCH_FAILURES_FAIL_THE_RUN = "failures-fail-the-run"
 PATCH_EXPIRED_NOTICES = "expired-notices"  # a notice of a limit already over does not interrupt an attempt
 PATCH_WAITED_OUT = "waited-out"  # a throttle interrupt is spent once the run has waited the limit out
 PATCH_LOCAL_ENTITY_SIGNALS = "local-entity-signals"  # messages to entities as local activities
+PATCH_MISCONFIGURED_SANDBOX = (
+    "misconfigured-sandbox"  # a sandbox the cluster cannot run fails the run at once
+)
 PATCH_RESUME_RAMP = (
     "resume-ramp"  # a paused run takes its place in the ramp after the limit (reserve_resume_place)
 )
@@ -632,6 +636,13 @@ class RunWorkflow:
                 {Interrupt.CANCEL, Interrupt.PAUSE, Interrupt.THROTTLED},
             )
         except ActivityError as err:
+            cause = err.cause
+            if (
+                isinstance(cause, ApplicationError)
+                and cause.type == SANDBOX_MISCONFIGURED
+                and workflow.patched(PATCH_MISCONFIGURED_SANDBOX)
+            ):
+                raise RunFailed(SANDBOX_MISCONFIGURED, _cause(err)) from err
             raise AttemptFailed("SandboxFailed", _cause(err)) from err
 
     # --- Running ------------------------------------------------------------------------------------------

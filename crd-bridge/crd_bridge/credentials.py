@@ -18,17 +18,21 @@ CREDENTIAL_LABEL = "ksquad.io/credential"
 
 
 class CredentialWatcher:
-    def __init__(self, kube: Kube, temporal: Client, namespaces: list[str]) -> None:
+    def __init__(self, kube: Kube, temporal: Client, namespaces: list[str] | None) -> None:
         self.kube = kube
         self.temporal = temporal
-        self.namespaces = (
-            namespaces  # empty: every namespace (needs a ClusterRole; the chart grants per namespace)
-        )
+        # None: every namespace (needs a ClusterRole; the chart grants per namespace); empty: none
+        self.namespaces = namespaces
         self.versions: dict[str, str] = {}  # secret -> the resourceVersion last seen
         self.signalled = 0
 
     async def run(self) -> None:
-        urls = [path("v1", "secrets", ns) for ns in self.namespaces] or [path("v1", "secrets")]
+        if self.namespaces is None:
+            urls = [path("v1", "secrets")]
+        else:
+            urls = [path("v1", "secrets", ns) for ns in self.namespaces]
+        if not urls:
+            await asyncio.Event().wait()  # nothing to watch: idle for as long as the leader runs
         await asyncio.gather(*(self._watch(url) for url in urls))
 
     async def _watch(self, url: str) -> None:

@@ -10,6 +10,7 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
   KSQUAD_CODEC_KEY_FILE        the payload codec's key (32 bytes, raw, base64 or hex); unset: payloads in clear
   KSQUAD_WATCH_NAMESPACES      the Run namespaces, comma-separated
+  KSQUAD_CREDENTIAL_NAMESPACES where credential Secrets are watched for rotation (default: the Run namespaces)
   KSQUAD_LEASE_NAMESPACE       where the leader's Lease is (KSQUAD_LEASE_NAME, default ksquad-bridge)
   KSQUAD_TASK_QUEUE            where Run workflows are started (default ksquad)
   KSQUAD_NAMESPACE_MAX_CONCURRENT_RUNS   a limit of running Runs per namespace (default none)
@@ -70,7 +71,7 @@ async def serve(settings: BridgeSettings) -> int:
                 reconciler = RunReconciler(kube, temporal, settings, bridge)
                 tasks: list[asyncio.Task[Any]] = [
                     asyncio.create_task(reconciler.run()),
-                    asyncio.create_task(CredentialWatcher(kube, temporal, settings.watch_namespaces).run()),
+                    asyncio.create_task(CredentialWatcher(kube, temporal, settings.credential_watch()).run()),
                     asyncio.create_task(elector.keep()),
                 ]
                 done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -20,6 +20,8 @@ class BridgeSettings:
     worker_task_queue: str = WORKER_TASK_QUEUE  # where Run workflows are started
     kubeconfig: str | None = None
     watch_namespaces: list[str] = field(default_factory=list)  # empty: every namespace
+    # Where credential Secrets are watched for rotation (None: the watched namespaces; empty: nowhere)
+    credential_namespaces: list[str] | None = None
     lease_namespace: str = "ksquad-system"
     lease_name: str = "ksquad-bridge"
     identity: str = field(default_factory=socket.gethostname)
@@ -27,6 +29,12 @@ class BridgeSettings:
     cancel_wait_seconds: float = 60.0  # deleting a Run waits this long for its workflow to end Cancelled
     health_port: int = 8081
     reconcilers: int = 8  # Runs reconciled in parallel
+
+    def credential_watch(self) -> list[str] | None:
+        """The namespaces whose credential Secrets are watched: None for every namespace, [] for none."""
+        if self.credential_namespaces is None:
+            return self.watch_namespaces or None
+        return self.credential_namespaces
 
     @classmethod
     def from_env(cls) -> "BridgeSettings":
@@ -40,6 +48,9 @@ class BridgeSettings:
             worker_task_queue=env.get("KSQUAD_TASK_QUEUE", cls.worker_task_queue),
             kubeconfig=env.get("KUBECONFIG") or None,
             watch_namespaces=_list(env.get("KSQUAD_WATCH_NAMESPACES")),
+            credential_namespaces=(
+                _list(env["KSQUAD_CREDENTIAL_NAMESPACES"]) if "KSQUAD_CREDENTIAL_NAMESPACES" in env else None
+            ),
             lease_namespace=env.get("KSQUAD_LEASE_NAMESPACE", env.get("POD_NAMESPACE", cls.lease_namespace)),
             lease_name=env.get("KSQUAD_LEASE_NAME", cls.lease_name),
             identity=env.get("POD_NAME") or socket.gethostname(),

@@ -157,8 +157,16 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
 async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
     ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
 ) -> None:
-    pool = {"name": "p1", "namespace": run_ns, "replicas": 5, "runtimeClass": "gvisor", "credentials": ["model-key"]}
-    apply_sandbox_parts(ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}})
+    pool = {
+        "name": "p1",
+        "namespace": run_ns,
+        "replicas": 5,
+        "runtimeClass": "gvisor",
+        "credentials": ["model-key"],
+    }
+    apply_sandbox_parts(
+        ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
+    )
     await ready_warm(kube, run_ns, 5)
     backend = KubernetesSandboxes(kube, settings())
     contracts = []

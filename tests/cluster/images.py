@@ -1,9 +1,10 @@
 """The container images pods of the test cluster run: ksquad's own (built by `make images`) and the pod
 sandbox ("pause") image containerd needs, in one archive containerd imports.
 
-Nothing is pulled: no registry is reachable here. The images must have been built from this checkout (their
-label `io.ksquad.source-digest` equals images/source_digest.py's answer), so a test never runs stale code in
-a container; otherwise the test bed fails and says to run `make images`.
+Nothing is pulled: no registry is reachable here. The images must have been built from this checkout: build.sh
+tags them `<version>-src.<digest of the sources>` as well, the test bed takes those (so a test never runs stale
+code in a container, and two checkouts side by side each get their own), and containerd knows them by the
+names the chart uses. Without them the test bed fails and says to run `make images`.
 """
 
 import hashlib
@@ -57,56 +58,34 @@ def source_digest() -> str:
     return done.stdout.strip()
 
 
-def check_current() -> None:
-    """Fail unless both images exist and were built from this checkout."""
-    want = source_digest()
-    for image in (KSQUAD_IMAGE, AGENT_IMAGE):
+def built_from_checkout() -> dict[str, str]:
+    """{the name the chart uses: the image built from this checkout}; fails unless both exist."""
+    digest = source_digest()
+    images = {name: f"{name}-src.{digest}" for name in (KSQUAD_IMAGE, AGENT_IMAGE)}
+    for built in images.values():
         try:
-            label = _podman(
-                "image", "inspect", "--format", '{{index .Labels "io.ksquad.source-digest"}}', image
-            )
-        except ImagesError as err:
-            raise ImagesError(f"image {image} is missing: run `make images` ({err})") from None
-        if label != want:
-            raise ImagesError(
-                f"image {image} was built from other sources ({label}, the checkout is {want}): "
-                f"run `make images`"
-            )
+            _podman("image", "exists", built)
+        except ImagesError:
+            raise ImagesError(f"no image {built} (built from this checkout): run `make images`") from None
+    return images
 
 
-def archive() -> Path:
-    """One archive with the ksquad, agent and pause images, cached by their ids (a rebuild makes a new one)."""
-    check_current()
-    _podman(
-        "build",
-        "--quiet",
-        "--network",
-        "none",
-        "-t",
-        PAUSE_IMAGE,
-        "-f",
-        "-",
-        str(ROOT / "images"),
-        input=PAUSE_CONTAINERFILE,
-    )
-    images = (KSQUAD_IMAGE, AGENT_IMAGE, PAUSE_IMAGE)
-    ids = [_podman("image", "inspect", "--format", "{{.Id}}", image) for image in images]
+def archive() -> tuple[Path, dict[str, str]]:
+    """One archive with the ksquad, agent and pause images built from this checkout (cached by their ids),
+    and {the name each gets in the cluster: its name in the archive}."""
+    names = built_from_checkout()
+    pause = PAUSE_CONTAINERFILE.replace(KSQUAD_IMAGE, names[KSQUAD_IMAGE])
+    _podman("build", "--quiet", "--network", "none", "-t", PAUSE_IMAGE, "-f", "-", str(ROOT), input=pause)
+    names[PAUSE_IMAGE] = PAUSE_IMAGE
+    ids = [_podman("image", "inspect", "--format", "{{.Id}}", image) for image in names.values()]
     key = hashlib.sha256(" ".join(ids).encode()).hexdigest()[:16]
     path = CACHE / f"testbed-{key}.tar"
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
-        for old in CACHE.glob("testbed-*.tar"):
-            old.unlink(missing_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.partial")
-        _podman(
-            "save",
-            "--quiet",
-            "--multi-image-archive",
-            "--format",
-            "docker-archive",
-            "-o",
-            str(partial),
-            *images,
-        )
+        save = ["save", "--quiet", "--multi-image-archive", "--format", "docker-archive", "-o", str(partial)]
+        _podman(*save, *names.values())
         partial.rename(path)
-    return path
+        for old in sorted(CACHE.glob("testbed-*.tar"), key=lambda p: p.stat().st_mtime)[:-3]:
+            old.unlink(missing_ok=True)  # the newest three stay: checkouts side by side
+    return path, names

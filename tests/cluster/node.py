@@ -187,7 +187,7 @@ class Node:
                 )
         if not (CNI_PLUGINS / "bridge").exists():
             raise NodeError(f"no CNI plugins in {CNI_PLUGINS}: apt-get install containernetworking-plugins")
-        archive = images.archive()
+        archive, names = images.archive()
         bins = self.plane.bins
         t0 = time.monotonic()
         for sub in ("containerd/cni", "pod-logs", "volume-plugins", "kubelet", "pki"):
@@ -202,6 +202,9 @@ class Node:
         imported = self.ctr("images", "import", str(archive), timeout=300)
         if imported.returncode != 0:
             raise NodeError(f"importing {archive} into containerd failed: {imported.stderr}")
+        for name, built in names.items():
+            if name != built:
+                self.ctr("images", "tag", "--force", built, name)
         t_images = time.monotonic()
 
         pki = self.plane.pki

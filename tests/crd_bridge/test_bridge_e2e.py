@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kube import path
 from tests.crd_bridge.conftest import RUN_API, StackFactory
 from tests.support.agents import ROTATED_MODEL_KEY, ModelEndpoint
@@ -45,12 +47,17 @@ def in_order(seen: list[str], expected: list[str]) -> bool:
 async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_tell_the_story(
     start_stack: StackFactory, model: ModelEndpoint
 ) -> None:
+    # The seed's Run in a namespace of this test's own (ksquad-system belongs to tests/chart/, which applies the
+    # file byte for byte on the installed chart).
     model.script("dev-model", {"delay": 1, "text": "Stabilized the payment-retry test."})
-    stack = await start_stack("ksquad-system")
+    stack = await start_stack()
+    ns = stack.namespace
     stack.apply(*stack.resources(model),
                 {"apiVersion": RUN_API, "kind": "Team", "metadata": {"name": "payments-squad"}, "spec": {"agents": ["dev-1"]}},
                 {"apiVersion": RUN_API, "kind": "Project", "metadata": {"name": "payments-api"}, "spec": {}})  # fmt: skip
-    stack.kubectl("apply", "-f", str(SEED))  # verbatim
+    seed = yaml.safe_load(SEED.read_text())
+    seed["metadata"]["namespace"] = ns
+    stack.apply(seed)
     seen = await watch_phases(stack, "fix-flaky-tests", {"Succeeded", "Failed"})
     run = await stack.run("fix-flaky-tests")
     status = run["status"]
@@ -63,27 +70,25 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
     assert run["metadata"]["annotations"]["ksquad.io/triggered-by"] == "ksquad-test-admin"
     assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
 
-    table = stack.kubectl(
-        "get", "runs", "-n", "ksquad-system", "fix-flaky-tests", "--no-headers"
-    ).stdout.split()
+    table = stack.kubectl("get", "runs", "-n", ns, "fix-flaky-tests", "--no-headers").stdout.split()
     assert table[1:4] == ["Succeeded", "dev-1", "1"]
-    events = json.loads(stack.kubectl("get", "events", "-n", "ksquad-system", "--field-selector",
+    events = json.loads(stack.kubectl("get", "events", "-n", ns, "--field-selector",
                                       "involvedObject.name=fix-flaky-tests", "-o", "json").stdout)["items"]  # fmt: skip
     story = [
         e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["annotations"]["ksquad.io/revision"])
     ]
     assert in_order(story, ["Created", "Claiming", "Running", "Succeeded"]), story
-    outputs = await stack.kube.get(path("v1", "configmaps", "ksquad-system", "fix-flaky-tests-outputs"))
+    outputs = await stack.kube.get(path("v1", "configmaps", ns, "fix-flaky-tests-outputs"))
     assert outputs["data"]["answer"] == "Stabilized the payment-retry test."
 
-    description = await stack.temporal.get_workflow_handle("ksquad-system/fix-flaky-tests").describe()
+    description = await stack.temporal.get_workflow_handle(f"{ns}/fix-flaky-tests").describe()
     assert description.search_attributes[sa.TRIGGERED_BY.name] == ["ksquad-test-admin"]
     assert description.search_attributes[sa.PHASE.name] == ["Succeeded"]
-    pods = await stack.kube.list(path("v1", "pods", "ksquad-system"), labels="ksquad.io/run=fix-flaky-tests")
+    pods = await stack.kube.list(path("v1", "pods", ns), labels="ksquad.io/run=fix-flaky-tests")
     for pod in pods["items"]:
         env = json.dumps(pod["spec"])
         assert "ksquad-test-admin" not in env, "the sandbox never gets the user's identity"
-    stack.kubectl("delete", "runs", "--all", "-n", "ksquad-system", "--wait=true", "--timeout=60s")
+    stack.kubectl("delete", "runs", "--all", "-n", ns, "--wait=true", "--timeout=60s")
 
 
 def run_doc(name: str, **spec: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import yaml
 
 from kube import path
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
+from tests.support import chart
 from tests.support.agents import AgentFactory, ModelEndpoint
 from workflows.status import Phase
 
@@ -87,6 +88,6 @@ async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
     assert stack.log("bridge").count(" leads (lease") == 2, "the standby took the Lease over"
     assert standby.poll() is None
     lease = await stack.kube.get(
-        path("coordination.k8s.io/v1", "leases", "ksquad-system", f"bridge-{stack.namespace}")
+        path("coordination.k8s.io/v1", "leases", chart.RELEASE_NAMESPACE, f"bridge-{stack.namespace}")
     )
     assert lease["spec"]["leaseTransitions"] == 1

@@ -1,4 +1,7 @@
-"""The Helm chart, rendered by the real helm (built into the test cache) and applied piecewise in tests."""
+"""The Helm chart, rendered by the real helm (built into the test cache) and applied piecewise in tests.
+
+The piecewise tests use their own release namespace: ksquad-system belongs to tests/chart/, which installs
+the chart there with `helm install`, as the README tells a user."""
 
 import subprocess
 from pathlib import Path
@@ -9,13 +12,18 @@ import yaml
 from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
 
 CHART = Path(__file__).parents[2] / "charts" / "ksquad"
-RELEASE_NAMESPACE = "ksquad-system"
+RELEASE_NAMESPACE = "ksquad-tests"
+# What the test cluster serves, as `helm install` would discover it.
+KUBE_VERSION = "1.36.3"
+SERVED = ["admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
 
 
-def render(values: dict[str, Any], namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
+def render(values: dict[str, Any], namespace: str = RELEASE_NAMESPACE, kube_version: str = KUBE_VERSION,
+           api_versions: list[str] = SERVED) -> list[dict[str, Any]]:  # fmt: skip
+    flags = ["--kube-version", kube_version, *(f"--api-versions={v}" for v in api_versions)]
     done = subprocess.run(
         [str(cached_binaries_dir() / "helm"), "template", "ksquad", str(CHART), "--namespace", namespace,
-         "--values", "-"],
+         "--values", "-", *flags],
         input=yaml.safe_dump(values), capture_output=True, text=True,
     )  # fmt: skip
     if done.returncode != 0:

@@ -76,8 +76,16 @@ class Stack:
             module = "crd_bridge.main"
         else:
             config = self.root / "sandbox.yaml"
-            config.write_text(yaml.safe_dump({"backend": "kubernetes", "image": AGENT_IMAGE, "poll_seconds": 0.1,
-                                              "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}}}))
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "backend": "kubernetes",
+                        "image": AGENT_IMAGE,
+                        "poll_seconds": 0.1,
+                        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+                    }
+                )
+            )
             env = {**self.env("worker"), "KSQUAD_DATABASE_URL": f"sqlite:///{self.root / 'ksquad.db'}",
                    "KSQUAD_SANDBOX_CONFIG": str(config)}  # fmt: skip
             module = "worker.main"

@@ -1,3 +1,24 @@
+{{- /* Values that cannot work are refused at install, with what to set. */ -}}
+{{- define "ksquad.validate" -}}
+{{- if not .Values.namespaces -}}
+{{- fail "\n\nnamespaces is empty: set the namespaces your Runs live in, for example\n  --set 'namespaces={ksquad-system,payments}'\nThe bridge watches Runs only there, and the bridge and the worker get Roles only there (nothing cluster-wide)." -}}
+{{- end -}}
+{{- if not .Values.temporal.address -}}
+{{- fail "\n\ntemporal.address is empty: set Temporal's frontend, for example --set temporal.address=temporal-frontend.temporal.svc:7233" -}}
+{{- end -}}
+{{- if not .Values.database.urlSecret.name -}}
+{{- fail "\n\ndatabase.urlSecret.name is empty: name the Secret that holds the PostgreSQL URL (key database.urlSecret.key)" -}}
+{{- end -}}
+{{- end -}}
+
+{{- /* MutatingAdmissionPolicy v1, served from Kubernetes 1.36: found by discovery on install; `helm template`
+       knows it only from --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy. */ -}}
+{{- define "ksquad.mutatingAdmission" -}}
+{{- if and .Values.admission.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{- define "ksquad.labels" -}}
 app.kubernetes.io/part-of: ksquad
 app.kubernetes.io/managed-by: {{ .Release.Service }}
