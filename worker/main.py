@@ -15,7 +15,6 @@ Settings come from the environment (the chart sets them):
 """
 
 import argparse
-
 import asyncio
 import contextlib
 import logging

@@ -127,6 +127,9 @@ rules:
   - {group: batch, resources: [jobs]}
   - {group: networking.k8s.io, resources: [networkpolicies]}
   - {group: ksquad.io}
+- level: Metadata
+  verbs: [create, update, patch]
+  resources: [{group: coordination.k8s.io, resources: [leases]}]
 - level: None
 """
 

@@ -1,0 +1,352 @@
+"""`helm install` of charts/ksquad on the test cluster, as the README tells a user, running from ksquad's images:
+the seed's Run applied byte for byte succeeds in a cold sandbox of the agent image; `helm upgrade` mid-run rolls
+the pods and the run still succeeds, once; killing the leading bridge hands the Lease to the other replica;
+a RuntimeClass the cluster lacks fails a Run at once; `helm uninstall` removes everything the chart made.
+
+The tests of this module share one release and run in order (each builds on the state the previous left).
+"""
+
+import asyncio
+import base64
+import json
+import secrets
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from temporalio.client import Client
+
+from activities.store import Store
+from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
+from tests.cluster.images import AGENT_IMAGE, KSQUAD_IMAGE
+from tests.cluster.isolate import NODE_ADDRESS
+from tests.support.agents import MODEL_KEY, ModelEndpoint
+from tests.support.chart import CHART
+from tests.support.postgres import PostgresServer
+from worker.devserver import DevServer
+from workflows.status import Phase
+
+ROOT = Path(__file__).parents[2]
+SEED = ROOT / "examples" / "fix-flaky-tests.yaml"
+SQUAD = ROOT / "examples" / "cluster-squad.yaml"
+NS = "ksquad-system"  # the README's, and the seed Run's
+RELEASE = "ksquad"
+SEED_TASK = "Stabilize the flaky payment-retry test."
+T = TypeVar("T")
+
+
+@dataclass
+class Release:
+    cluster: ControlPlane
+    store: Store
+    temporal: Client
+    values: list[str]
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return helm(self.cluster, *args, check=check, timeout=timeout)
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, input=input)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
+
+    def run(self, name: str) -> dict[str, Any]:
+        run: dict[str, Any] = self.get("run", name, "-n", NS)
+        return run
+
+    def squad(self, model: ModelEndpoint) -> None:
+        """examples/cluster-squad.yaml, its ModelEndpoint pointed at the scripted model (as a user edits it)."""
+        docs = list(yaml.safe_load_all(SQUAD.read_text()))
+        for doc in docs:
+            if doc["kind"] == "ModelEndpoint":
+                doc["spec"].update(url=model.url, model="dev-model")
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def helm(
+    cluster: ControlPlane, *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    cmd = [str(cached_binaries_dir() / "helm"), "--kubeconfig", str(cluster.admin_kubeconfig), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
+    return done
+
+
+def diagnose(cluster: ControlPlane) -> str:
+    """What a user would look at when an install does not come up: pods, events, each container's log."""
+    parts = [cluster.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout,
+             cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False).stdout[-4000:]]  # fmt: skip
+    for pod in cluster.kubectl("get", "pods", "-n", NS, "-o", "name", check=False).stdout.split():
+        logs = cluster.kubectl("logs", "-n", NS, pod, "--tail=40", check=False)
+        parts.append(f"--- {pod}\n{logs.stdout}{logs.stderr}")
+    return "\n".join(parts)
+
+
+async def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 120, interval: float = 0.5
+) -> T:
+    """Polls `probe` in a thread: the scripted model serves in this event loop, which must keep running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(probe)
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def phase_of(release: Release, name: str, phases: set[str], timeout: float = 180) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        run = release.run(name)
+        return run if run.get("status", {}).get("phase") in phases else None
+
+    try:
+        return await wait_for(f"{name} to reach {phases}", reached, timeout)
+    except AssertionError as err:
+        pods = release.kubectl("get", "pods", "-n", NS, "-o", "wide").stdout
+        raise AssertionError(
+            f"{err}\nstatus: {json.dumps(release.run(name).get('status'))[:3000]}\n{pods}"
+        ) from None
+
+
+def terminal_events(release: Release, uid: str) -> int:
+    """How many times the Run's Events (one per phase change, counted when repeated) say it ended."""
+    events = release.get("events", "-n", NS, "--field-selector", f"involvedObject.uid={uid}")["items"]
+    ends = tuple(f"{p.value}:" for p in Phase if p.terminal)
+    return sum(int(e.get("count") or 1) for e in events if e["message"].startswith(ends))
+
+
+@pytest.fixture(scope="module")
+async def release(
+    ksquad_cluster: ControlPlane, postgres: PostgresServer, dev_server: DevServer
+) -> AsyncIterator[Release]:
+    """Installed as the README says: the namespace, the database and codec Secrets, `helm install --wait`."""
+    cluster = ksquad_cluster
+    database = postgres.create_database(f"helm_{uuid.uuid4().hex[:8]}")
+    cluster.kubectl("create", "namespace", NS)
+    cluster.wait_for_default_service_account(NS)
+    url = database.replace("postgresql+psycopg://", "postgresql://")
+    cluster.kubectl("-n", NS, "create", "secret", "generic", "ksquad-database", f"--from-literal=url={url}")
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    cluster.kubectl("-n", NS, "create", "secret", "generic", "ksquad-codec", f"--from-literal=key={key}")
+    values = [
+        "--set", f"namespaces={{{NS}}}",
+        "--set", f"temporal.address={NODE_ADDRESS}:{dev_server.port}",
+        "--set", "codec.keySecret.name=ksquad-codec",
+    ]  # fmt: skip
+    started = time.monotonic()
+    installed = helm(cluster, "install", RELEASE, str(CHART), "-n", NS, *values, "--wait", "--timeout", "5m",
+                     check=False)  # fmt: skip
+    if installed.returncode != 0:
+        raise AssertionError(f"helm install failed: {installed.stderr}\n{diagnose(cluster)}")
+    print(f"[helm install --wait] {time.monotonic() - started:.1f}s\n{installed.stdout}", flush=True)
+    store = await Store.open(database, migrate=False)
+    try:
+        yield Release(cluster, store, await Client.connect(dev_server.target), values)
+    finally:
+        await store.close()
+        if helm(cluster, "status", RELEASE, "-n", NS, check=False).returncode == 0:
+            cluster.kubectl("delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s", check=False)
+            helm(cluster, "uninstall", RELEASE, "-n", NS, "--wait", check=False)
+
+
+def test_install_without_namespaces_fails_and_says_what_to_set(ksquad_cluster: ControlPlane) -> None:
+    done = helm(ksquad_cluster, "install", "nowhere", str(CHART), "-n", "default", check=False)
+    assert done.returncode != 0
+    assert "namespaces is empty: set the namespaces your Runs live in" in done.stderr
+    assert "--set 'namespaces={ksquad-system,payments}'" in done.stderr
+    assert helm(ksquad_cluster, "status", "nowhere", "-n", "default", check=False).returncode != 0, (
+        "nothing installed"
+    )
+
+
+def test_the_chart_runs_from_its_images_as_its_service_accounts(release: Release) -> None:
+    pods = release.get("pods", "-n", NS, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
+    by_component: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        by_component.setdefault(pod["metadata"]["labels"]["app.kubernetes.io/component"], []).append(pod)
+    assert {k: len(v) for k, v in by_component.items()} == {"bridge": 2, "worker": 1}, "two bridge replicas"
+    for component, group in by_component.items():
+        for pod in group:
+            (container,) = pod["status"]["containerStatuses"]
+            assert container["ready"] and container["image"] == KSQUAD_IMAGE
+            assert pod["spec"]["serviceAccountName"] == f"ksquad-{component}"
+            assert pod["status"]["podIP"] != NODE_ADDRESS, "each pod on its own address"
+            # The kubelet projected the ServiceAccount's token into the container: read it from inside.
+            listed = release.kubectl("exec", "-n", NS, pod["metadata"]["name"], "--", "sh", "-c",
+                                     "id -u; ls /var/run/secrets/kubernetes.io/serviceaccount").stdout.split()  # fmt: skip
+            assert listed == ["65532", "ca.crt", "namespace", "token"]
+    # And the API server saw each ServiceAccount's identity: the bridge writes the Lease it leads through (and
+    # Runs' status), the worker nothing yet; every replica asks for its Lease.
+    lease = release.get("lease", "ksquad-bridge", "-n", NS)
+    assert lease["spec"]["holderIdentity"] in {p["metadata"]["name"] for p in by_component["bridge"]}
+    users = {json.loads(line)["user"]["username"] for line in release.cluster.audit_log.read_text().splitlines()
+             if line.strip()}  # fmt: skip
+    assert f"system:serviceaccount:{NS}:ksquad-bridge" in users
+
+
+async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
+    release: Release, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 3, "text": "Stabilized the payment-retry test."})
+    release.kubectl(
+        "-n", NS, "create", "secret", "generic", "model-key", f"--from-literal=apiKey={MODEL_KEY}"
+    )
+    release.kubectl("-n", NS, "label", "secret", "model-key", "ksquad.io/credential=true")
+    release.squad(model)
+    release.kubectl("apply", "-f", str(SEED))  # byte for byte
+
+    def sandbox_pod() -> dict[str, Any] | None:
+        pods = release.get("pods", "-n", NS, "-l", "job-name=fix-flaky-tests-exec-1")["items"]
+        statuses = pods[0]["status"].get("containerStatuses") if pods else None
+        return pods[0] if statuses and "running" in statuses[0]["state"] else None
+
+    pod = await wait_for("the seed's sandbox pod", sandbox_pod, timeout=120)  # while it runs: it goes after
+    run = await phase_of(release, "fix-flaky-tests", {"Succeeded", "Failed"})
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
+    assert status["outputs"] == {"answer": "Stabilized the payment-retry test."}
+    assert status["triggeredBy"] == "ksquad-test-admin"
+    assert pod["metadata"]["ownerReferences"][0]["name"] == "fix-flaky-tests-exec-1", "a cold sandbox: a Job"
+    assert pod["spec"]["containers"][0]["image"] == AGENT_IMAGE
+    assert pod["status"]["containerStatuses"][0]["imageID"], "it ran, from the agent image"
+    assert pod["spec"]["runtimeClassName"] == "gvisor"
+    assert [c.task for c in model.state.calls] == [SEED_TASK], "one model call, from the sandbox"
+    users = {json.loads(line)["user"]["username"] for line in release.cluster.audit_log.read_text().splitlines()
+             if '"jobs"' in line}  # fmt: skip
+    assert f"system:serviceaccount:{NS}:ksquad-worker" in users, (
+        "the worker made the Job as its ServiceAccount"
+    )
+    assert terminal_events(release, run["metadata"]["uid"]) == 1
+
+
+async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
+    release: Release, model: ModelEndpoint
+) -> None:
+    # The model thinks for 40 s: the upgrade replaces the worker (and the bridges) while the agent waits on it.
+    model.script("dev-model", {"delay": 40, "text": "Done across an upgrade."})
+    release.squad(model)
+    task = "Survive a helm upgrade."
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": "across-upgrade", "namespace": NS},
+        "spec": {"agents": ["dev-1"], "inputs": {"task": task}, "workItemRef": "wi-upgrade"}}))  # fmt: skip
+    await wait_for("the model to be called", lambda: any(c.task == task for c in model.state.calls), 120)
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    before = {p["metadata"]["name"] for p in release.get("pods", "-n", NS, "-l", selector)["items"]}
+    changed = [
+        "--set",
+        "sandbox.runtimeClasses.kata=kata-not-installed",
+        "--set",
+        "bridge.resources.requests.cpu=60m",
+    ]
+    upgrade = [
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        NS,
+        *release.values,
+        *changed,
+        "--wait",
+        "--timeout",
+        "5m",
+    ]
+    await asyncio.to_thread(release.helm, *upgrade)  # (the scripted model answers from this event loop)
+    release.values += changed
+
+    def replaced() -> set[str] | None:
+        names = {p["metadata"]["name"] for p in release.get("pods", "-n", NS, "-l", selector)["items"]}
+        return names if not names & before else None
+
+    after = await wait_for("every pod of the release to be replaced", replaced, timeout=120)
+    assert len(after) == 3, after
+
+    run = await phase_of(release, "across-upgrade", {"Succeeded", "Failed"}, timeout=240)
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
+    assert status["attempt"] == 1
+    assert [c.task for c in model.state.calls].count(task) == status["attempt"], "one model call per attempt"
+    workflows = [w async for w in release.temporal.list_workflows(f"WorkflowId = '{NS}/across-upgrade'")]
+    assert len(workflows) == 1, "one workflow"
+    assert terminal_events(release, run["metadata"]["uid"]) == 1, "one terminal phase"
+
+
+async def test_a_runtime_class_the_cluster_lacks_fails_the_run_once_with_the_reason(release: Release) -> None:
+    # The upgrade mapped runtimeClass kata to a RuntimeClass nobody installed.
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump({
+        "apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": "needs-kata", "namespace": NS},
+        "spec": {"agents": ["dev-1"], "sandboxPolicy": {"runtimeClass": "kata"}}}))  # fmt: skip
+    status = (await phase_of(release, "needs-kata", {"Succeeded", "Failed"}, timeout=60))["status"]
+    assert (status["phase"], status["reason"], status["attempt"]) == ("Failed", "SandboxMisconfigured", 1)
+    assert 'RuntimeClass "kata-not-installed" does not exist' in status["message"]
+    assert "sandbox.runtimeClasses.kata" in status["message"]
+
+
+async def test_killing_the_leading_bridge_hands_the_lease_to_the_other_within_its_duration(
+    release: Release,
+) -> None:
+    lease = release.get("lease", "ksquad-bridge", "-n", NS)["spec"]
+    leader, renewed = lease["holderIdentity"], _time(lease["renewTime"])
+    bridges = {
+        p["metadata"]["name"]
+        for p in release.get("pods", "-n", NS, "-l", "app.kubernetes.io/component=bridge")["items"]
+    }
+    (other,) = bridges - {leader}
+    release.kubectl("delete", "pod", leader, "-n", NS, "--grace-period=0", "--force")
+
+    def taken() -> dict[str, Any] | None:
+        spec: dict[str, Any] = release.get("lease", "ksquad-bridge", "-n", NS)["spec"]
+        return spec if spec["holderIdentity"] != leader else None
+
+    spec = await wait_for("another replica to take the Lease", taken, timeout=60)
+    # The standby has been asking all along; the Deployment's replacement for the dead pod may ask in time too.
+    live = {
+        p["metadata"]["name"]
+        for p in release.get("pods", "-n", NS, "-l", "app.kubernetes.io/component=bridge")["items"]
+    }
+    assert spec["holderIdentity"] in live - {leader}
+    print(f"[leader hand-over] to {'the standby' if spec['holderIdentity'] == other else 'the replacement'}")
+    handed_over = (_time(spec["acquireTime"]) - renewed).total_seconds()
+    print(f"[leader hand-over] {handed_over:.1f}s after the dead leader's last renewal", flush=True)
+    # The Lease is free lease_seconds after the last renewal; the standby looks every 2 s.
+    assert handed_over <= lease["leaseDurationSeconds"] + 2.5
+
+
+async def test_helm_uninstall_removes_everything_it_made_but_the_crds(release: Release) -> None:
+    release.kubectl(
+        "delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s"
+    )  # as the docs say: first
+    release.helm("uninstall", RELEASE, "-n", NS, "--wait")
+    selector = f"app.kubernetes.io/instance={RELEASE}"
+    namespaced = "deployments,replicasets,pods,serviceaccounts,roles,rolebindings,configmaps,poddisruptionbudgets,networkpolicies,leases"
+
+    def left() -> list[str]:
+        return [
+            f"{o['kind']} {o['metadata']['name']}"
+            for o in release.get(namespaced, "-A", "-l", selector)["items"]
+        ]
+
+    try:  # pods end after their grace period, once their Deployments are gone
+        await wait_for("the release's objects to be gone", lambda: not left(), timeout=90)
+    except AssertionError:
+        raise AssertionError(f"left after helm uninstall: {left()}") from None
+    cluster_wide = "mutatingadmissionpolicies,mutatingadmissionpolicybindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
+    assert not release.get(cluster_wide, "-l", selector)["items"]
+    assert not release.get("leases", "-n", NS)["items"], "the bridge's Lease went too"
+    crds = release.get("crd")["items"]
+    assert {"runs.ksquad.io", "agents.ksquad.io"} <= {c["metadata"]["name"] for c in crds}, "the CRDs stay"
+
+
+def _time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -1,0 +1,158 @@
+"""The Helm chart lints clean and renders what production needs."""
+
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.controlplane import cached_binaries_dir
+from tests.support import chart
+
+ROOT = Path(__file__).parents[2]
+VALUES = {
+    "namespaces": ["payments", "search"],
+    "temporal": {"address": "ksquad.a2b3c.tmprl.cloud:7233", "namespace": "ksquad.a2b3c",
+                 "apiKeySecret": {"name": "temporal-cloud", "key": "apiKey"}},
+    "pools": [{"name": "default", "namespace": "payments", "replicas": 3, "credentials": ["openai-key"]}],
+    "sandbox": {"network": {"egress": [{"cidr": "203.0.113.0/24", "ports": [443]}]}},
+}  # fmt: skip
+
+
+def test_helm_lint_is_clean() -> None:
+    done = subprocess.run([str(cached_binaries_dir() / "helm"), "lint", "--strict", str(chart.CHART),
+                           "--set", "namespaces={payments}"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[WARNING]" not in done.stdout
+    assert "[ERROR]" not in done.stdout
+
+
+def test_deployments_have_probes_resources_and_a_locked_down_security_context() -> None:
+    docs = chart.render(VALUES)
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert set(deployments) == {"ksquad-bridge", "ksquad-worker"}
+    for deployment in deployments.values():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["resources"]["requests"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+        env = {e["name"]: e for e in container["env"]}
+        assert env["KSQUAD_TEMPORAL_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+            "name": "temporal-cloud",
+            "key": "apiKey",
+        }
+    worker_env = {
+        e["name"]: e for e in deployments["ksquad-worker"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert "secretKeyRef" in worker_env["KSQUAD_DATABASE_URL"]["valueFrom"], "the DSN comes from a Secret"
+    assert {(d["kind"], d["metadata"].get("namespace")) for d in docs if d["kind"] in ("Role", "NetworkPolicy")} >= {
+        ("Role", "payments"), ("Role", "search"), ("NetworkPolicy", "payments"), ("NetworkPolicy", "search")}  # fmt: skip
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], "nothing cluster-wide"
+
+
+def test_the_codec_key_is_mounted_from_its_secret_into_every_process_that_talks_to_temporal() -> None:
+    with_codec = chart.render({**VALUES, "codec": {"keySecret": {"name": "ksquad-codec", "key": "key"}}})
+    for deployment in (d for d in with_codec if d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["KSQUAD_CODEC_KEY_FILE"] == "/var/run/ksquad/codec/key"
+        assert {"name": "codec-key", "mountPath": "/var/run/ksquad/codec", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "codec-key"]
+        assert volume["secret"] == {"secretName": "ksquad-codec", "defaultMode": 0o440}, (
+            "referenced, never copied"
+        )
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    without = chart.render(VALUES)
+    for deployment in (d for d in without if d["kind"] == "Deployment"):
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert "KSQUAD_CODEC_KEY_FILE" not in {e["name"] for e in container["env"]}
+
+
+def test_the_default_images_are_the_projects_version_built_by_make_images() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    meta = yaml.safe_load((chart.CHART / "Chart.yaml").read_text())
+    assert meta["appVersion"] == project == meta["version"]
+    docs = chart.render(VALUES)
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {f"ghcr.io/ksquad/ksquad:{project}"}
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ksquad-sandbox"]
+    assert yaml.safe_load(config["data"]["sandbox.yaml"])["image"] == f"ghcr.io/ksquad/ksquad-agent:{project}"
+    (pool,) = [d for d in docs if d["kind"] == "ReplicaSet"]
+    assert (
+        pool["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/ksquad/ksquad-agent:{project}"
+    )
+
+
+def test_a_cluster_without_mutating_admission_policy_v1_gets_the_validating_policy_alone() -> None:
+    older = chart.render(VALUES, kube_version="1.33.0", api_versions=[])
+    kinds = {d["kind"] for d in older}
+    assert not kinds & {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+    (policy,) = [d for d in older if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert any("request.userInfo.username" in v["expression"] for v in policy["spec"]["validations"]), (
+        "a Run may carry only its own creator's name"
+    )
+    newer = {d["kind"] for d in chart.render(VALUES)}
+    assert {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"} <= newer
+
+
+def test_kubernetes_older_than_the_charts_kube_version_is_refused() -> None:
+    with pytest.raises(RuntimeError, match=r"chart requires kubeVersion: >=1.30.0-0"):
+        chart.render(VALUES, kube_version="1.29.4", api_versions=[])
+
+
+def test_values_that_cannot_work_are_refused_with_what_to_set() -> None:
+    with pytest.raises(RuntimeError, match="namespaces is empty: set the namespaces your Runs live in"):
+        chart.render({})
+    with pytest.raises(RuntimeError, match=r"temporal\.address is empty"):
+        chart.render({**VALUES, "temporal": {"address": ""}})
+
+
+def test_in_the_release_namespace_the_bridge_gets_no_secrets_and_watches_no_credentials() -> None:
+    docs = chart.render({"namespaces": [chart.RELEASE_NAMESPACE, "payments"]})
+    roles = {
+        d["metadata"]["namespace"]: d
+        for d in docs
+        if d["kind"] == "Role" and d["metadata"]["name"] == "ksquad-bridge"
+    }
+    assert not [r for r in roles[chart.RELEASE_NAMESPACE]["rules"] if "secrets" in r["resources"]]
+    assert [r for r in roles["payments"]["rules"] if "secrets" in r["resources"]]
+    (bridge,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-bridge"]
+    env = {e["name"]: e.get("value") for e in bridge["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KSQUAD_CREDENTIAL_NAMESPACES"] == "payments"
+
+
+def test_the_bridge_survives_a_node_drain_and_the_worker_rolls_when_its_sandbox_settings_change() -> None:
+    docs = chart.render(VALUES)
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["minAvailable"] == 1
+    (bridge,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-bridge"]
+    anti = bridge["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert (
+        anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"]
+        == "kubernetes.io/hostname"
+    )
+
+    def checksum(values: dict[str, Any]) -> str:
+        (worker,) = [
+            d
+            for d in chart.render(values)
+            if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-worker"
+        ]
+        return str(worker["spec"]["template"]["metadata"]["annotations"]["checksum/sandbox-config"])
+
+    assert checksum(VALUES) != checksum({**VALUES, "sandbox": {"runtimeClasses": {"gvisor": "gvisor-v2"}}})
