@@ -10,6 +10,7 @@ the `kubernetes` Service.
 """
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -134,9 +135,41 @@ rules:
 """
 
 
+ROOT_PREFIX = "ksquad-k8s-"
+LOCK = ".in-use"  # flock'ed by the session that runs the cluster: the kernel lets go when it dies
+
+
+def hold_lock(root: Path) -> int:
+    fd = os.open(root / LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def sweep_abandoned(directory: Path | None = None) -> None:
+    """Remove what earlier sessions that were killed left on disk (containerd's unpacked images among it: hundreds
+    of megabytes each). Their processes and mounts died with their namespaces (tests/cluster/isolate.py); a
+    directory whose lock nobody holds is abandoned. Kept ones (KSQUAD_KEEP_CLUSTER) stay."""
+    for root in (directory or Path(tempfile.gettempdir())).glob(f"{ROOT_PREFIX}*"):
+        lock = root / LOCK
+        if not lock.exists() or (root / "keep").exists():
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live session's
+        finally:
+            os.close(fd)
+        log.info("removing %s, left by a test session that was killed", root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @dataclass
 class ControlPlane:
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="ksquad-k8s-")))
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix=ROOT_PREFIX)))
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     commands: dict[str, tuple[list[str], Path | None]] = field(default_factory=dict)
     apiserver_port: int = 0
@@ -167,6 +200,8 @@ class ControlPlane:
         return free_port()
 
     def start(self) -> None:
+        sweep_abandoned()
+        self._lock = hold_lock(self.root)
         bins = self.bins = cached_binaries_dir()
         t0 = time.monotonic()
         self.pki = Pki(self.root / "pki")
@@ -374,7 +409,9 @@ class ControlPlane:
             node.stop()
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             self.stop_process(name)
-        if not os.environ.get("KSQUAD_KEEP_CLUSTER"):  # set it to keep logs and state for a post-mortem
+        if os.environ.get("KSQUAD_KEEP_CLUSTER"):  # set it to keep logs and state for a post-mortem
+            (self.root / "keep").touch()
+        else:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
