@@ -48,7 +48,9 @@ def test_a_killed_session_takes_every_process_it_started_with_it() -> None:
     while len(pids_running(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(pids_running(marker)) == 2
-    (init,) = [p for p in pids_running("tests.cluster.isolate --inside", exact=False) if _parent(p) == session.pid]
+    (init,) = [
+        p for p in pids_running("tests.cluster.isolate --inside", exact=False) if _parent(p) == session.pid
+    ]
     os.kill(session.pid, signal.SIGKILL)  # the `unshare` process...
     os.kill(init, signal.SIGKILL)  # ...and the namespace's PID 1, which ends the namespace
     session.wait(10)
