@@ -106,8 +106,10 @@ SOURCE_DATE_EPOCH="$epoch" "$PYTHON" -m pip wheel --quiet --disable-pip-version-
 rm -rf build ./*.egg-info crd-bridge/*.egg-info
 
 # --- the two images --------------------------------------------------------------------------------------------
+# NO_CACHE=1 rebuilds every layer (the same digests come out: a check that the build is reproducible).
+cache_flag=--layers; [ -n "${NO_CACHE:-}" ] && cache_flag=--no-cache
 build() {  # build TARGET
-  "$TOOL" build --quiet --network none --timestamp "$epoch" --layers \
+  "$TOOL" build --quiet --network none --timestamp "$epoch" "$cache_flag" \
     --build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg SOURCE_DATE_EPOCH="$epoch" --build-arg VERSION="$version" \
     --build-arg SOURCE_DIGEST="$source_digest" \
     --build-arg DEPENDENCIES_DIGEST="$(cat images/requirements.lock images/build-tools.lock | sha256sum | cut -c1-16)" \
@@ -117,6 +119,11 @@ build() {  # build TARGET
 for target in ksquad ksquad-agent; do
   log "image: $REPOSITORY/$target:$version"
   build "$target"
+done
+# Builds of other sources stay for checkouts side by side: the newest three of each image (by commit time).
+for target in ksquad ksquad-agent; do
+  "$TOOL" images --sort created --format '{{.Tag}}' "$REPOSITORY/$target" | grep -- '-src\.' | tail -n +4 |
+    while read -r tag; do "$TOOL" untag "$REPOSITORY/$target:$tag"; done
 done
 for target in ksquad ksquad-agent; do
   image="$REPOSITORY/$target:$version"
