@@ -15,6 +15,7 @@ What differs from a production node, on purpose:
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,6 +32,7 @@ from tests.cluster.isolate import BRIDGE, NODE_ADDRESS, POD_RANGE, POD_SUBNET, i
 if TYPE_CHECKING:
     from tests.cluster.controlplane import ControlPlane
 
+log = logging.getLogger(__name__)
 NODE_NAME = "ksquad-node"
 RUNTIME_HANDLERS = ("runc", "runsc", "kata")  # RuntimeClass gvisor -> runsc, kata -> kata: runc here
 CNI_PLUGINS = Path("/usr/lib/cni")
@@ -261,11 +263,8 @@ class Node:
         )
         self.plane.spawn("kube-proxy", [str(bins / "kube-proxy"), "--config", str(proxy_config), "-v=1"])
         self._wait(f"node {NODE_NAME} to be Ready", self._ready, timeout)
-        print(
-            f"[test cluster] node ready: images imported in {t_images - t0:.1f}s, "
-            f"kubelet ready {time.monotonic() - t_images:.1f}s later",
-            flush=True,
-        )
+        log.info("node ready: images imported in %.1fs, kubelet ready %.1fs later", t_images - t0,
+                 time.monotonic() - t_images)  # fmt: skip
 
     def _ready(self) -> bool:
         done = self.plane.kubectl(
