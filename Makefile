@@ -21,10 +21,12 @@ testbins:
 	tests/cluster/build-control-plane.sh >/dev/null
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
-# podman and mmdebstrap (the images), containerd, runc, the CNI plugins and nftables (the test cluster's node).
+# podman and mmdebstrap (the images), containerd, runc, the CNI plugins and nftables (the test cluster's node),
+# Chromium and curl (a web page and a command line attacking the dev API).
 HOST_PROGRAMS := /usr/lib/postgresql/*/bin/postgres /usr/bin/podman /usr/bin/mmdebstrap /usr/bin/containerd \
-                 /usr/sbin/runc /usr/lib/cni/bridge /usr/sbin/nft /usr/sbin/iptables
-HOST_PACKAGES := postgresql podman mmdebstrap containerd runc containernetworking-plugins nftables iptables
+                 /usr/sbin/runc /usr/lib/cni/bridge /usr/sbin/nft /usr/sbin/iptables /usr/bin/chromium /usr/bin/curl
+HOST_PACKAGES := postgresql podman mmdebstrap containerd runc containernetworking-plugins nftables iptables \
+                 chromium curl
 host-packages:
 	@ls $(HOST_PROGRAMS) >/dev/null 2>&1 || { \
 	  echo "installing Debian packages the test bed needs: $(HOST_PACKAGES)"; \

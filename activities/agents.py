@@ -341,7 +341,9 @@ class Invocation:
         if self.inv.continue_task is not None:
             text = self.inv.continue_task.text or "The credential was refreshed: continue."
         parts = [Part(text=text)]
-        if self.inv.deliver_contract and self.inv.continue_task is None:
+        if (
+            self.inv.continue_task is None
+        ):  # the contract (prompts, inputs) travels over A2A, never in a pod spec
             parts.append(new_data_part({CONTRACT_PART: self.inv.contract.for_sandbox()}))
         message = Message(role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id,
                           parts=parts)  # fmt: skip

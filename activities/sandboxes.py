@@ -6,7 +6,8 @@ Kubernetes:
   merge patch guarded by the pod's resourceVersion (`state=bound`, `run=<run>`, owner = the Run): the pod
   leaves the ReplicaSet's selector, the ReplicaSet makes a replacement, and a second claimer of the same pod
   gets 409 Conflict and moves to the next pod. A warm pod gets its contract in the first A2A message.
-- cold: a Job `<run>-exec-<attempt>` owned by the Run: contract in env, credentials by secretKeyRef only,
+- cold: a Job `<run>-exec-<attempt>` owned by the Run: no prompt or input in its spec (the contract comes in the
+  first A2A message), credentials by secretKeyRef only,
   non-root, no service-account token, runtimeClassName, resources, a deadline and a TTL. Skills with
   requirements force cold: init containers stage toolchains into a shared volume, sidecars run beside.
 - readiness is awaited while heartbeating; pod failures (image pull, unschedulable, OOMKilled, crash,
@@ -19,7 +20,6 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.metadata
-import json
 import logging
 import os
 import random
@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,7 +49,7 @@ from workflows.activity_types import (
     SandboxRelease,
     SandboxRequest,
 )
-from workflows.contract import ExecutionContract, ModelRef
+from workflows.contract import CredentialRef, ExecutionContract, ModelRef
 from workflows.spec import SandboxPolicy
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,6 @@ def job_manifest(contract: ExecutionContract, policy: SandboxPolicy, settings: S
         "args": ["--host", "$(POD_IP)", "--port", str(settings.port)],
         "env": [
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-            {"name": "KSQUAD_EXECUTION_CONTRACT", "value": json.dumps(contract.for_sandbox())},
             {"name": "KSQUAD_TOOLCHAINS_DIR", "value": TOOLCHAINS_DIR},
             {"name": "KSQUAD_SECRETS_DIR", "value": SECRETS_DIR},
             *credential_env(contract),
@@ -516,16 +516,47 @@ def _agent_pid(pid_file: Path) -> int | None:
         return None
 
 
-class LocalSandboxes:
-    """The embedded default: the reference agent as a local process on its own loopback address."""
+# What a local agent inherits from the process that starts it: how to run and reach TLS endpoints, nothing
+# else (no API key, cloud credential or token of the developer's environment).
+LOCAL_AGENT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SSL_CERT_FILE",
+                   "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")  # fmt: skip
 
-    def __init__(self, settings: SandboxSettings, credentials: dict[str, str] | None = None, log_dir: Path | None = None,
+
+@dataclass(frozen=True)
+class LocalModel:
+    """The model the developer configured for the embedded default, and the key only it may receive."""
+
+    url: str
+    credential: CredentialRef
+    api_key: str
+
+
+class LocalSandboxes:
+    """The embedded default: the reference agent as a local process on its own loopback address, with a minimal
+    environment: the local model's key goes to an agent only when every model of its contract that names that
+    key is the local model itself (a ModelEndpoint pointing elsewhere never receives it)."""
+
+    def __init__(self, settings: SandboxSettings, local_model: LocalModel | None = None, log_dir: Path | None = None,
                  heartbeat: Callable[..., None] = lambda *_: None) -> None:  # fmt: skip
         self.settings = settings
-        self.credentials = credentials if credentials is not None else dict(os.environ)
+        self.local_model = local_model
         self.log_dir = log_dir or Path(".ksquad/sandboxes")
         self.heartbeat = heartbeat
         self.processes: dict[str, asyncio.subprocess.Process] = {}
+
+    def environment(self, contract: ExecutionContract) -> dict[str, str]:
+        env = {k: os.environ[k] for k in LOCAL_AGENT_ENV if k in os.environ}
+        env["PYTHONUNBUFFERED"] = "1"
+        local = self.local_model
+        if local is not None:
+            models = [m for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
+                      if isinstance(m, ModelRef) and m.credential and m.credential.env == local.credential.env]  # fmt: skip
+            if models and all((m.url or "").rstrip("/") == local.url.rstrip("/") for m in models):
+                env[local.credential.env] = local.api_key
+            elif models:
+                log.warning("%s: the local model's key is not given to a model at %s", contract.run.name,
+                            ", ".join(sorted({m.url or "-" for m in models})))  # fmt: skip
+        return env
 
     async def acquire(self, req: SandboxRequest) -> Sandbox:
         contract = req.contract
@@ -534,16 +565,12 @@ class LocalSandboxes:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        env = {**os.environ, "KSQUAD_EXECUTION_CONTRACT": json.dumps(contract.for_sandbox())}
-        for item in credential_env(contract):
-            var = item["name"]
-            if var in self.credentials:
-                env[var] = self.credentials[var]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{contract.run.namespace}_{name}.log").open("ab") as log_file:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "agent.server", "--host", host, "--port", str(port),
-                env=env, stdout=log_file, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+                env=self.environment(contract), stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
             )  # fmt: skip
         self.processes[name] = process
         # The agent outlives this worker (as a Job outlives a worker pod): a restarted worker finds it by this

@@ -1,5 +1,12 @@
 """The embedded default's HTTP API, on loopback: what the `ksquad` CLI talks to.
 
+Who may call it (Guard): a caller with the bearer token in `.ksquad/api.token` (made on first start, mode
+0600, read by the CLI), naming the API by its loopback host (a Host header of another name is refused: DNS
+rebinding). A browser page of another origin is refused whatever it sends, except the Temporal UI's own origin
+on the codec endpoint. Requests that change something carry `application/json` (no form or text/plain body
+from a web page gets through without a preflight, which this API never grants), bodies are at most 4 MiB, and
+only the signals below are accepted.
+
     POST   /apply                          {"documents": [...]}: store the objects, start new Runs
     GET    /runs[?namespace=NS]            the Runs, as the API server would list them
     GET    /runs/{namespace}/{name}        one Run
@@ -9,10 +16,13 @@
                                            `Last-Event-ID` (or ?after=N) replays from after that event
     POST   /codec/encode, /codec/decode    Temporal's remote codec protocol, for the UI (see `codec_app`)
 
-Errors are JSON `{"error": "...", "problems": [...]}` with 404 for an unknown run, 422 for invalid input.
+Errors are JSON `{"error": "...", "problems": [...]}`: 400 for a body that is not JSON or an unknown action,
+401 without the token, 403 for another origin, 404 for an unknown run, 413 for a body too large, 415 for a body
+that is not application/json, 421 for another Host, 422 for invalid objects.
 """
 
 import asyncio
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -35,6 +45,8 @@ from workflows.status import Phase
 log = logging.getLogger(__name__)
 SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
+MAX_BODY_BYTES = 4 << 20  # an apply of a thousand Runs is about half a megabyte
+SIGNALS = ("cancel", "pause", "resume")  # what `POST /runs/{ns}/{name}/{action}` may send
 
 
 def error(status: int, message: str, problems: list[str] | None = None) -> JSONResponse:
@@ -60,8 +72,11 @@ def _errors(handler: Handler) -> Handler:
     return wrapped
 
 
-def api_app(runs: EmbeddedRuns, store: Store, codec: EncryptionCodec | None = None,
-            codec_origins: tuple[str, ...] = (), codec_token: str | None = None) -> Starlette:  # fmt: skip
+def api_app(runs: EmbeddedRuns, store: Store, token: str, hosts: frozenset[str], codec: EncryptionCodec | None = None,
+            ui_origins: frozenset[str] = frozenset()) -> "Guard":  # fmt: skip
+    """The API, behind its Guard: `token` for every caller, `hosts` the Host values it answers to, and the
+    Temporal UI's `ui_origins` on the codec endpoint."""
+
     def key(request: Request) -> tuple[str, str]:
         return request.path_params["namespace"], request.path_params["name"]
 
@@ -70,10 +85,9 @@ def api_app(runs: EmbeddedRuns, store: Store, codec: EncryptionCodec | None = No
 
     @_errors
     async def apply(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return error(422, "the body is not JSON")
+        body = await json_body(request)
+        if isinstance(body, Response):
+            return body
         documents = body.get("documents") if isinstance(body, dict) else None
         if not isinstance(documents, list):
             return error(422, 'expected {"documents": [...]}')
@@ -95,8 +109,12 @@ def api_app(runs: EmbeddedRuns, store: Store, codec: EncryptionCodec | None = No
     @_errors
     async def signal_run(request: Request) -> Response:
         action = request.path_params["action"]
-        body = await request.json() if await request.body() else {}
-        reason = (body or {}).get("reason") or f"ksquad runs {action}"
+        if action not in SIGNALS:
+            return error(400, f"unknown action {action!r}: one of {', '.join(SIGNALS)}")
+        body = await json_body(request) if await request.body() else {}
+        if isinstance(body, Response):
+            return body
+        reason = (body if isinstance(body, dict) else {}).get("reason") or f"ksquad runs {action}"
         args = () if action == "resume" else (reason,)
         run = await runs.signal(*key(request), action, *args)
         return JSONResponse({"run": f"{run.namespace}/{run.name}", "signal": action})
@@ -126,8 +144,106 @@ def api_app(runs: EmbeddedRuns, store: Store, codec: EncryptionCodec | None = No
     ]
     app = Starlette(routes=routes)
     if codec is not None:
-        app.mount("/codec", codec_app(codec, codec_origins, codec_token))
-    return app
+        app.mount("/codec", codec_app(codec, ui_origins))
+    return Guard(app, token, hosts, ui_origins)
+
+
+async def json_body(request: Request) -> Any:
+    """The body as JSON, or a 400 that says what is wrong with it."""
+    try:
+        return json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as err:
+        return error(400, f"the body is not JSON: {err}")
+
+
+def bearer_matches(request: Request, token: str) -> bool:
+    """The request carries `Authorization: Bearer <token>` (compared in constant time)."""
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+def loopback_names(port: int) -> frozenset[str]:
+    """The Host values a request to a loopback server on `port` may carry (and the origins of its pages)."""
+    return frozenset(f"{host}:{port}" for host in ("127.0.0.1", "localhost", "[::1]"))
+
+
+class Guard:
+    """ASGI middleware: who may call the API (see the module's docstring). `ui_origins` may use the codec
+    endpoint without the token: the Temporal UI's pages, which the browser identifies by Origin."""
+
+    def __init__(
+        self, app: Any, token: str, hosts: frozenset[str], ui_origins: frozenset[str] = frozenset()
+    ) -> None:
+        self.app = app
+        self.token = token
+        self.hosts = hosts
+        self.own_origins = frozenset(f"http://{host}" for host in hosts)
+        self.ui_origins = ui_origins
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refusal = self.refuse(request)
+        if refusal is None and request.method in ("POST", "PUT", "PATCH", "DELETE"):
+            refusal, body = await self._bounded_body(request, receive)
+            if refusal is None:
+                receive = _replay(body, receive)
+        if refusal is not None:
+            log.warning("refused %s %s from origin %s: %s", request.method, request.url.path,
+                        request.headers.get("origin", "-"), refusal.status_code)  # fmt: skip
+        await (refusal or self.app)(scope, receive, send)
+
+    def refuse(self, request: Request) -> Response | None:
+        if request.headers.get("host") not in self.hosts:
+            return error(421, f"this API answers only as {', '.join(sorted(self.hosts))} (Host: "
+                              f"{request.headers.get('host')!r})")  # fmt: skip
+        if request.url.path == "/healthz":
+            return None
+        origin = request.headers.get("origin")
+        from_ui = origin in self.ui_origins and request.url.path.startswith("/codec/")
+        if origin is not None and origin not in self.own_origins and not from_ui:
+            return error(403, f"requests from pages of {origin} are refused")
+        if not from_ui and not bearer_matches(request, self.token):
+            return error(401, "send Authorization: Bearer <the token in .ksquad/api.token>")
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        sends_body = request.method in ("POST", "PUT", "PATCH") or int(
+            request.headers.get("content-length") or 0
+        )
+        if sends_body and request.method != "OPTIONS" and kind != "application/json":
+            return error(415, f"send the body as application/json (got {kind or 'no Content-Type'})")
+        return None
+
+    async def _bounded_body(self, request: Request, receive: Any) -> tuple[Response | None, bytes]:
+        too_large = error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        if int(request.headers.get("content-length") or 0) > MAX_BODY_BYTES:
+            return too_large, b""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return too_large, b""
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return None, b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """An ASGI receive that gives the body read already, then what the connection says (a disconnect)."""
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            message: dict[str, Any] = await receive()
+            return message
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
 
 
 def sse(event_id: int | None, event: str, data: Any) -> bytes:
@@ -162,14 +278,10 @@ async def _stream(runs: EmbeddedRuns, store: Store, namespace: str, name: str, u
         await asyncio.sleep(SSE_POLL_SECONDS)
 
 
-def codec_app(codec: EncryptionCodec, origins: tuple[str, ...], token: str | None) -> Starlette:
+def codec_app(codec: EncryptionCodec, origins: frozenset[str]) -> Starlette:
     """Temporal's remote codec protocol (`POST /encode`, `POST /decode`, Payloads as protobuf JSON), for the
-    Temporal UI and `temporal --codec-endpoint`.
-
-    Who may decode: a caller with the bearer token (`.ksquad/codec.token` in the embedded default), or a
-    browser page served from one of `origins` (the UI: the browser enforces Origin; this is a loopback
-    convenience for one user's machine, not an access control for a shared cluster, where the UI's own
-    authentication must front it)."""
+    Temporal UI and `temporal --codec-endpoint`, with CORS for the UI's `origins`. It decodes for anyone who
+    reaches it: serve it behind a Guard (api_app does)."""
 
     def cors(request: Request) -> dict[str, str]:
         origin = request.headers.get("origin")
@@ -179,19 +291,11 @@ def codec_app(codec: EncryptionCodec, origins: tuple[str, ...], token: str | Non
                     "Access-Control-Allow-Headers": "Content-Type, X-Namespace, Authorization", "Vary": "Origin"}  # fmt: skip
         return {}
 
-    def allowed(request: Request) -> bool:
-        if token is not None and request.headers.get("authorization") == f"Bearer {token}":
-            return True
-        return request.headers.get("origin") in origins
-
     def endpoint(transform: Callable[[list[Any]], Awaitable[list[Any]]]) -> Handler:
         async def handle(request: Request) -> Response:
             headers = cors(request)
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers=headers)
-            if not allowed(request):
-                return JSONResponse({"error": "not allowed to use the codec: send Authorization: Bearer <token>"},
-                                    status_code=401, headers=headers)  # fmt: skip
             try:
                 payloads = json_format.Parse(await request.body(), Payloads())
                 result = Payloads(payloads=await transform(list(payloads.payloads)))

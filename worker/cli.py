@@ -251,8 +251,9 @@ def log_to_file(path: Path) -> None:
 async def dev_command(args: argparse.Namespace) -> int:
     # Imported here: the stack's modules take a second to import, and the runs commands need none of them.
     from worker.demo import run_demo
-    from worker.dev import DevOptions, dev_stack, serve
+    from worker.dev import DevOptions, dev_stack, private_state, serve
 
+    private_state(args.state_dir)  # before the log file: it too is this user's only
     log_to_file(args.state_dir / "dev.log")
     options = DevOptions(state_dir=args.state_dir, scripted_model=args.demo)
     for port in ("temporal_port", "ui_port", "api_port", "model_port"):

@@ -26,18 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from starlette.applications import Starlette
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
-from activities.sandboxes import LocalSandboxes, SandboxActivities, SandboxSettings
+from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
 from activities.store import Store
 from activities.store.objects import ObjectStore
 from agent.scripted_model import ScriptedModel, build_app
-from worker.api import api_app
+from worker.api import api_app, loopback_names
 from worker.devserver import DevServer, preferred_port
 from worker.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
 from worker.registry import build_worker
@@ -49,6 +48,7 @@ from workflows.contract import CredentialRef
 log = logging.getLogger("ksquad.dev")
 
 TEMPORAL_PORT, UI_PORT, API_PORT, MODEL_PORT = 7233, 8233, 8234, 8400
+TOKEN_FILE = "api.token"  # the API's and the codec endpoint's bearer token (0600), read by the CLI
 SCRIPTED_MODEL = "scripted"
 # What the scripted model answers, by model name (agent/scripted_model.py has the step format); the demo's
 # runs name the last two.
@@ -96,7 +96,17 @@ class DevStack:
         return {"pid": os.getpid(), "api": self.api_url, "ui": self.ui_url, "temporal": self.server.target,
                 "model": self.model_url, "codecEndpoint": f"{self.api_url}/codec",
                 "codecKeyFile": str(self.state_dir / "codec.key"),
-                "codecTokenFile": str(self.state_dir / "codec.token")}  # fmt: skip
+                "tokenFile": str(self.state_dir / TOKEN_FILE)}  # fmt: skip
+
+
+def private_state(state: Path) -> None:
+    """The state directory and everything in it readable by this user only: the store holds inputs and outputs in
+    clear, the logs what agents said. Files made from now on (by this process and what it starts) are too."""
+    os.umask(0o077)
+    state.mkdir(parents=True, exist_ok=True)
+    for path in (state, *state.rglob("*")):
+        with contextlib.suppress(OSError):
+            path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 def ensure_token_file(path: Path) -> str:
@@ -108,7 +118,7 @@ def ensure_token_file(path: Path) -> str:
 
 
 @contextlib.asynccontextmanager
-async def http_server(app: Starlette, port: int) -> AsyncIterator[None]:
+async def http_server(app: Any, port: int) -> AsyncIterator[None]:
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     )
@@ -128,9 +138,9 @@ async def http_server(app: Starlette, port: int) -> AsyncIterator[None]:
 @contextlib.asynccontextmanager
 async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     state = options.state_dir
-    state.mkdir(parents=True, exist_ok=True)
+    private_state(state)
     codec = EncryptionCodec(ensure_key_file(state / "codec.key"))
-    token = ensure_token_file(state / "codec.token")
+    token = ensure_token_file(state / TOKEN_FILE)
     api_port = preferred_port(options.api_port)
     api_url = f"http://127.0.0.1:{api_port}"
     server = DevServer(
@@ -153,9 +163,10 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             model_port = preferred_port(options.model_port)
             await stack.enter_async_context(http_server(build_app(scripted), model_port))
             model_url, api_key, model_name = f"http://127.0.0.1:{model_port}/v1", "ksquad-dev", SCRIPTED_MODEL
-        credential_env = CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey").env
-        sandboxes = LocalSandboxes(SandboxSettings(backend="local"), credentials={**os.environ, credential_env: api_key},
-                                   log_dir=state / "sandboxes")  # fmt: skip
+        local_model = LocalModel(
+            model_url, CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey"), api_key
+        )
+        sandboxes = LocalSandboxes(SandboxSettings(backend="local"), local_model, log_dir=state / "sandboxes")
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
         objects = ObjectStore(store)
@@ -167,7 +178,8 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
         runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
-        app = api_app(runs, store, codec, codec_origins=(server.ui_url or "",), codec_token=token)
+        ui_origins = frozenset(f"http://{name}" for name in loopback_names(server.ui_port))
+        app = api_app(runs, store, token, loopback_names(api_port), codec, ui_origins)
         await stack.enter_async_context(http_server(app, api_port))
         dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)
         info_file = state / "dev.json"

@@ -5,6 +5,7 @@ prints both the same way."""
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,19 +39,30 @@ class Target(Protocol):
 
 
 class EmbeddedTarget:
-    def __init__(self, api: str) -> None:
+    def __init__(self, api: str, token: str) -> None:
         self.where = f"the embedded stack at {api}"
-        self.http = httpx.AsyncClient(base_url=api, timeout=httpx.Timeout(60.0, connect=5.0))
+        self.http = httpx.AsyncClient(base_url=api, timeout=httpx.Timeout(60.0, connect=5.0),
+                                      headers={"Authorization": f"Bearer {token}"})  # fmt: skip
 
     @classmethod
-    def from_state(cls, state_dir: Path, api: str | None) -> "EmbeddedTarget":
+    def from_state(cls, state_dir: Path, api: str | None, token: str | None = None) -> "EmbeddedTarget":
+        """The stack whose state is in `state_dir` (its API from dev.json unless given), with its token
+        (`token`, else KSQUAD_API_TOKEN, else the stack's api.token, which only its user can read)."""
         if api is None:
             info = state_dir / "dev.json"
             if not info.is_file():
                 raise CliError(f"no embedded stack: {info} is missing. Start one with `ksquad dev` "
                                "(or pass --kubeconfig to use a cluster)")  # fmt: skip
             api = str(json.loads(info.read_text())["api"])
-        return cls(api)
+        token = token or os.environ.get("KSQUAD_API_TOKEN")
+        if not token:
+            token_file = state_dir / "api.token"
+            try:
+                token = token_file.read_text().strip()
+            except OSError as err:
+                raise CliError(f"cannot read the API's token {token_file} ({err.strerror}): run the command as "
+                               "the user of `ksquad dev`, or set KSQUAD_API_TOKEN") from None  # fmt: skip
+        return cls(api, token)
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
         try:

@@ -125,7 +125,9 @@ class AgentInvocation(KsquadModel):
     message_id: str  # "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after
     context_id: str
     continue_task: ContinueTask | None = None
-    deliver_contract: bool = False  # warm sandboxes get the contract in the first message
+    # Ignored (kept so recorded histories still parse): every sandbox gets the contract in the attempt's first
+    # message, never in a Job's spec, where etcd, the audit log and `kubectl get job -o yaml` would hold it.
+    deliver_contract: bool = False
 
 
 class AgentResult(KsquadModel):

@@ -1,8 +1,9 @@
 """The ExecutionContract: everything a sandbox needs to run one attempt of a Run, and nothing secret.
 
 Secrets are referenced (Secret name and key), never copied: a cold sandbox gets them through `secretKeyRef`,
-a warm one reads them from its own mounted credential. The contract travels in `KSQUAD_EXECUTION_CONTRACT`
-(cold) or in the first A2A message (warm), so its shape is versioned.
+a warm one reads them from its own mounted credential. The contract travels in each attempt's first A2A message
+(never in a Job's or Pod's spec: those land in etcd and the audit log), so its shape is versioned. An agent run
+by hand may also read it from `KSQUAD_EXECUTION_CONTRACT`.
 """
 
 import re

@@ -662,7 +662,6 @@ class RunWorkflow:
                 message_id=message_id,
                 context_id=f"{uid}-a{attempt}",
                 continue_task=follow_up,
-                deliver_contract=self.sandbox.kind != "cold",
             )
             remaining = (run_deadline - workflow.now()).total_seconds()
             try:

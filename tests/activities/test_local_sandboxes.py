@@ -5,7 +5,7 @@ from pathlib import Path
 from temporalio.testing import ActivityEnvironment
 
 from activities.agents import AgentActivities
-from activities.sandboxes import LocalSandboxes, SandboxActivities, SandboxSettings
+from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
 from activities.store import Store
 from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
 from workflows.activity_types import AgentInvocation, RunRef, SandboxRelease, SandboxRequest
@@ -18,7 +18,7 @@ async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
     model.script("dev-model", {"text": "done locally"})
     c = contract(model, work_item_ref=None)
     assert c.model.credential is not None
-    backend = LocalSandboxes(SandboxSettings(backend="local"), credentials={c.model.credential.env: MODEL_KEY},
+    backend = LocalSandboxes(SandboxSettings(backend="local"), LocalModel(model.url, c.model.credential, MODEL_KEY),
                              log_dir=tmp_path)  # fmt: skip
     acts = SandboxActivities(backend)
     sandbox = await ActivityEnvironment().run(

@@ -43,12 +43,11 @@ async def claimed(store: Store) -> int:
 
 
 def invocation(endpoint: str, model: ModelEndpoint, tools: ToolServer | None = None, *, fence: int = 1,
-               deliver: bool = False, turn: int = 0, follow_up: ContinueTask | None = None, **kw: Any) -> AgentInvocation:  # fmt: skip
+               turn: int = 0, follow_up: ContinueTask | None = None, **kw: Any) -> AgentInvocation:  # fmt: skip
     c = contract(model, tools, fence=fence, **kw)
     suffix = f"-t{turn}" if turn else ""
     return AgentInvocation(contract=c, endpoint=endpoint, message_id=f"{c.run.uid}-a{c.run.attempt}{suffix}",
-                           context_id=f"{c.run.uid}-a{c.run.attempt}", continue_task=follow_up,
-                           deliver_contract=deliver)  # fmt: skip
+                           context_id=f"{c.run.uid}-a{c.run.attempt}", continue_task=follow_up)  # fmt: skip
 
 
 async def invoke(store: Store, inv: AgentInvocation, env: ActivityEnvironment | None = None) -> Any:
@@ -182,7 +181,7 @@ async def test_a_warm_sandbox_gets_its_contract_in_the_first_message(
     model.script("dev-model", {"text": "done warm"})
     fence = await claimed(store)
     agent = await start_agent(None)  # a warm pod: started before any run existed
-    result = await invoke(store, invocation(agent.url, model, fence=fence, deliver=True))
+    result = await invoke(store, invocation(agent.url, model, fence=fence))
     assert result.outputs == {"answer": "done warm"}
 
 
@@ -201,7 +200,7 @@ async def test_a_long_lived_agents_card_is_read_once_and_again_after_a_failed_ca
     acts._http = (asyncio.get_running_loop(), httpx.AsyncClient(event_hooks={"request": [on_request]}))
     outcomes: list[str] = []
     for run in range(4):
-        inv = invocation(agent.url, model, deliver=True, uid=f"uid-{run}", work_item_ref=None)
+        inv = invocation(agent.url, model, uid=f"uid-{run}", work_item_ref=None)
         try:
             outcomes.append((await ActivityEnvironment().run(acts.invoke_agent, inv)).outputs["answer"])
         except ApplicationError as err:

@@ -2,6 +2,7 @@
 service address (where the cluster's pods reach it too)."""
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,6 +43,7 @@ async def serving(
         server.should_exit = True
         try:
             await asyncio.wait_for(task, 10)
-        except TimeoutError:
+        except TimeoutError:  # a request still in flight (a model told to think for minutes): drop it
             server.force_exit = True
-            await asyncio.wait_for(task, 5)
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)

@@ -61,6 +61,11 @@ class DevProcess:
     def log(self) -> Path:
         return self.root / "dev.log"
 
+    @property
+    def api_headers(self) -> dict[str, str]:
+        """What the CLI sends: the bearer token of `.ksquad/api.token`."""
+        return {"Authorization": f"Bearer {(self.state / 'api.token').read_text().strip()}"}
+
     async def start(self, within: float = 60) -> None:
         (self.state / "dev.json").unlink(missing_ok=True)
         self.starts += 1

@@ -154,7 +154,7 @@ async def test_server_sent_events_replay_after_the_last_event_id(dev: DevProcess
         await dev.cli("run", "-f", write(tmp_path / "q.yaml", AGENT, run_doc("quick-2", "quick")))
     ).code == 0
     await dev.wait_phase("quick-2", {"Succeeded"})
-    async with httpx.AsyncClient(base_url=dev.info["api"]) as http:
+    async with httpx.AsyncClient(base_url=dev.info["api"], headers=dev.api_headers) as http:
         whole = (await http.get("/runs/default/quick-2/events")).text
         replayed = (await http.get("/runs/default/quick-2/events", headers={"Last-Event-ID": "2"})).text
     ids = [int(line[4:]) for line in whole.splitlines() if line.startswith("id: ")]
@@ -209,18 +209,20 @@ async def test_history_holds_no_input_or_prompt_in_clear_and_the_codec_endpoint_
     assert len(payloads) >= 5
 
     body = json_format.MessageToJson(Payloads(payloads=payloads))
-    token = (dev.state / "codec.token").read_text().strip()
+    json_body = {"Content-Type": "application/json"}
     async with httpx.AsyncClient(base_url=dev.info["codecEndpoint"]) as http:
-        refused = await http.post("/decode", content=body, headers={"Content-Type": "application/json"})
+        refused = await http.post("/decode", content=body, headers=json_body)
         assert refused.status_code == 401
-        decoded = await http.post("/decode", content=body, headers={"Authorization": f"Bearer {token}"})
+        decoded = await http.post("/decode", content=body, headers={**json_body, **dev.api_headers})
         assert decoded.status_code == 200
         clear = b"".join(p.data for p in json_format.Parse(decoded.text, Payloads()).payloads)
         assert b"TASK-MARKER-7f3a" in clear and b"PROMPT-MARKER-91c2" in clear
-        ui = await http.post("/decode", content=body, headers={"Origin": dev.info["ui"]})
+        ui = await http.post("/decode", content=body, headers={**json_body, "Origin": dev.info["ui"]})
         assert ui.status_code == 200 and ui.headers["access-control-allow-origin"] == dev.info["ui"]
-        other = await http.post("/decode", content=body, headers={"Origin": "http://evil.example"})
-        assert other.status_code == 401 and "access-control-allow-origin" not in other.headers
+        other = await http.post(
+            "/decode", content=body, headers={**json_body, "Origin": "http://evil.example"}
+        )
+        assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
     key = (dev.state / "codec.key").read_text().strip()
     for log in (dev.log, dev.state / "dev.log"):
         assert key not in log.read_text(), f"the codec key is never logged ({log})"

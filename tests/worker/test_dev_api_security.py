@@ -1,0 +1,212 @@
+"""`ksquad dev`'s API as an attacker meets it: a web page of another origin (in Debian's Chromium, headless)
+cannot cancel, pause or create runs; a caller without the token, with the wrong Content-Type, an unknown signal,
+a huge or broken body or another Host name is refused with the status that says why; the developer's model key
+goes to no model but the local one, and no local agent holds it unless it uses the local model."""
+
+import asyncio
+import hashlib
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from agent.scripted_model import ScriptedModel, build_app
+from tests.support.asgi import serving
+from tests.support.dev import DevProcess
+
+CANARY = "sk-canary-5d1e0c6b"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--virtual-time-budget=15000"]  # fmt: skip
+AGENT = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "sec-agent"},
+         "spec": {"modelEndpointRef": "local", "systemPrompt": "You help."}}  # fmt: skip
+
+
+def run_doc(name: str, model: str = "slow", agent: str = "sec-agent") -> dict[str, Any]:
+    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name},
+            "spec": {"agents": [agent], "model": model, "inputs": {"task": f"task of {name}"}}}  # fmt: skip
+
+
+def fingerprint(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:12]  # how the scripted model records a bearer
+
+
+@pytest.fixture(scope="module")
+async def local_model() -> AsyncIterator[tuple[str, ScriptedModel]]:
+    """The model the developer configured (OPENAI_BASE_URL), answering slowly so runs stay Running."""
+    state = ScriptedModel()
+    state.load({"slow": [{"delay": 600, "text": "never"}], "quick": [{"text": "ok"}]})
+    async with serving(build_app(state)) as url:
+        yield f"{url}/v1", state
+
+
+@pytest.fixture(scope="module")
+async def dev(
+    tmp_path_factory: pytest.TempPathFactory, local_model: tuple[str, ScriptedModel]
+) -> AsyncIterator[DevProcess]:
+    url, _ = local_model
+    stack = DevProcess(
+        tmp_path_factory.mktemp("dev-sec"), env={"OPENAI_BASE_URL": url, "OPENAI_API_KEY": CANARY}
+    )
+    await stack.start()
+    try:
+        yield stack
+    finally:
+        await stack.stop()
+        stack.kill_leftover_agents()
+
+
+def curl(*args: str) -> tuple[int, str]:
+    done = subprocess.run(["curl", "-s", "-o", "-", "-w", "\\n%{http_code}", *args], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    body, _, code = done.stdout.rpartition("\n")
+    return int(code), body
+
+
+async def test_a_page_of_another_origin_changes_nothing(dev: DevProcess, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
+    path = tmp_path / "victim.yaml"
+    path.write_text(yaml.safe_dump_all([AGENT, run_doc("victim")]))
+    assert (await dev.cli("run", "-f", str(path))).code == 0
+    await dev.wait_phase("victim", {"Running"})
+    api = dev.info["api"]
+    intruder = json.dumps({"documents": [run_doc("intruder", "quick")]})
+    script = f"""
+    const api = {json.dumps(api)}, tried = [];
+    async function attempt(name, call) {{
+      try {{ await call(); tried.push(name + ":sent"); }} catch (e) {{ tried.push(name + ":" + e.name); }}
+    }}
+    (async () => {{
+      await attempt("cancel-text", () => fetch(api + "/runs/default/victim/cancel",
+        {{method: "POST", mode: "no-cors", body: JSON.stringify({{reason: "x"}})}}));
+      await attempt("pause-text", () => fetch(api + "/runs/default/victim/pause",
+        {{method: "POST", mode: "no-cors", headers: {{"Content-Type": "text/plain"}}, body: "{{}}"}}));
+      await attempt("apply-text", () => fetch(api + "/apply", {{method: "POST", mode: "no-cors", body: {json.dumps(intruder)}}}));
+      await attempt("apply-json", () => fetch(api + "/apply",
+        {{method: "POST", headers: {{"Content-Type": "application/json"}}, body: {json.dumps(intruder)}}}));
+      await attempt("delete", () => fetch(api + "/runs/default/victim", {{method: "DELETE", mode: "no-cors"}}));
+      await attempt("list", async () => {{ const r = await fetch(api + "/runs"); document.body.dataset.leak = await r.text(); }});
+      const form = document.createElement("form");
+      form.method = "POST"; form.action = api + "/runs/default/victim/cancel"; form.enctype = "text/plain";
+      form.target = "sink"; form.innerHTML = '<input name="{{&quot;reason&quot;:&quot;x&quot;,&quot;a&quot;:&quot;" value="&quot;}}">';
+      document.body.appendChild(form); form.submit();
+      await new Promise(r => setTimeout(r, 1500));
+      await fetch("/done?tried=" + encodeURIComponent(tried.join(",")));
+      document.body.append("done " + tried.join(","));
+    }})();
+    """
+    reports: list[str] = []
+
+    async def page(_: Request) -> Response:
+        return HTMLResponse(f"<html><body><iframe name=sink></iframe><script>{script}</script></body></html>")
+
+    async def done(request: Request) -> Response:
+        reports.append(request.query_params["tried"])
+        return Response("ok")
+
+    async with serving(
+        Starlette(routes=[Route("/", page), Route("/done", done)]), host="127.0.0.1"
+    ) as attacker:
+        assert attacker.split(":")[-1] != api.split(":")[-1], "another origin"
+        browser = await asyncio.create_subprocess_exec(
+            chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", attacker + "/",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        dom, _ = await asyncio.wait_for(browser.communicate(), 120)
+    assert reports, f"the page ran its attack: {dom.decode()[-2000:]}"
+    assert "data-leak" not in dom.decode() or "intruder" not in dom.decode(), (
+        "nothing listed leaked to the page"
+    )
+
+    run = await dev.run_json("victim")
+    assert run["status"]["phase"] == "Running", "not cancelled, not paused"
+    listed = await dev.cli("runs", "list", "-o", "json")
+    assert "intruder" not in [r["metadata"]["name"] for r in listed.json()["items"]], "nothing created"
+    refused = [line for line in dev.log.read_text().splitlines() if "refused" in line and attacker in line]
+    assert len(refused) >= 5, "each attempt reached the API and was refused:\n" + "\n".join(refused)
+
+
+async def test_callers_without_the_token_or_with_a_bad_request_are_refused_with_the_reason(
+    dev: DevProcess,
+) -> None:
+    api, token = dev.info["api"], dev.api_headers["Authorization"]
+    auth, json_type = ["-H", f"Authorization: {token}"], ["-H", "Content-Type: application/json"]
+    assert curl(f"{api}/runs")[0] == 401
+    assert curl(f"{api}/runs", *auth)[0] == 200
+    code, body = curl("-X", "POST", f"{api}/apply", *auth, "-H", "Content-Type: text/plain", "-d", "{}")
+    assert code == 415 and "application/json" in body
+    code, body = curl(
+        "-X", "POST", f"{api}/runs/default/victim/references_updated", *auth, *json_type, "-d", "{}"
+    )
+    assert code == 400 and "one of cancel, pause, resume" in body
+    code, body = curl("-X", "POST", f"{api}/apply", *auth, *json_type, "-d", "{not json")
+    assert code == 400 and "the body is not JSON" in body
+    big = dev.root / "big.json"
+    big.write_text(json.dumps({"documents": [], "pad": "x" * (10 << 20)}))
+    code, body = curl("-X", "POST", f"{api}/apply", *auth, *json_type, "--data-binary", f"@{big}")
+    assert code == 413 and "larger than" in body
+    code, body = curl(f"{api}/runs", *auth, "-H", "Host: attacker.example:80")
+    assert code == 421, "a name that resolves to loopback (DNS rebinding) is not this API"
+    assert curl(f"{api}/codec/decode", "-X", "POST", *json_type, "-d", "{}")[0] == 401, "the codec too"
+    for name in ("api.token", "ksquad.db", "codec.key", "dev.json"):
+        assert (dev.state / name).stat().st_mode & 0o077 == 0, f"{name} is the user's only"
+
+
+async def test_the_developers_key_goes_to_the_local_model_only(
+    dev: DevProcess, local_model: tuple[str, ScriptedModel], tmp_path: Path
+) -> None:
+    _, local = local_model
+    elsewhere = ScriptedModel()
+    elsewhere.load({"slow": [{"delay": 600, "text": "never"}]})
+    async with serving(build_app(elsewhere)) as listener:
+        docs = [
+            AGENT,
+            {"apiVersion": "ksquad.io/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "borrowed"},
+             "spec": {"url": f"{listener}/v1", "credentialSecretRef": {"name": "local-model", "key": "apiKey"}}},
+            {"apiVersion": "ksquad.io/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "keyless"},
+             "spec": {"url": f"{listener}/v1"}},
+            *({"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": f"{e}-agent"},
+               "spec": {"modelEndpointRef": e, "systemPrompt": "You help."}} for e in ("borrowed", "keyless")),
+            run_doc("uses-local"), run_doc("uses-borrowed", agent="borrowed-agent"),
+            run_doc("uses-keyless", agent="keyless-agent"),
+        ]  # fmt: skip
+        path = tmp_path / "key.yaml"
+        path.write_text(yaml.safe_dump_all(docs))
+        assert (await dev.cli("run", "-f", str(path))).code == 0
+        await dev.wait_phase("uses-local", {"Running"})
+        await dev.wait_phase("uses-keyless", {"Running"})
+        # Naming the local key for another server gets no key: the agent does not call, the run waits for one.
+        borrowed = (await dev.wait_phase("uses-borrowed", {"Paused"}))["status"]
+        assert borrowed["pauseReason"] == "CredentialExpired" and "local-model" in borrowed["message"]
+        for _ in range(100):
+            if any(c.model == "slow" for c in elsewhere.calls) and any(
+                c.model == "slow" for c in local.calls
+            ):
+                break
+            await asyncio.sleep(0.1)
+        assert elsewhere.calls, "the keyless run called the listener"
+        assert fingerprint(CANARY) not in {c.credential for c in elsewhere.calls}, "the canary never left"
+        assert fingerprint(CANARY) in {c.credential for c in local.calls}, "the local model got it"
+        environments = {name: agent_environment(dev, name) for name in ("uses-local", "uses-keyless")}
+    assert CANARY in environments["uses-local"]
+    assert CANARY not in environments["uses-keyless"]
+    assert "OPENAI_BASE_URL" not in environments["uses-keyless"], (
+        "an agent inherits nothing of the developer's"
+    )
+    for name in ("uses-local", "uses-borrowed", "uses-keyless"):
+        await dev.cli("runs", "cancel", name)
+
+
+def agent_environment(dev: DevProcess, run: str) -> str:
+    """The environment of the local agent of `run`'s first attempt, as /proc shows it."""
+    pid = int((dev.state / "sandboxes" / f"{run}-exec-1.pid").read_text())
+    return (Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n")).decode()
