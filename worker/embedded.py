@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.store import StoreError
 from activities.store.objects import Applied, ObjectStore, StoredObject
 from crd_bridge.activities import status_body
-from crd_bridge.resolve import KINDS, resolve
+from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, resolve
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.client import CLOSED, start_run
 from workflows.contract import Resolution
@@ -125,6 +125,10 @@ class EmbeddedBridge:
                 return obj.spec
             if kind == "ModelEndpoint" and name == LOCAL_MODEL_ENDPOINT:
                 return self.local_endpoint
+            if (
+                kind == "Secret" and name == LOCAL_CREDENTIAL_SECRET
+            ):  # the only credential here: the local key
+                return {"labels": {CREDENTIAL_LABEL: "true"}}
             return None
 
         try:

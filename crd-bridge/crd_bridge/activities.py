@@ -16,7 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crd_bridge.events import RUN_API, EventRecorder
-from crd_bridge.resolve import KINDS, resolve
+from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, resolve
 from crd_bridge.resources import PLURALS
 from kube import ApiError, Kube, Unreachable, path
 from workflows.activity_types import Activity, ResolveRequest
@@ -46,10 +46,12 @@ class SeenRun:
 
 
 class BridgeActivities:
-    def __init__(self, kube: Kube, instance: str, namespace_limit: int | None = None) -> None:
+    def __init__(self, kube: Kube, instance: str, namespace_limit: int | None = None,
+                 allow: AllowLists = ANYTHING) -> None:  # fmt: skip
         self.kube = kube
         self.events = EventRecorder(kube, instance)
         self.namespace_limit = namespace_limit
+        self.allow = allow
         # The newest version of each Run this replica has seen (the leader's watch, and its own writes): a status
         # write starts from it instead of reading the Run. A stale entry costs a conflict, then a read.
         self.seen: dict[tuple[str, str], SeenRun] = {}
@@ -66,6 +68,11 @@ class BridgeActivities:
         namespace = req.run.namespace
 
         async def lookup(kind: str, name: str) -> dict[str, Any] | None:
+            if kind == "Secret":  # its labels only, by a metadata-only list: never its data
+                found = await self.kube.list(path("v1", "secrets", namespace), fields=f"metadata.name={name}",
+                                             metadata_only=True)  # fmt: skip
+                items = found.get("items") or []
+                return {"labels": items[0]["metadata"].get("labels") or {}} if items else None
             assert kind in KINDS
             try:
                 obj = await self.kube.get(path(RUN_API, PLURALS[kind], namespace, name))
@@ -79,7 +86,7 @@ class BridgeActivities:
             return spec
 
         try:
-            return await resolve(namespace, req.spec, lookup, self.namespace_limit)
+            return await resolve(namespace, req.spec, lookup, self.namespace_limit, self.allow)
         except Unreachable as err:
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
 

@@ -10,29 +10,25 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from crd_bridge.resolve import CREDENTIAL_LABEL
 from kube import ApiError, Kube, Unreachable, path
 from workflows import search_attributes as sa
 
 log = logging.getLogger(__name__)
-CREDENTIAL_LABEL = "ksquad.io/credential"
 
 
 class CredentialWatcher:
-    def __init__(self, kube: Kube, temporal: Client, namespaces: list[str] | None) -> None:
+    def __init__(self, kube: Kube, temporal: Client, namespaces: list[str]) -> None:
         self.kube = kube
         self.temporal = temporal
-        # None: every namespace (needs a ClusterRole; the chart grants per namespace); empty: none
-        self.namespaces = namespaces
+        self.namespaces = (
+            namespaces  # empty: every namespace (needs a ClusterRole; the chart grants per namespace)
+        )
         self.versions: dict[str, str] = {}  # secret -> the resourceVersion last seen
         self.signalled = 0
 
     async def run(self) -> None:
-        if self.namespaces is None:
-            urls = [path("v1", "secrets")]
-        else:
-            urls = [path("v1", "secrets", ns) for ns in self.namespaces]
-        if not urls:
-            await asyncio.Event().wait()  # nothing to watch: idle for as long as the leader runs
+        urls = [path("v1", "secrets", ns) for ns in self.namespaces] or [path("v1", "secrets")]
         await asyncio.gather(*(self._watch(url) for url in urls))
 
     async def _watch(self, url: str) -> None:

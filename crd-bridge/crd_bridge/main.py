@@ -10,10 +10,12 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
   KSQUAD_CODEC_KEY_FILE        the payload codec's key (32 bytes, raw, base64 or hex); unset: payloads in clear
   KSQUAD_WATCH_NAMESPACES      the Run namespaces, comma-separated
-  KSQUAD_CREDENTIAL_NAMESPACES where credential Secrets are watched for rotation (default: the Run namespaces)
   KSQUAD_LEASE_NAMESPACE       where the leader's Lease is (KSQUAD_LEASE_NAME, default ksquad-bridge)
   KSQUAD_TASK_QUEUE            where Run workflows are started (default ksquad)
   KSQUAD_NAMESPACE_MAX_CONCURRENT_RUNS   a limit of running Runs per namespace (default none)
+  KSQUAD_ALLOWED_IMAGES, KSQUAD_ALLOWED_RUNTIME_CLASSES, KSQUAD_ALLOWED_AGENT_ENDPOINTS
+                               what Agents' images, Runs' runtime classes and Agents' endpoints (hosts, host:port,
+                               CIDRs) may be, comma-separated; unset: anything
   KSQUAD_HEALTH_PORT           /healthz and /readyz (default 8081)
   POD_NAME                     this replica's identity in the Lease
   KUBECONFIG                   the cluster (default: the pod's service account)
@@ -56,7 +58,9 @@ async def serve(settings: BridgeSettings) -> int:
         temporal = await connect(settings.temporal_address, settings.temporal_namespace,
                                  api_key=settings.temporal_api_key, tls=settings.temporal_tls,
                                  codec=codec_from_env())  # fmt: skip
-        bridge = BridgeActivities(kube, settings.identity, settings.namespace_max_concurrent_runs)
+        bridge = BridgeActivities(
+            kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow
+        )
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0
         serving = asyncio.create_task(worker.run())
@@ -71,7 +75,7 @@ async def serve(settings: BridgeSettings) -> int:
                 reconciler = RunReconciler(kube, temporal, settings, bridge)
                 tasks: list[asyncio.Task[Any]] = [
                     asyncio.create_task(reconciler.run()),
-                    asyncio.create_task(CredentialWatcher(kube, temporal, settings.credential_watch()).run()),
+                    asyncio.create_task(CredentialWatcher(kube, temporal, settings.watch_namespaces).run()),
                     asyncio.create_task(elector.keep()),
                 ]
                 done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)

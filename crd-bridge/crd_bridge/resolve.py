@@ -8,15 +8,22 @@ Rules (DESIGN.md "Resources"):
   never read;
 - every tool the agent would use (its tools and its skills' toolRefs) must be in its allowedTools;
 - references resolve only inside the Run's namespace (a namespace is a tenant);
+- a credential is a Secret labelled `ksquad.io/credential=true` (only its labels are read); another Secret makes
+  the Run invalid, naming the label;
+- what the chart allows (AllowLists): sandbox images, runtime classes, hosts or CIDRs of Agent endpoints;
 - a missing object is named ("Agent payments/dev-1"); the run waits for it. An object that can never work
-  (an invalid spec, a tool outside allowedTools) makes the Run invalid, with the reason.
+  (an invalid spec, a tool outside allowedTools, something the chart does not allow) makes the Run invalid, with
+  the reason.
 
 The same function serves the bridge (objects from the API server) and the embedded default (objects from
 the applied files): only `Lookup` differs.
 """
 
+import ipaddress
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
@@ -44,8 +51,10 @@ from workflows.contract import SkillSpec as ContractSkill
 from workflows.model import field_problems
 from workflows.spec import RunSpec
 
-# (kind, name) -> the object's spec as a dict, or None when it does not exist (in the Run's namespace)
+# (kind, name) -> the object's spec as a dict, or None when it does not exist (in the Run's namespace); for kind
+# "Secret", {"labels": {...}}: nothing else of a Secret is ever read
 Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+CREDENTIAL_LABEL = "ksquad.io/credential"
 M = TypeVar("M", bound=BaseModel)
 
 KINDS: dict[str, type[BaseModel]] = {
@@ -58,11 +67,44 @@ class Invalid(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class AllowLists:
+    """What Runs and Agents may ask for (the chart's values; None: anything)."""
+
+    # Agent.spec.image (chart value sandbox.allowedImages)
+    images: frozenset[str] | None = None
+    # Run.spec.sandboxPolicy.runtimeClass (sandbox.allowedRuntimeClasses)
+    runtime_classes: frozenset[str] | None = None
+    # Agent.spec.endpoint: hosts, host:port or CIDRs (agents.allowedEndpoints)
+    endpoints: frozenset[str] | None = None
+
+    def endpoint_allowed(self, url: str) -> bool:
+        if self.endpoints is None:
+            return True
+        parts = urlsplit(url)
+        host, port = (parts.hostname or "").lower(), parts.port
+        for allowed in self.endpoints:
+            if "/" in allowed:
+                try:
+                    if ipaddress.ip_address(host) in ipaddress.ip_network(allowed, strict=False):
+                        return True
+                except ValueError:
+                    continue
+            elif allowed.lower() in (host, f"{host}:{port}"):
+                return True
+        return False
+
+
+ANYTHING = AllowLists()
+
+
 class Resolver:
-    def __init__(self, namespace: str, lookup: Lookup, namespace_limit: int | None = None) -> None:
+    def __init__(self, namespace: str, lookup: Lookup, namespace_limit: int | None = None,
+                 allow: AllowLists = ANYTHING) -> None:  # fmt: skip
         self.namespace = namespace
         self.lookup = lookup
         self.namespace_limit = namespace_limit
+        self.allow = allow
         self.missing: list[str] = []
 
     async def get(self, kind: str, name: str, model: type[M]) -> M | None:
@@ -88,6 +130,10 @@ class Resolver:
         return resolution
 
     async def _resolve(self, spec: RunSpec) -> Resolution:
+        runtime_class = spec.sandbox_policy.runtime_class
+        if self.allow.runtime_classes is not None and runtime_class not in self.allow.runtime_classes:
+            raise Invalid(f"spec.sandboxPolicy.runtimeClass {runtime_class} is not allowed here (chart value "
+                          f"sandbox.allowedRuntimeClasses: {', '.join(sorted(self.allow.runtime_classes))})")  # fmt: skip
         scopes = []
         if self.namespace_limit:
             scopes.append(ConcurrencyScope(key=f"namespace/{self.namespace}", limit=self.namespace_limit))
@@ -114,6 +160,12 @@ class Resolver:
         agent = await self.get("Agent", name, AgentSpec)
         if agent is None:
             return None
+        if agent.image and self.allow.images is not None and agent.image not in self.allow.images:
+            raise Invalid(f"Agent {self.namespace}/{name}: image {agent.image} is not allowed here (chart value "
+                          f"sandbox.allowedImages: {', '.join(sorted(self.allow.images))})")  # fmt: skip
+        if agent.endpoint and not self.allow.endpoint_allowed(str(agent.endpoint)):
+            raise Invalid(f"Agent {self.namespace}/{name}: endpoint {agent.endpoint} is not allowed here (chart "
+                          f"value agents.allowedEndpoints: {', '.join(sorted(self.allow.endpoints or [])) or 'none'})")  # fmt: skip
         endpoint_ref = spec.model_endpoint_ref or agent.model_endpoint_ref
         endpoint = await self.get("ModelEndpoint", endpoint_ref, ModelEndpointSpec) if endpoint_ref else None
         if endpoint_ref is None and agent.endpoint is None:
@@ -154,11 +206,29 @@ class Resolver:
                 tools.append(ToolSpec(name=tool_name, tool_name=tool.tool_name, description=tool.description,
                                       mcp_server=MCPServerRef(name=tool.mcp_server_ref, url=server.url,
                                                               transport=server.transport)))  # fmt: skip
+        credential = _credential(agent.credential_secret_ref)
+        for secret in sorted(
+            {c.secret_name for c in (model.credential, fallback and fallback.credential, credential) if c}
+        ):
+            await self._credential_secret(secret)
         return ResolvedAgent(
             name=name, model=model, fallback_model=fallback, system_prompt=agent.system_prompt, image=agent.image,
             endpoint=agent.endpoint, tools=tools, allowed_tools=agent.allowed_tools, skills=skills,
-            credential=_credential(agent.credential_secret_ref),
+            credential=credential,
         )  # fmt: skip
+
+    async def _credential_secret(self, name: str) -> None:
+        """Only a Secret labelled as a credential may reach a sandbox: a Run author could otherwise have any
+        Secret of the namespace mounted into an agent of theirs."""
+        secret = await self.lookup("Secret", name)
+        if secret is None:
+            label = f"Secret {self.namespace}/{name}"
+            if label not in self.missing:
+                self.missing.append(label)
+            return
+        if (secret.get("labels") or {}).get(CREDENTIAL_LABEL) != "true":
+            raise Invalid(f"Secret {self.namespace}/{name} is not labelled {CREDENTIAL_LABEL}=true: only labelled "
+                          f"Secrets may be credentials (kubectl label secret {name} {CREDENTIAL_LABEL}=true)")  # fmt: skip
 
 
 def _credential(ref: SecretKeyRef | None) -> CredentialRef | None:
@@ -176,6 +246,10 @@ def _model(name: str, endpoint_ref: str | None, endpoint: ModelEndpointSpec | No
 
 
 async def resolve(
-    namespace: str, spec: RunSpec, lookup: Lookup, namespace_limit: int | None = None
+    namespace: str,
+    spec: RunSpec,
+    lookup: Lookup,
+    namespace_limit: int | None = None,
+    allow: AllowLists = AllowLists(),
 ) -> Resolution:
-    return await Resolver(namespace, lookup, namespace_limit).resolve(spec)
+    return await Resolver(namespace, lookup, namespace_limit, allow).resolve(spec)

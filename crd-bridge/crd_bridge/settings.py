@@ -2,13 +2,20 @@
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from crd_bridge.resolve import ANYTHING, AllowLists
 from workflows.activity_types import WORKER_TASK_QUEUE
 
 
 def _list(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+def _allowed(env: Mapping[str, str], name: str) -> frozenset[str] | None:
+    """An allow-list from the environment: unset means anything, set (even empty) means those only."""
+    return frozenset(_list(env[name])) if name in env else None
 
 
 @dataclass(frozen=True)
@@ -20,21 +27,14 @@ class BridgeSettings:
     worker_task_queue: str = WORKER_TASK_QUEUE  # where Run workflows are started
     kubeconfig: str | None = None
     watch_namespaces: list[str] = field(default_factory=list)  # empty: every namespace
-    # Where credential Secrets are watched for rotation (None: the watched namespaces; empty: nowhere)
-    credential_namespaces: list[str] | None = None
     lease_namespace: str = "ksquad-system"
     lease_name: str = "ksquad-bridge"
     identity: str = field(default_factory=socket.gethostname)
     namespace_max_concurrent_runs: int | None = None
+    allow: AllowLists = ANYTHING  # what Runs and Agents may ask for (the chart's allow-lists)
     cancel_wait_seconds: float = 60.0  # deleting a Run waits this long for its workflow to end Cancelled
     health_port: int = 8081
     reconcilers: int = 8  # Runs reconciled in parallel
-
-    def credential_watch(self) -> list[str] | None:
-        """The namespaces whose credential Secrets are watched: None for every namespace, [] for none."""
-        if self.credential_namespaces is None:
-            return self.watch_namespaces or None
-        return self.credential_namespaces
 
     @classmethod
     def from_env(cls) -> "BridgeSettings":
@@ -48,13 +48,15 @@ class BridgeSettings:
             worker_task_queue=env.get("KSQUAD_TASK_QUEUE", cls.worker_task_queue),
             kubeconfig=env.get("KUBECONFIG") or None,
             watch_namespaces=_list(env.get("KSQUAD_WATCH_NAMESPACES")),
-            credential_namespaces=(
-                _list(env["KSQUAD_CREDENTIAL_NAMESPACES"]) if "KSQUAD_CREDENTIAL_NAMESPACES" in env else None
-            ),
             lease_namespace=env.get("KSQUAD_LEASE_NAMESPACE", env.get("POD_NAMESPACE", cls.lease_namespace)),
             lease_name=env.get("KSQUAD_LEASE_NAME", cls.lease_name),
             identity=env.get("POD_NAME") or socket.gethostname(),
             namespace_max_concurrent_runs=int(limit) if limit else None,
+            allow=AllowLists(
+                images=_allowed(env, "KSQUAD_ALLOWED_IMAGES"),
+                runtime_classes=_allowed(env, "KSQUAD_ALLOWED_RUNTIME_CLASSES"),
+                endpoints=_allowed(env, "KSQUAD_ALLOWED_AGENT_ENDPOINTS"),
+            ),
             cancel_wait_seconds=float(env.get("KSQUAD_CANCEL_WAIT_SECONDS", cls.cancel_wait_seconds)),
             health_port=int(env.get("KSQUAD_HEALTH_PORT", cls.health_port)),
         )

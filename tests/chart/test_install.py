@@ -36,7 +36,8 @@ from workflows.status import Phase
 ROOT = Path(__file__).parents[2]
 SEED = ROOT / "examples" / "fix-flaky-tests.yaml"
 SQUAD = ROOT / "examples" / "cluster-squad.yaml"
-NS = "ksquad-system"  # the README's, and the seed Run's
+HOME = "ksquad"  # the release's namespace: the README's
+NS = "ksquad-system"  # the Runs': the seed Run's
 RELEASE = "ksquad"
 SEED_TASK = "Stabilize the flaky payment-retry test."
 T = TypeVar("T")
@@ -85,11 +86,13 @@ def helm(
 
 def diagnose(cluster: ControlPlane) -> str:
     """What a user would look at when an install does not come up: pods, events, each container's log."""
-    parts = [cluster.kubectl("get", "pods", "-n", NS, "-o", "wide", check=False).stdout,
-             cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False).stdout[-4000:]]  # fmt: skip
-    for pod in cluster.kubectl("get", "pods", "-n", NS, "-o", "name", check=False).stdout.split():
-        logs = cluster.kubectl("logs", "-n", NS, pod, "--tail=40", check=False)
-        parts.append(f"--- {pod}\n{logs.stdout}{logs.stderr}")
+    parts = []
+    for namespace in (HOME, NS):
+        parts += [cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout,
+                  cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout[-3000:]]  # fmt: skip
+        for pod in cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.split():
+            logs = cluster.kubectl("logs", "-n", namespace, pod, "--tail=40", check=False)
+            parts.append(f"--- {pod}\n{logs.stdout}{logs.stderr}")
     return "\n".join(parts)
 
 
@@ -114,10 +117,8 @@ async def phase_of(release: Release, name: str, phases: set[str], timeout: float
     try:
         return await wait_for(f"{name} to reach {phases}", reached, timeout)
     except AssertionError as err:
-        pods = release.kubectl("get", "pods", "-n", NS, "-o", "wide").stdout
-        raise AssertionError(
-            f"{err}\nstatus: {json.dumps(release.run(name).get('status'))[:3000]}\n{pods}"
-        ) from None
+        status = json.dumps(release.run(name).get("status"))[:3000]
+        raise AssertionError(f"{err}\nstatus: {status}\n{diagnose(release.cluster)}") from None
 
 
 def terminal_events(release: Release, uid: str) -> int:
@@ -134,19 +135,20 @@ async def release(
     """Installed as the README says: the namespace, the database and codec Secrets, `helm install --wait`."""
     cluster = ksquad_cluster
     database = postgres.create_database(f"helm_{uuid.uuid4().hex[:8]}")
-    cluster.kubectl("create", "namespace", NS)
-    cluster.wait_for_default_service_account(NS)
+    for namespace in (HOME, NS):
+        cluster.kubectl("create", "namespace", namespace)
+        cluster.wait_for_default_service_account(namespace)
     url = database.replace("postgresql+psycopg://", "postgresql://")
-    cluster.kubectl("-n", NS, "create", "secret", "generic", "ksquad-database", f"--from-literal=url={url}")
+    cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-database", f"--from-literal=url={url}")
     key = base64.b64encode(secrets.token_bytes(32)).decode()
-    cluster.kubectl("-n", NS, "create", "secret", "generic", "ksquad-codec", f"--from-literal=key={key}")
+    cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-codec", f"--from-literal=key={key}")
     values = [
         "--set", f"namespaces={{{NS}}}",
         "--set", f"temporal.address={NODE_ADDRESS}:{dev_server.port}",
         "--set", "codec.keySecret.name=ksquad-codec",
     ]  # fmt: skip
     started = time.monotonic()
-    installed = helm(cluster, "install", RELEASE, str(CHART), "-n", NS, *values, "--wait", "--timeout", "5m",
+    installed = helm(cluster, "install", RELEASE, str(CHART), "-n", HOME, *values, "--wait", "--timeout", "5m",
                      check=False)  # fmt: skip
     if installed.returncode != 0:
         raise AssertionError(f"helm install failed: {installed.stderr}\n{diagnose(cluster)}")
@@ -156,9 +158,9 @@ async def release(
         yield Release(cluster, store, await Client.connect(dev_server.target), values)
     finally:
         await store.close()
-        if helm(cluster, "status", RELEASE, "-n", NS, check=False).returncode == 0:
+        if helm(cluster, "status", RELEASE, "-n", HOME, check=False).returncode == 0:
             cluster.kubectl("delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s", check=False)
-            helm(cluster, "uninstall", RELEASE, "-n", NS, "--wait", check=False)
+            helm(cluster, "uninstall", RELEASE, "-n", HOME, "--wait", check=False)
 
 
 def test_install_without_namespaces_fails_and_says_what_to_set(ksquad_cluster: ControlPlane) -> None:
@@ -172,7 +174,7 @@ def test_install_without_namespaces_fails_and_says_what_to_set(ksquad_cluster: C
 
 
 def test_the_chart_runs_from_its_images_as_its_service_accounts(release: Release) -> None:
-    pods = release.get("pods", "-n", NS, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
+    pods = release.get("pods", "-n", HOME, "-l", f"app.kubernetes.io/instance={RELEASE}")["items"]
     by_component: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
         by_component.setdefault(pod["metadata"]["labels"]["app.kubernetes.io/component"], []).append(pod)
@@ -184,16 +186,16 @@ def test_the_chart_runs_from_its_images_as_its_service_accounts(release: Release
             assert pod["spec"]["serviceAccountName"] == f"ksquad-{component}"
             assert pod["status"]["podIP"] != NODE_ADDRESS, "each pod on its own address"
             # The kubelet projected the ServiceAccount's token into the container: read it from inside.
-            listed = release.kubectl("exec", "-n", NS, pod["metadata"]["name"], "--", "sh", "-c",
+            listed = release.kubectl("exec", "-n", HOME, pod["metadata"]["name"], "--", "sh", "-c",
                                      "id -u; ls /var/run/secrets/kubernetes.io/serviceaccount").stdout.split()  # fmt: skip
             assert listed == ["65532", "ca.crt", "namespace", "token"]
     # And the API server saw each ServiceAccount's identity: the bridge writes the Lease it leads through (and
     # Runs' status), the worker nothing yet; every replica asks for its Lease.
-    lease = release.get("lease", "ksquad-bridge", "-n", NS)
+    lease = release.get("lease", "ksquad-bridge", "-n", HOME)
     assert lease["spec"]["holderIdentity"] in {p["metadata"]["name"] for p in by_component["bridge"]}
     users = {json.loads(line)["user"]["username"] for line in release.cluster.audit_log.read_text().splitlines()
              if line.strip()}  # fmt: skip
-    assert f"system:serviceaccount:{NS}:ksquad-bridge" in users
+    assert f"system:serviceaccount:{HOME}:ksquad-bridge" in users
 
 
 async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
@@ -225,7 +227,7 @@ async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
     assert [c.task for c in model.state.calls] == [SEED_TASK], "one model call, from the sandbox"
     users = {json.loads(line)["user"]["username"] for line in release.cluster.audit_log.read_text().splitlines()
              if '"jobs"' in line}  # fmt: skip
-    assert f"system:serviceaccount:{NS}:ksquad-worker" in users, (
+    assert f"system:serviceaccount:{HOME}:ksquad-worker" in users, (
         "the worker made the Job as its ServiceAccount"
     )
     assert terminal_events(release, run["metadata"]["uid"]) == 1
@@ -243,10 +245,12 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
         "spec": {"agents": ["dev-1"], "inputs": {"task": task}, "workItemRef": "wi-upgrade"}}))  # fmt: skip
     await wait_for("the model to be called", lambda: any(c.task == task for c in model.state.calls), 120)
     selector = f"app.kubernetes.io/instance={RELEASE}"
-    before = {p["metadata"]["name"] for p in release.get("pods", "-n", NS, "-l", selector)["items"]}
+    before = {p["metadata"]["name"] for p in release.get("pods", "-n", HOME, "-l", selector)["items"]}
     changed = [
         "--set",
         "sandbox.runtimeClasses.kata=kata-not-installed",
+        "--set",
+        "sandbox.allowedRuntimeClasses={gvisor,kata}",
         "--set",
         "bridge.resources.requests.cpu=60m",
     ]
@@ -255,7 +259,7 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
         RELEASE,
         str(CHART),
         "-n",
-        NS,
+        HOME,
         *release.values,
         *changed,
         "--wait",
@@ -266,7 +270,7 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
     release.values += changed
 
     def replaced() -> set[str] | None:
-        names = {p["metadata"]["name"] for p in release.get("pods", "-n", NS, "-l", selector)["items"]}
+        names = {p["metadata"]["name"] for p in release.get("pods", "-n", HOME, "-l", selector)["items"]}
         return names if not names & before else None
 
     after = await wait_for("every pod of the release to be replaced", replaced, timeout=120)
@@ -293,28 +297,108 @@ async def test_a_runtime_class_the_cluster_lacks_fails_the_run_once_with_the_rea
     assert "sandbox.runtimeClasses.kata" in status["message"]
 
 
+def refused(release: Release, doc: dict[str, Any], kubeconfig: Path | None = None) -> str:
+    """`kubectl apply` of `doc` (as the admin, or as `kubeconfig`'s user): the API server's refusal."""
+    done = release.cluster.kubectl(
+        "apply", "-f", "-", input=yaml.safe_dump(doc), check=False, kubeconfig=kubeconfig
+    )
+    assert done.returncode != 0, f"applied: {done.stdout}"
+    return done.stderr
+
+
+def agent(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": name, "namespace": NS},
+            "spec": {"modelEndpointRef": "openai", "systemPrompt": "You help.", **spec}}  # fmt: skip
+
+
+def run(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": NS},
+            "spec": {"agents": ["dev-1"], **spec}}  # fmt: skip
+
+
+async def test_a_run_author_reads_no_secret_and_leaves_no_sandbox_runtime_or_image(release: Release) -> None:
+    # A Secret of the namespace that is not a credential: naming it gets the Run refused, naming the label.
+    release.kubectl("-n", NS, "create", "secret", "generic", "db-password", "--from-literal=apiKey=hunter2")
+    release.kubectl(
+        "apply", "-f", "-", input=yaml.safe_dump(agent("thief", credentialSecretRef={"name": "db-password"}))
+    )
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump(run("steal", agents=["thief"])))
+    status = (await phase_of(release, "steal", {"Failed", "Succeeded"}, timeout=60))["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InvalidReferences")
+    assert "Secret ksquad-system/db-password is not labelled ksquad.io/credential=true" in status["message"]
+    assert not release.get("jobs", "-n", NS, "-l", "ksquad.io/run=steal")["items"], "no sandbox was made"
+    # Images and runtime classes outside the chart's allow-lists are refused by the API server, named.
+    message = refused(release, agent("own-image", image="docker.io/attacker/agent:1"))
+    assert "spec.image docker.io/attacker/agent:1 is not allowed here" in message
+    message = refused(release, run("no-gvisor", sandboxPolicy={"runtimeClass": "runc"}))
+    assert "spec.sandboxPolicy.runtimeClass runc is not allowed here" in message
+    # An endpoint outside agents.allowedEndpoints (empty: none) is never called: the Run is refused.
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump(agent("ssrf", endpoint="http://10.0.0.1:443/")))
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump(run("probe", agents=["ssrf"])))
+    status = (await phase_of(release, "probe", {"Failed", "Succeeded"}, timeout=60))["status"]
+    assert (
+        status["reason"] == "InvalidReferences"
+        and "endpoint http://10.0.0.1:443/ is not allowed" in status["message"]
+    )
+
+
+def test_the_workers_service_account_makes_only_sandbox_shaped_jobs(release: Release) -> None:
+    token = release.kubectl("create", "token", "ksquad-worker", "-n", HOME, "--duration=10m").stdout.strip()
+    as_worker = release.cluster.token_kubeconfig("helm-worker", token, NS)
+    container: dict[str, Any] = {
+        "name": "agent",
+        "image": AGENT_IMAGE,
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    pod: dict[str, Any] = {"serviceAccountName": "ksquad-sandbox", "automountServiceAccountToken": False, "runtimeClassName": "gvisor",
+           "restartPolicy": "Never", "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+           "containers": [container]}  # fmt: skip
+
+    def job(name: str, **changes: Any) -> dict[str, Any]:
+        spec = json.loads(json.dumps(pod))
+        for key, value in changes.items():
+            spec[key] = value
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS},
+                "spec": {"backoffLimit": 0, "template": {"spec": spec}}}  # fmt: skip
+
+    for name, changes, words in (
+        ("other-account", {"serviceAccountName": "default"}, "a sandbox runs as ServiceAccount ksquad-sandbox"),
+        ("host-path", {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "no hostPath"),
+        ("foreign", {"containers": [{**container, "image": "docker.io/attacker/miner:1"}]},
+         "image docker.io/attacker/miner:1 is not a sandbox image"),
+        ("with-token", {"automountServiceAccountToken": True}, "no ServiceAccount token"),
+        ("as-root", {"securityContext": {"runAsUser": 0}}, "runs as non-root"),
+    ):  # fmt: skip
+        message = refused(release, job(name, **changes), as_worker)
+        assert "ksquad-worker-makes-sandboxes" in message and words in message, message
+    # The same Job, sandbox-shaped, is admitted (dry run: nothing is started).
+    done = release.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(job("shaped")),
+                                   kubeconfig=as_worker)  # fmt: skip
+    assert "created (server dry run)" in done.stdout
+
+
 async def test_killing_the_leading_bridge_hands_the_lease_to_the_other_within_its_duration(
     release: Release,
 ) -> None:
-    lease = release.get("lease", "ksquad-bridge", "-n", NS)["spec"]
+    lease = release.get("lease", "ksquad-bridge", "-n", HOME)["spec"]
     leader = lease["holderIdentity"]
     bridges = {
         p["metadata"]["name"]
-        for p in release.get("pods", "-n", NS, "-l", "app.kubernetes.io/component=bridge")["items"]
+        for p in release.get("pods", "-n", HOME, "-l", "app.kubernetes.io/component=bridge")["items"]
     }
     (other,) = bridges - {leader}
     killed = datetime.now(UTC)
-    release.kubectl("delete", "pod", leader, "-n", NS, "--grace-period=0", "--force")
+    release.kubectl("delete", "pod", leader, "-n", HOME, "--grace-period=0", "--force")
 
     def taken() -> dict[str, Any] | None:
-        spec: dict[str, Any] = release.get("lease", "ksquad-bridge", "-n", NS)["spec"]
+        spec: dict[str, Any] = release.get("lease", "ksquad-bridge", "-n", HOME)["spec"]
         return spec if spec["holderIdentity"] != leader else None
 
     spec = await wait_for("another replica to take the Lease", taken, timeout=60)
     # The standby has been asking all along; the Deployment's replacement for the dead pod may ask in time too.
     live = {
         p["metadata"]["name"]
-        for p in release.get("pods", "-n", NS, "-l", "app.kubernetes.io/component=bridge")["items"]
+        for p in release.get("pods", "-n", HOME, "-l", "app.kubernetes.io/component=bridge")["items"]
     }
     assert spec["holderIdentity"] in live - {leader}
     print(f"[leader hand-over] to {'the standby' if spec['holderIdentity'] == other else 'the replacement'}")
@@ -329,7 +413,7 @@ async def test_helm_uninstall_removes_everything_it_made_but_the_crds(release: R
     release.kubectl(
         "delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s"
     )  # as the docs say: first
-    release.helm("uninstall", RELEASE, "-n", NS, "--wait")
+    release.helm("uninstall", RELEASE, "-n", HOME, "--wait")
     selector = f"app.kubernetes.io/instance={RELEASE}"
     namespaced = "deployments,replicasets,pods,serviceaccounts,roles,rolebindings,configmaps,poddisruptionbudgets,networkpolicies,leases"
 
@@ -345,7 +429,7 @@ async def test_helm_uninstall_removes_everything_it_made_but_the_crds(release: R
         raise AssertionError(f"left after helm uninstall: {left()}") from None
     cluster_wide = "mutatingadmissionpolicies,mutatingadmissionpolicybindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
     assert not release.get(cluster_wide, "-l", selector)["items"]
-    assert not release.get("leases", "-n", NS)["items"], "the bridge's Lease went too"
+    assert not release.get("leases", "-n", HOME)["items"], "the bridge's Lease went too"
     crds = release.get("crd")["items"]
     assert {"runs.ksquad.io", "agents.ksquad.io"} <= {c["metadata"]["name"] for c in crds}, "the CRDs stay"
 

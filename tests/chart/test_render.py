@@ -101,7 +101,12 @@ def test_a_cluster_without_mutating_admission_policy_v1_gets_the_validating_poli
     older = chart.render(VALUES, kube_version="1.33.0", api_versions=[])
     kinds = {d["kind"] for d in older}
     assert not kinds & {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
-    (policy,) = [d for d in older if d["kind"] == "ValidatingAdmissionPolicy"]
+    (policy,) = [
+        d
+        for d in older
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] == "ksquad-triggered-by-immutable"
+    ]
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE", "UPDATE"]
     assert any("request.userInfo.username" in v["expression"] for v in policy["spec"]["validations"]), (
         "a Run may carry only its own creator's name"
@@ -122,18 +127,31 @@ def test_values_that_cannot_work_are_refused_with_what_to_set() -> None:
         chart.render({**VALUES, "temporal": {"address": ""}})
 
 
-def test_in_the_release_namespace_the_bridge_gets_no_secrets_and_watches_no_credentials() -> None:
-    docs = chart.render({"namespaces": [chart.RELEASE_NAMESPACE, "payments"]})
-    roles = {
-        d["metadata"]["namespace"]: d
-        for d in docs
-        if d["kind"] == "Role" and d["metadata"]["name"] == "ksquad-bridge"
-    }
-    assert not [r for r in roles[chart.RELEASE_NAMESPACE]["rules"] if "secrets" in r["resources"]]
-    assert [r for r in roles["payments"]["rules"] if "secrets" in r["resources"]]
+def test_the_release_namespace_is_never_a_run_namespace() -> None:
+    with pytest.raises(RuntimeError, match="namespaces must not include the release namespace ksquad-tests"):
+        chart.render({"namespaces": [chart.RELEASE_NAMESPACE, "payments"]})
+
+
+def test_the_allow_lists_reach_the_bridge_and_the_admission_policies() -> None:
+    docs = chart.render({**VALUES, "agents": {"allowedEndpoints": ["agents.example.com", "10.20.0.0/16"]},
+                         "sandbox": {"allowedImages": ["registry.example.com/agent:2"]}})  # fmt: skip
     (bridge,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-bridge"]
     env = {e["name"]: e.get("value") for e in bridge["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["KSQUAD_CREDENTIAL_NAMESPACES"] == "payments"
+    assert env["KSQUAD_ALLOWED_IMAGES"] == "ghcr.io/ksquad/ksquad-agent:0.1.0,registry.example.com/agent:2"
+    assert env["KSQUAD_ALLOWED_RUNTIME_CLASSES"] == "gvisor"
+    assert env["KSQUAD_ALLOWED_AGENT_ENDPOINTS"] == "agents.example.com,10.20.0.0/16"
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    assert {"ksquad-allowed-sandboxes", "ksquad-worker-makes-sandboxes"} <= set(policies)
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                  and d["metadata"]["name"] == "ksquad-allowed-sandboxes"]  # fmt: skip
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [
+        "payments",
+        "search",
+    ]
+    worker = policies["ksquad-worker-makes-sandboxes"]["spec"]
+    assert worker["matchConditions"][0]["expression"].endswith(
+        "'system:serviceaccount:ksquad-tests:ksquad-worker'"
+    )
 
 
 def test_the_bridge_survives_a_node_drain_and_the_worker_rolls_when_its_sandbox_settings_change() -> None:

@@ -6,6 +6,14 @@
 {{- if not .Values.temporal.address -}}
 {{- fail "\n\ntemporal.address is empty: set Temporal's frontend, for example --set temporal.address=temporal-frontend.temporal.svc:7233" -}}
 {{- end -}}
+{{- if has .Release.Namespace .Values.namespaces -}}
+{{- fail (printf "\n\nnamespaces must not include the release namespace %s: it holds ksquad's database URL and codec key, which nothing a Run author controls may reach. Install into a namespace of its own (for example -n ksquad) and list the Run namespaces." .Release.Namespace) -}}
+{{- end -}}
+{{- range .Values.sandbox.allowedRuntimeClasses -}}
+{{- if not (hasKey $.Values.sandbox.runtimeClasses .) -}}
+{{- fail (printf "\n\nsandbox.allowedRuntimeClasses names %s, which sandbox.runtimeClasses does not map to a RuntimeClass" .) -}}
+{{- end -}}
+{{- end -}}
 {{- if not .Values.database.urlSecret.name -}}
 {{- fail "\n\ndatabase.urlSecret.name is empty: name the Secret that holds the PostgreSQL URL (key database.urlSecret.key)" -}}
 {{- end -}}
@@ -84,4 +92,21 @@ capabilities:
 - name: codec-key
   secret: {secretName: {{ .Values.codec.keySecret.name }}, defaultMode: 0440}
 {{- end }}
+{{- end -}}
+
+
+{{- /* The images a sandbox may run: the agent image, sandbox.allowedImages, and the skills' toolchains and sidecars. */ -}}
+{{- define "ksquad.sandboxImages" -}}
+{{- $images := list (include "ksquad.agentImage" .) -}}
+{{- range .Values.sandbox.allowedImages }}{{ $images = append $images . }}{{ end -}}
+{{- range $_, $c := .Values.sandbox.toolchains }}{{ $images = append $images $c.image }}{{ end -}}
+{{- range $_, $c := .Values.sandbox.sidecars }}{{ $images = append $images $c.image }}{{ end -}}
+{{- $images | uniq | toJson -}}
+{{- end -}}
+
+{{- /* The RuntimeClass objects the allowed runtime classes map to; "null" when one maps to the node's default. */ -}}
+{{- define "ksquad.allowedRuntimeClassNames" -}}
+{{- $names := list -}}
+{{- range .Values.sandbox.allowedRuntimeClasses }}{{ $names = append $names (index $.Values.sandbox.runtimeClasses . | default "null") }}{{ end -}}
+{{- $names | uniq | toJson -}}
 {{- end -}}
