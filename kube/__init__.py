@@ -64,7 +64,6 @@ class Config:
     server: str
     ssl_context: ssl.SSLContext | bool
     headers: dict[str, str]
-    cert: tuple[str, str] | None = None
     namespace: str = "default"
 
     @classmethod
@@ -95,26 +94,29 @@ class Config:
         cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == context["cluster"])
         user = next(u["user"] for u in doc["users"] if u["name"] == context["user"])
 
-        def material(key: str) -> str | None:
-            """A file path for `key`, writing inline `<key>-data` to a private temporary file when given."""
-            if f"{key}-data" in user or f"{key}-data" in cluster:
-                data = base64.b64decode(user.get(f"{key}-data") or cluster[f"{key}-data"])
-                handle = tempfile.NamedTemporaryFile(prefix="ksquad-kube-", delete=False)  # noqa: SIM115
-                handle.write(data)
-                handle.close()
-                os.chmod(handle.name, 0o600)
-                return handle.name
-            value = user.get(key) or cluster.get(key)
-            return str(value) if value else None
+        with tempfile.TemporaryDirectory(prefix="ksquad-kube-") as scratch:
 
-        ca = material("certificate-authority")
-        ssl_context: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca) if ca else True
-        if cluster.get("insecure-skip-tls-verify"):
-            ssl_context = False
+            def material(key: str) -> str | None:
+                """A file path for `key`; inline `<key>-data` goes to a private file that is gone once the
+                TLS context has read it (ssl loads certificates only from files)."""
+                if f"{key}-data" in user or f"{key}-data" in cluster:
+                    file = Path(scratch) / key
+                    file.touch(mode=0o600)
+                    file.write_bytes(base64.b64decode(user.get(f"{key}-data") or cluster[f"{key}-data"]))
+                    return str(file)
+                value = user.get(key) or cluster.get(key)
+                return str(value) if value else None
+
+            ca = material("certificate-authority")
+            tls = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+            if cluster.get("insecure-skip-tls-verify"):
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+            cert, key = material("client-certificate"), material("client-key")
+            if cert and key:
+                tls.load_cert_chain(cert, key)
         headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
-        cert, key = material("client-certificate"), material("client-key")
-        return cls(cluster["server"], ssl_context, headers, (cert, key) if cert and key else None,
-                   context.get("namespace", "default"))  # fmt: skip
+        return cls(cluster["server"], tls, headers, namespace=context.get("namespace", "default"))
 
 
 class Kube:
@@ -122,10 +124,7 @@ class Kube:
 
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
         self.config = config
-        verify: ssl.SSLContext | bool = config.ssl_context
-        if config.cert and isinstance(verify, ssl.SSLContext):
-            verify.load_cert_chain(*config.cert)
-        self.http = httpx.AsyncClient(base_url=config.server, headers=config.headers, verify=verify,
+        self.http = httpx.AsyncClient(base_url=config.server, headers=config.headers, verify=config.ssl_context,
                                       timeout=httpx.Timeout(timeout))  # fmt: skip
 
     async def __aenter__(self) -> "Kube":

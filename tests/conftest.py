@@ -99,8 +99,11 @@ def cluster() -> Iterator[ControlPlane]:
         audit = scan_audit_log(plane.audit_log)
         record_counts({"secret_scan.apiserver_writes": audit.scanned, "secret_scan.sandbox_pods": audit.sandbox_pods,
                        "secret_scan.leaks_in_apiserver_writes": len(audit.leaks),
-                       "secret_scan.insecure_sandbox_pods": len(audit.insecure_pods)})  # fmt: skip
+                       "secret_scan.insecure_sandbox_pods": len(audit.insecure_pods),
+                       "secret_scan.run_texts_looked_for": audit.private_texts,
+                       "secret_scan.run_texts_in_jobs_or_pods": len(audit.texts_in_pods)})  # fmt: skip
         assert not audit.leaks, f"credentials copied into objects: {audit.leaks[:20]}"
+        assert not audit.texts_in_pods, f"prompts or inputs in Job or Pod specs: {audit.texts_in_pods[:20]}"
         assert not audit.insecure_pods, f"sandbox pods not locked down: {audit.insecure_pods[:20]}"
     finally:
         plane.stop()

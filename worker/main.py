@@ -20,8 +20,12 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
@@ -72,9 +76,36 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         log.info("serving task queue %s on %s (namespace %s), store %s, %s sandboxes", settings.task_queue,
                  settings.temporal_address, settings.temporal_namespace, store.engine.url.render_as_string(),
                  sandbox_settings.backend)  # fmt: skip
-        async with worker, Probes(settings.health_port, lambda: True):
+        readiness = Readiness(store, client)
+        checking = asyncio.create_task(readiness.watch())
+        async with worker, Probes(settings.health_port, lambda: readiness.ready, readiness.details):
             await stop.wait()
+        checking.cancel()
     log.info("stopped")
+
+
+class Readiness:
+    """Ready while the worker can do its work: the store and Temporal both answer (checked every few seconds)."""
+
+    def __init__(self, store: Store, client: Client, every: float = 5.0) -> None:
+        self.store, self.client, self.every = store, client, every
+        self.store_ok = self.temporal_ok = False
+
+    @property
+    def ready(self) -> bool:
+        return self.store_ok and self.temporal_ok
+
+    def details(self) -> dict[str, object]:
+        return {"store": self.store_ok, "temporal": self.temporal_ok}
+
+    async def watch(self) -> None:
+        while True:
+            self.store_ok = await self.store.ping()
+            try:
+                self.temporal_ok = await self.client.service_client.check_health(timeout=timedelta(seconds=5))
+            except RPCError:
+                self.temporal_ok = False
+            await asyncio.sleep(self.every)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -148,6 +148,10 @@ def _unavailable(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     return wrapper
 
 
+CONNECT_TIMEOUT_SECONDS = 10
+STATEMENT_TIMEOUT_MS = 30_000
+
+
 class Store:
     def __init__(self, url: str, clock: Callable[[], datetime] = utcnow, pool_size: int = 10) -> None:
         self.url = async_url(url)
@@ -156,7 +160,11 @@ class Store:
         if self.url.startswith("sqlite"):
             kwargs["connect_args"] = {"timeout": 30}
         else:
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size)
+            # Bounded: a database that stops answering fails the call (StoreUnavailable, retried by Temporal)
+            # instead of holding an activity until its timeout; no statement of ours runs for seconds.
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=CONNECT_TIMEOUT_SECONDS,
+                          connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                                        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"})  # fmt: skip
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         self.dialect = self.engine.dialect.name
         if self.dialect == "sqlite":
@@ -171,6 +179,15 @@ class Store:
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+    async def ping(self) -> bool:
+        """Whether the database answers now (the worker's readiness)."""
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(sa.text("SELECT 1"))
+        except (exc.SQLAlchemyError, OSError, ConnectionError):
+            return False
+        return True
 
     @_unavailable
     async def migrate(self) -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from kube import ApiError, Config, Kube, path
 from tests.cluster.controlplane import ControlPlane
+from tests.cluster.images import AGENT_IMAGE
 from tests.support import chart
 
 RUN_API = "ksquad.io/v1alpha1"
@@ -107,8 +108,11 @@ NOT_GRANTED: dict[str, Call] = {
 
 
 def job(name: str) -> dict[str, Any]:
+    """A suspended sandbox-shaped Job (the chart's admission policy admits no other from the worker)."""
     return {"metadata": {"name": name}, "spec": {"suspend": True, "template": {"spec": {
-        "restartPolicy": "Never", "containers": [{"name": "x", "image": "x"}]}}}}  # fmt: skip
+        "restartPolicy": "Never", "serviceAccountName": "ksquad-sandbox", "automountServiceAccountToken": False,
+        "runtimeClassName": "gvisor", "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+        "containers": [{"name": "x", "image": AGENT_IMAGE, "securityContext": {"allowPrivilegeEscalation": False}}]}}}}  # fmt: skip
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -187,7 +191,8 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
     ksquad_cluster.kubectl("create", "namespace", ns)
     ksquad_cluster.wait_for_default_service_account(ns)
     docs = chart.render({"namespaces": [ns]})
-    chart.apply(ksquad_cluster, docs, {"ServiceAccount", "Role", "RoleBinding"})
+    chart.apply(ksquad_cluster, docs, {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
+                                       "ValidatingAdmissionPolicyBinding"})  # fmt: skip
     admin = lambda *a, **kw: ksquad_cluster.kubectl(*a, **kw)  # noqa: E731
     for kind, name in (("Run", "subject"),):
         admin("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": RUN_API, "kind": kind,

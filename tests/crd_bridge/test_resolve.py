@@ -1,10 +1,11 @@
-"""Reference resolution: precedence, missing objects named, allowedTools enforced, scopes from Team/Project."""
+"""Reference resolution: precedence, missing objects named, allowedTools enforced, scopes from Team/Project,
+credentials only from labelled Secrets, the chart's allow-lists."""
 
 from typing import Any
 
 import pytest
 
-from crd_bridge.resolve import resolve
+from crd_bridge.resolve import AllowLists, resolve
 from workflows.spec import parse_run_spec
 
 OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
@@ -23,6 +24,8 @@ OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
                           "requires": {"toolchains": ["python"]}},
     ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3},
     ("Project", "payments-api"): {"maxConcurrentRuns": 10},
+    ("Secret", "dev-1-key"): {"labels": {"ksquad.io/credential": "true"}},
+    ("Secret", "openai-key"): {"labels": {"ksquad.io/credential": "true", "team": "payments"}},
 }  # fmt: skip
 
 
@@ -65,7 +68,8 @@ async def test_an_empty_agent_list_means_the_teams_agents() -> None:
 
 
 async def test_missing_objects_are_all_named() -> None:
-    objects = {k: v for k, v in OBJECTS.items() if k not in {("Skill", "pytest"), ("MCPServer", "kb")}}
+    gone = {("Skill", "pytest"), ("MCPServer", "kb"), ("Secret", "dev-1-key")}
+    objects = {k: v for k, v in OBJECTS.items() if k not in gone}
     r = await resolve(
         "payments", parse_run_spec({"agents": ["dev-1", "ghost"], "teamRef": "nobody"}), lookup(objects)
     )
@@ -74,6 +78,7 @@ async def test_missing_objects_are_all_named() -> None:
         "Team payments/nobody",
         "Skill payments/pytest",
         "MCPServer payments/kb",
+        "Secret payments/dev-1-key",
         "Agent payments/ghost",
     ]
 
@@ -90,6 +95,10 @@ async def test_missing_objects_are_all_named() -> None:
             {("ModelEndpoint", "openai"): {"url": "ftp://nope"}},
             "ModelEndpoint payments/openai is invalid: spec.url",
         ),
+        (
+            {("Secret", "dev-1-key"): {"labels": {"app": "payments"}}},
+            "Secret payments/dev-1-key is not labelled ksquad.io/credential=true",
+        ),
     ],
 )
 async def test_runs_that_can_never_work_are_invalid_with_the_reason(
@@ -98,3 +107,49 @@ async def test_runs_that_can_never_work_are_invalid_with_the_reason(
     r = await resolve("payments", parse_run_spec({"agents": ["dev-1"]}), lookup({**OBJECTS, **change}))
     assert r.outcome == "invalid"
     assert words in (r.error or "")
+
+
+@pytest.mark.parametrize(
+    ("spec", "agent", "words"),
+    [
+        (
+            {"sandboxPolicy": {"runtimeClass": "runc"}},
+            {},
+            "spec.sandboxPolicy.runtimeClass runc is not allowed here",
+        ),
+        ({}, {"image": "docker.io/attacker/agent:1"}, "image docker.io/attacker/agent:1 is not allowed here"),
+        ({}, {"endpoint": "http://10.0.0.1:443/"}, "endpoint http://10.0.0.1:443/ is not allowed here"),
+        (
+            {},
+            {"endpoint": "http://metadata.internal/"},
+            "endpoint http://metadata.internal/ is not allowed here",
+        ),
+    ],
+)
+async def test_what_the_chart_does_not_allow_makes_the_run_invalid(
+    spec: dict[str, Any], agent: dict[str, Any], words: str
+) -> None:
+    allow = AllowLists(images=frozenset({"ghcr.io/ksquad/ksquad-agent:0.1.0"}), runtime_classes=frozenset({"gvisor"}),
+                       endpoints=frozenset({"agents.example.com", "10.20.0.0/16"}))  # fmt: skip
+    objects = {**OBJECTS, ("Agent", "dev-2"): {**OBJECTS[("Agent", "dev-2")], **agent}}
+    r = await resolve("payments", parse_run_spec({"agents": ["dev-2"], **spec}), lookup(objects), allow=allow)
+    assert r.outcome == "invalid"
+    assert words in (r.error or "")
+
+
+async def test_endpoints_inside_the_allow_list_resolve() -> None:
+    allow = AllowLists(endpoints=frozenset({"agents.example.com", "10.20.0.0/16", "a2a.example.com:8443"}))
+    for endpoint in (
+        "https://agents.example.com/a2a",
+        "http://10.20.3.4:8080/",
+        "https://a2a.example.com:8443/",
+    ):
+        objects = {**OBJECTS, ("Agent", "dev-2"): {**OBJECTS[("Agent", "dev-2")], "endpoint": endpoint}}
+        r = await resolve("payments", parse_run_spec({"agents": ["dev-2"]}), lookup(objects), allow=allow)
+        assert r.outcome == "resolved", (endpoint, r.error)
+    denied = {
+        **OBJECTS,
+        ("Agent", "dev-2"): {**OBJECTS[("Agent", "dev-2")], "endpoint": "https://a2a.example.com/"},
+    }
+    r = await resolve("payments", parse_run_spec({"agents": ["dev-2"]}), lookup(denied), allow=allow)
+    assert r.outcome == "invalid", "a host allowed on one port only"

@@ -1,5 +1,5 @@
 """The end-of-suite scanner (tests.support.secret_scan) finds what it looks for: a credential in a Pod's env or
-in a log, and a sandbox pod that could run as root with a token. (The scan itself runs when the session's
+in a log, a sandbox pod that could run as root with a token, and a Run's task text in a Job. (The scan itself runs when the session's
 control plane and Temporal server stop: see tests/conftest.py.)"""
 
 import json
@@ -43,3 +43,21 @@ def scan_planted(tmp_path: Path) -> None:
     (tmp_path / "logs" / "bridge.log").write_text("nothing to see\n")
     logs = scan_logs(tmp_path / "logs")
     assert logs.scanned == 2 and len(logs.leaks) == 1 and "worker.log" in logs.leaks[0]
+
+
+def test_the_scanner_finds_a_runs_task_in_a_job() -> None:
+    task = "Rotate the ledger keys before Friday."
+    run = {"verb": "create", "objectRef": {"resource": "runs", "namespace": "ns", "name": "r"},
+           "requestObject": {"spec": {"inputs": {"task": task}}}}  # fmt: skip
+    agent = {"verb": "create", "objectRef": {"resource": "agents", "namespace": "ns", "name": "a"},
+             "requestObject": {"spec": {"systemPrompt": "You are the ledger keeper."}}}  # fmt: skip
+    job: dict[str, Any] = {"verb": "create", "objectRef": {"resource": "jobs", "namespace": "ns", "name": "r-exec-1"},
+           "requestObject": {"spec": {"template": {"spec": {"containers": [{"name": "agent", "env": [
+               {"name": "CONTRACT", "value": json.dumps({"inputs": {"task": task}})}]}]}}}}}  # fmt: skip
+    clean = {**job, "objectRef": {**job["objectRef"], "name": "r-exec-2"}, "requestObject": {"spec": {}}}
+    with tempfile.TemporaryDirectory() as tmp:
+        audit = Path(tmp) / "audit.log"
+        audit.write_text("\n".join(json.dumps(e) for e in (job, run, agent, clean)) + "\n")  # the Job first
+        report = scan_audit_log(audit)
+    assert report.private_texts == 2
+    assert report.texts_in_pods == ["create jobs/ ns/r-exec-1 holds 'Rotate the ledger keys b'"]

@@ -2,7 +2,9 @@
 
 - The control plane's audit log (tests/cluster/controlplane.py's AUDIT_POLICY): every Job, Pod,
   ConfigMap, Event, NetworkPolicy and ksquad object written during the session, as it was sent. Every sandbox
-  Pod (a Pod carrying ksquad.io/ labels) must also run as non-root, without a service-account token.
+  Pod (a Pod carrying ksquad.io/ labels) must also run as non-root, without a service-account token. No Job or
+  Pod may hold any Run's inputs or any Agent's system prompt or Skill's instructions (as the Runs, Agents and
+  Skills written during the session carried them): those reach a sandbox over A2A only.
 - Every workflow history on the session's Temporal server, as stored (payloads included).
 - Every log file under the session's temporary directory (the bridge's, the worker's, `ksquad dev`'s).
 
@@ -26,6 +28,8 @@ class ScanReport:
     sandbox_pods: int = 0
     leaks: list[str] = field(default_factory=list)
     insecure_pods: list[str] = field(default_factory=list)
+    private_texts: int = 0  # Runs' inputs, Agents' prompts, Skills' instructions looked for in Jobs and Pods
+    texts_in_pods: list[str] = field(default_factory=list)
 
 
 def _leaked(content: str | bytes, where: str, report: ScanReport) -> None:
@@ -35,12 +39,31 @@ def _leaked(content: str | bytes, where: str, report: ScanReport) -> None:
             report.leaks.append(f"{where} holds {secret[:6]}…")
 
 
+def _private_texts(events: list[dict[str, Any]]) -> set[str]:
+    """What Run authors wrote that only a sandbox's A2A message may carry (long enough not to match by chance)."""
+    texts: set[str] = set()
+    for event in events:
+        obj, resource = event.get("requestObject") or {}, event.get("objectRef", {}).get("resource")
+        spec = obj.get("spec")
+        if not isinstance(spec, dict):
+            continue
+        if resource == "runs":
+            texts.update(str(v) for v in (spec.get("inputs") or {}).values())
+        elif resource == "agents":
+            texts.add(str(spec.get("systemPrompt") or ""))
+        elif resource == "skills":
+            texts.add(str(spec.get("instructions") or ""))
+    return {t for t in texts if len(t) >= 12}
+
+
 def scan_audit_log(path: Path) -> ScanReport:
     report = ScanReport()
     if not path.is_file():
         return report
-    for line in path.read_text().splitlines():
-        event = json.loads(line)
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    private = _private_texts(events)
+    report.private_texts = len(private)
+    for event in events:
         obj: dict[str, Any] | None = event.get("requestObject")
         if not obj:
             continue
@@ -48,6 +71,11 @@ def scan_audit_log(path: Path) -> ScanReport:
         where = f"{event.get('verb')} {ref.get('resource')}/{ref.get('subresource') or ''} {ref.get('namespace')}/{ref.get('name')}"
         report.scanned += 1
         _leaked(json.dumps(obj), where, report)
+        if ref.get("resource") in ("jobs", "pods"):
+            text = json.dumps(obj)
+            report.texts_in_pods += [
+                f"{where} holds {t[:24]!r}" for t in private if json.dumps(t)[1:-1] in text
+            ]
         if ref.get("resource") == "pods" and event.get("verb") == "create" and not ref.get("subresource"):
             labels = obj.get("metadata", {}).get("labels", {})
             if any(k.startswith("ksquad.io/") for k in labels):
