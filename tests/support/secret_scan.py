@@ -47,8 +47,9 @@ def _private_texts(events: list[dict[str, Any]]) -> set[str]:
         spec = obj.get("spec")
         if not isinstance(spec, dict):
             continue
-        if resource == "runs":
-            texts.update(str(v) for v in (spec.get("inputs") or {}).values())
+        inputs = spec.get("inputs")
+        if resource == "runs" and isinstance(inputs, dict):  # invalid Runs (the fuzz tests) carry anything here
+            texts.update(str(v) for v in inputs.values())
         elif resource == "agents":
             texts.add(str(spec.get("systemPrompt") or ""))
         elif resource == "skills":
