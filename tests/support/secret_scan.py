@@ -47,8 +47,8 @@ def _private_texts(events: list[dict[str, Any]]) -> set[str]:
         spec = obj.get("spec")
         if not isinstance(spec, dict):
             continue
-        inputs = spec.get("inputs")
-        if resource == "runs" and isinstance(inputs, dict):  # invalid Runs (the fuzz tests) carry anything here
+        inputs = spec.get("inputs")  # an invalid Run (the fuzz tests) may carry anything here
+        if resource == "runs" and isinstance(inputs, dict):
             texts.update(str(v) for v in inputs.values())
         elif resource == "agents":
             texts.add(str(spec.get("systemPrompt") or ""))
