@@ -31,7 +31,8 @@ from workflows.activity_types import Activity, ResolveRequest
 from workflows.client import CLOSED, start_run
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
-from workflows.spec import API_VERSION, ObjectMeta, RunInput, parse_run_manifest, run_workflow_id
+from workflows.run import RunInput
+from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest, run_workflow_id
 from workflows.status import Phase, StatusSnapshot
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ HEARTBEAT_THROTTLE = timedelta(seconds=1)
 # and functions that take `now` as an argument), so they pass through and are imported once per process. The
 # workflow modules themselves (run, entities) stay sandboxed, so a non-deterministic call there still fails.
 PASSTHROUGH_MODULES = ("pydantic", "pydantic_core", "annotated_types", "workflows.model", "workflows.spec",
-                       "workflows.status", "workflows.contract", "workflows.carry", "workflows.activity_types", "workflows.entity_types",
+                       "workflows.status", "workflows.contract", "workflows.run.state", "workflows.signals", "workflows.activity_types", "workflows.entity_types",
                        "workflows.policies", "workflows.search_attributes")  # fmt: skip
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
@@ -45,9 +45,9 @@ MAX_CACHED_WORKFLOWS = 300
 def compile_workflow_modules() -> None:
     """Write the workflow modules' bytecode if it is missing or stale. The sandbox imports a workflow's module
     afresh for every workflow run; without bytecode on disk (PYTHONDONTWRITEBYTECODE, a source-only install)
-    each import compiles run.py again, ~20 ms of CPU per run. A read-only install is left as it is."""
+    each import compiles the workflow modules again, ~20 ms of CPU per run. A read-only install is left as it is."""
     for directory in workflows.__path__:
-        compileall.compile_dir(directory, maxlevels=0, quiet=2)
+        compileall.compile_dir(directory, maxlevels=1, quiet=2)  # workflows/ and workflows/run/
 
 
 def entity_activities(client: Client, task_queue: str) -> list[Callable[..., Any]]:

@@ -1,8 +1,7 @@
-"""The activities the Run workflow calls: their names, task queues, inputs, outputs and typed errors.
+"""The activities the workflows call: their names, task queues, inputs, outputs, typed errors and typed stubs.
 
-The workflow calls activities by name, so this module is the whole contract between the deterministic core
-and the side effects in `activities/` and `crd_bridge/`: both sides import these types, neither imports the
-other.
+This module is the whole contract between the deterministic core and the side effects in `activities/` and
+`crd_bridge/`: both sides import it, neither imports the other.
 """
 
 from datetime import datetime
@@ -10,11 +9,13 @@ from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
+from temporalio import activity
 
-from workflows.contract import ExecutionContract
+from workflows.contract import ExecutionContract, Resolution
+from workflows.entity_types import ResumePlaceRequest, ThrottleNotice
 from workflows.model import KsquadModel
 from workflows.spec import RunSpec, SandboxPolicy
-from workflows.status import Artifact, SandboxStatus
+from workflows.status import Artifact, SandboxStatus, StatusSnapshot
 
 WORKER_TASK_QUEUE = "ksquad"
 BRIDGE_TASK_QUEUE = "ksquad-bridge"
@@ -125,9 +126,6 @@ class AgentInvocation(KsquadModel):
     message_id: str  # "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after
     context_id: str
     continue_task: ContinueTask | None = None
-    # Ignored (kept so recorded histories still parse): every sandbox gets the contract in the attempt's first
-    # message, never in a Job's spec, where etcd, the audit log and `kubectl get job -o yaml` would hold it.
-    deliver_contract: bool = False
 
 
 class AgentResult(KsquadModel):
@@ -205,3 +203,79 @@ class EntitySignal(KsquadModel):
 
 class WorkflowIds(KsquadModel):
     ids: list[str]
+
+
+# --- the activities, typed ----------------------------------------------------------------------------------
+# The workflows call these stubs by reference (`workflow.execute_activity(resolve_references, request)`): the
+# name, argument and result type come from here. `activities/` and `crd_bridge` implement each under the same
+# name and signature; tests/workflows/test_activity_links.py checks every implementation against its stub.
+
+
+@activity.defn(name=Activity.RESOLVE_REFERENCES)
+async def resolve_references(req: ResolveRequest) -> Resolution:
+    raise NotImplementedError("the bridge's (crd_bridge.activities), or the embedded stack's")
+
+
+@activity.defn(name=Activity.MIRROR_STATUS)
+async def mirror_status(snapshot: StatusSnapshot) -> None:
+    raise NotImplementedError("the bridge's (crd_bridge.activities), or the embedded stack's")
+
+
+@activity.defn(name=Activity.CLAIM_WORK_ITEM)
+async def claim_work_item(req: ClaimRequest) -> Claim:
+    raise NotImplementedError("activities.claims")
+
+
+@activity.defn(name=Activity.FENCE_WORK_ITEM)
+async def fence_work_item(upd: ClaimUpdate) -> Claim:
+    raise NotImplementedError("activities.claims")
+
+
+@activity.defn(name=Activity.RENEW_CLAIM)
+async def renew_claim(upd: ClaimUpdate) -> Claim:
+    raise NotImplementedError("activities.claims")
+
+
+@activity.defn(name=Activity.RELEASE_WORK_ITEM)
+async def release_work_item(upd: ClaimUpdate) -> None:
+    raise NotImplementedError("activities.claims")
+
+
+@activity.defn(name=Activity.ACQUIRE_SANDBOX)
+async def acquire_sandbox(req: SandboxRequest) -> Sandbox:
+    raise NotImplementedError("activities.sandboxes")
+
+
+@activity.defn(name=Activity.RELEASE_SANDBOX)
+async def release_sandbox(rel: SandboxRelease) -> None:
+    raise NotImplementedError("activities.sandboxes")
+
+
+@activity.defn(name=Activity.PUBLISH_OUTPUTS)
+async def publish_outputs(req: OutputsRequest) -> PublishedOutputs:
+    raise NotImplementedError("activities.sandboxes")
+
+
+@activity.defn(name=Activity.INVOKE_AGENT)
+async def invoke_agent(inv: AgentInvocation) -> AgentResult:
+    raise NotImplementedError("activities.agents")
+
+
+@activity.defn(name=Activity.SIGNAL_WITH_START)
+async def signal_with_start(message: EntitySignal) -> ThrottleNotice | None:
+    raise NotImplementedError("activities.entities")
+
+
+@activity.defn(name=Activity.FIND_CLOSED_WORKFLOWS)
+async def find_closed_workflows(ids: WorkflowIds) -> list[str]:
+    raise NotImplementedError("activities.entities")
+
+
+@activity.defn(name=Activity.RESERVE_RESUME_PLACE)
+async def reserve_resume_place(req: ResumePlaceRequest) -> datetime:
+    raise NotImplementedError("activities.entities")
+
+
+STUBS = (resolve_references, mirror_status, claim_work_item, fence_work_item, renew_claim, release_work_item,
+         acquire_sandbox, release_sandbox, publish_outputs, invoke_agent, signal_with_start, find_closed_workflows,
+         reserve_resume_place)  # fmt: skip

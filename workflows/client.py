@@ -22,7 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from workflows import search_attributes as sa
 from workflows.codec import EncryptionCodec, load_key
-from workflows.spec import RunInput
+from workflows.run.state import RunInput
 from workflows.status import Phase, RunStatus
 
 CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"

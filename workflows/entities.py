@@ -14,7 +14,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from workflows.activity_types import Activity, WorkflowIds
+from workflows.activity_types import WorkflowIds, find_closed_workflows
 from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
     SLOT_GRANTED,
@@ -31,9 +31,6 @@ from workflows.entity_types import (
 )
 from workflows.model import KsquadModel
 
-PATCH_THROTTLE_MEMO = "throttle-memo"
-PATCH_SIGNAL_BUDGET = "signal-budget"  # continue as new after state.signals_per_run signals
-PATCH_SIGNAL_BATCHES = "signal-batches"  # notices sent SIGNAL_BATCH at a time; unsent ones carried over
 SIGNAL_BATCH = 500
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
@@ -73,7 +70,6 @@ class CredentialThrottleWorkflow:
             self._outbox = [(r, self._notice()) for r in state.to_notify]
         state.to_notify = []
         self._signals = 0  # received by this run of the workflow
-        self._signal_budget = False
 
     def _notice(self) -> ThrottleNotice:
         assert self.state.throttled_until is not None
@@ -112,10 +108,9 @@ class CredentialThrottleWorkflow:
         if self.state.throttled_until is None or limit.until > self.state.throttled_until:
             self.state.throttled_until = limit.until
         self.state.strikes += 1
-        if workflow.patched(PATCH_THROTTLE_MEMO):
-            # Readable without a workflow task (describe): a run subscribing during the limit learns of it
-            # before its first call, not from a signal that may arrive after it.
-            workflow.upsert_memo(self._memo())
+        # Readable without a workflow task (describe): a run subscribing during the limit learns of it before
+        # its first call, not from a signal that may arrive after it.
+        workflow.upsert_memo(self._memo())
         others = [r for r in self.state.subscribers if r != limit.run_id]
         self._outbox.extend((r, self._notice()) for r in others)
 
@@ -131,14 +126,10 @@ class CredentialThrottleWorkflow:
         return self.state
 
     def _renew_due(self) -> bool:
-        return workflow.info().is_continue_as_new_suggested() or (
-            self._signal_budget and self._signals >= self.state.signals_per_run
-        )
+        return workflow.info().is_continue_as_new_suggested() or (self._signals >= self.state.signals_per_run)
 
     @workflow.run
     async def run(self, state: CredentialState) -> None:
-        self._signal_budget = workflow.patched(PATCH_SIGNAL_BUDGET)
-        batched = workflow.patched(PATCH_SIGNAL_BATCHES)
         while True:
             idle = not self.state.subscribers and not self._throttled()
             try:
@@ -151,17 +142,15 @@ class CredentialThrottleWorkflow:
                 if not self.state.subscribers and not self._throttled():
                     return
                 continue
-            while self._outbox and not (batched and self._renew_due()):
+            while self._outbox and not self._renew_due():
                 # The server refuses more than 2,000 signals in flight from one workflow: send in batches.
-                size = SIGNAL_BATCH if batched else len(self._outbox)
-                notices, self._outbox = self._outbox[:size], self._outbox[size:]
+                notices, self._outbox = self._outbox[:SIGNAL_BATCH], self._outbox[SIGNAL_BATCH:]
                 for gone in await signal_runs(notices, CREDENTIAL_THROTTLED):
                     if gone in self.state.subscribers:
                         self.state.subscribers.remove(gone)
             if self._renew_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if batched:
-                    self.state.to_notify = [run_id for run_id, _ in self._outbox]
+                self.state.to_notify = [run_id for run_id, _ in self._outbox]
                 # The memo is not carried over by itself: without it, runs subscribing after the renewal would
                 # not learn of the limit before their first call.
                 workflow.continue_as_new(self.state, memo=self._memo())
@@ -180,7 +169,6 @@ class ConcurrencyGateWorkflow:
         self._granted: list[str] = []
         self._queued: list[str] = []
         self._signals = 0  # received by this run of the workflow
-        self._signal_budget = False
 
     @workflow.signal
     def acquire(self, request: SlotRequest) -> None:
@@ -217,13 +205,10 @@ class ConcurrencyGateWorkflow:
         return self.state
 
     def _renew_due(self) -> bool:
-        return workflow.info().is_continue_as_new_suggested() or (
-            self._signal_budget and self._signals >= self.state.signals_per_run
-        )
+        return workflow.info().is_continue_as_new_suggested() or (self._signals >= self.state.signals_per_run)
 
     @workflow.run
     async def run(self, state: GateState) -> None:
-        self._signal_budget = workflow.patched(PATCH_SIGNAL_BUDGET)
         while True:
             busy = bool(self.state.holders or self.state.waiting)
             # With runs waiting on a full gate, look now and then for holders that can no longer release
@@ -261,10 +246,9 @@ class ConcurrencyGateWorkflow:
 
     async def _free_slots_of_closed_runs(self) -> None:
         try:
-            closed: list[str] = await workflow.execute_activity(
-                Activity.FIND_CLOSED_WORKFLOWS,
+            closed = await workflow.execute_activity(
+                find_closed_workflows,
                 WorkflowIds(ids=list(self.state.holders)),
-                result_type=list[str],
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=5),
                 summary=f"look for closed holders among {len(self.state.holders)}",

@@ -6,11 +6,12 @@ from datetime import datetime
 from pydantic import Field
 
 from workflows.model import KsquadModel
+from workflows.signals import RunSignal
 
 # Signals the entities send to runs (handled by RunWorkflow).
-CREDENTIAL_THROTTLED = "credential_throttled"
-SLOT_GRANTED = "slot_granted"
-SLOT_QUEUED = "slot_queued"
+CREDENTIAL_THROTTLED = RunSignal.CREDENTIAL_THROTTLED
+SLOT_GRANTED = RunSignal.SLOT_GRANTED
+SLOT_QUEUED = RunSignal.SLOT_QUEUED
 
 
 def credential_workflow_id(key: str) -> str:

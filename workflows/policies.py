@@ -7,7 +7,7 @@ workflow stays replay-safe and each rule is tested on its own, with properties c
 import math
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
@@ -225,7 +225,3 @@ def transition(
     if phase.terminal:
         set_condition(nxt, ConditionType.COMPLETE, True, phase.value, message or "", now, generation)
     return nxt
-
-
-def deadline(now: datetime, seconds: float) -> datetime:
-    return now + timedelta(seconds=seconds)

@@ -1,14 +1,14 @@
-"""The Run resource's spec (group ksquad.io, version v1alpha1) and the workflow's input.
+"""The Run resource's spec (group ksquad.io, version v1alpha1).
 
 The same model validates `kubectl apply` (the CRD schema is generated from it), `ksquad run -f` and the
-workflow's input, so an invalid Run is rejected with the same message, naming the field, wherever it enters.
+workflow's input (`workflows.run.state.RunInput`), so an invalid Run is rejected with the same message, naming
+the field, wherever it enters.
 """
 
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
-from workflows.carry import RunCarry
 from workflows.model import InvalidObject, KsquadModel, field_problems
 
 API_VERSION = "ksquad.io/v1alpha1"
@@ -118,22 +118,6 @@ def parse_run_manifest(data: Any) -> RunManifest:
         return RunManifest.model_validate(data)
     except ValidationError as err:
         raise InvalidObject("Run", field_problems(err)) from None
-
-
-class RunInput(KsquadModel):
-    """What the bridge starts a Run's workflow with."""
-
-    namespace: K8sName
-    name: K8sName
-    uid: str
-    generation: int = 1
-    triggered_by: str | None = None  # the user who created the Run, stamped at admission
-    spec: RunSpec
-    carry: RunCarry | None = None  # set only by the workflow itself when it continues as new
-
-    @property
-    def workflow_id(self) -> str:
-        return run_workflow_id(self.namespace, self.name)
 
 
 def run_workflow_id(namespace: str, name: str) -> str:

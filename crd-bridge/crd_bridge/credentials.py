@@ -13,6 +13,7 @@ from temporalio.service import RPCError
 from crd_bridge.resolve import CREDENTIAL_LABEL
 from kube import ApiError, Kube, Unreachable, path
 from workflows import search_attributes as sa
+from workflows.run import RunWorkflow
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +66,8 @@ class CredentialWatcher:
         query = f"{sa.NAMESPACE.name} = '{namespace}' AND ExecutionStatus = 'Running' AND WorkflowType = 'RunWorkflow'"
         async for workflow in self.temporal.list_workflows(query):
             try:
-                await self.temporal.get_workflow_handle(workflow.id).signal(
-                    "credential_refreshed", f"{namespace}/{secret}"
-                )
+                handle = self.temporal.get_workflow_handle_for(RunWorkflow.run, workflow.id)
+                await handle.signal(RunWorkflow.credential_refreshed, f"{namespace}/{secret}")
                 self.signalled += 1
             except RPCError as err:
                 log.warning("credential_refreshed to %s: %s", workflow.id, err)

@@ -27,8 +27,8 @@ from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
 from workflows.client import CLOSED, start_run
 from workflows.model import InvalidObject
-from workflows.run import RunWorkflow
-from workflows.spec import RunInput, parse_run_spec, run_workflow_id
+from workflows.run import RunInput, RunWorkflow
+from workflows.spec import parse_run_spec, run_workflow_id
 from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
 
 log = logging.getLogger(__name__)
@@ -153,16 +153,16 @@ class RunReconciler:
         if annotation is not None and meta["uid"] not in self.cancel_sent:
             handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
             with contextlib.suppress(RPCError):
-                await handle.signal("cancel", annotation or f"annotation {CANCEL_ANNOTATION}")
+                await handle.signal(RunWorkflow.cancel, annotation or f"annotation {CANCEL_ANNOTATION}")
                 self.cancel_sent.add(meta["uid"])
         pause = meta.get("annotations", {}).get(PAUSE_ANNOTATION)
         if (pause is not None) != self.paused.get(meta["uid"], False):
             handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
             with contextlib.suppress(RPCError):
                 await (
-                    handle.signal("pause", pause or "paused")
+                    handle.signal(RunWorkflow.pause, pause or "paused")
                     if pause is not None
-                    else handle.signal("resume")
+                    else handle.signal(RunWorkflow.resume)
                 )
                 self.paused[meta["uid"]] = pause is not None
         return retry

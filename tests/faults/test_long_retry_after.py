@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.embedded import AGENT, MODEL, NAMESPACE, bench_stack, wait_terminal
-from workflows.run import RATE_LIMITS
+from workflows.run.route import RATE_LIMITS
 
 THREE_DAYS = 3 * 86400
 

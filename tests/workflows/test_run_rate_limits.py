@@ -8,8 +8,8 @@ from temporalio.client import Client
 
 from tests.workflows.world import World, agent, block, ok, rate_limited, run_input, start_run
 from workflows.activity_types import Activity
-from workflows.carry import RunCarry
 from workflows.contract import Resolution
+from workflows.run.state import RunCarry, ThrottleState
 from workflows.status import PauseReason, Phase, RunStatus
 
 
@@ -265,8 +265,7 @@ async def test_a_run_continued_as_new_during_a_limit_resumes_in_one_attempt(
     carried = RunCarry(
         status=RunStatus(phase=Phase.RUNNING, attempt=1, revision=5),
         resolution=Resolution(outcome="resolved", agents=[world.agents["dev-a"]]),
-        throttles={key: until},
-        unplaced={key: until},
+        throttles=ThrottleState(until={key: until}, unplaced=[key]),
     )
     b = await start_run(client, run_input("b", agents=["dev-a"]).model_copy(update={"carry": carried}))
     status = await b.result()

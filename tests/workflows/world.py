@@ -45,8 +45,8 @@ from workflows.activity_types import (
 from workflows.client import connect, register_search_attributes, with_converter
 from workflows.contract import ConcurrencyScope, CredentialRef, ModelRef, Resolution, ResolvedAgent
 from workflows.entity_types import ResumePlaceRequest
-from workflows.run import RunWorkflow
-from workflows.spec import RunInput, parse_run_spec
+from workflows.run import RunInput, RunWorkflow
+from workflows.spec import parse_run_spec
 from workflows.status import PhaseEvent, RunStatus, StatusSnapshot
 
 

@@ -1,0 +1,158 @@
+"""What an attempt holds: the work item's claim (its fence) and the sandbox its agent runs in. Letting go is
+fence-then-release: bump the fence (the old holder's writes are rejected from then on), delete the sandbox and,
+when fenced, confirm it is gone, then release the claim; shielded, so that a cancellation waits for it."""
+
+import asyncio
+from datetime import datetime
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityCancellationType
+
+from workflows.activity_types import (
+    CLAIM_LEASE_SECONDS,
+    SANDBOX_MISCONFIGURED,
+    ClaimRequest,
+    ClaimUpdate,
+    RunRef,
+    Sandbox,
+    SandboxRelease,
+    SandboxRequest,
+    acquire_sandbox,
+    claim_work_item,
+    fence_work_item,
+    release_sandbox,
+    release_work_item,
+    renew_claim,
+)
+from workflows.run.interrupts import ANY_INTERRUPT, Interrupts
+from workflows.run.mirror import StatusMirror
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call
+from workflows.run.outcomes import AttemptFailed, RunFailed, cause
+from workflows.spec import RunSpec
+from workflows.status import ConditionType, WorkItemStatus
+
+# What stops claiming and starting a sandbox: every interrupt (a throttle too: the attempt would only wait).
+
+
+class Holdings:
+    def __init__(
+        self,
+        run: RunRef,
+        spec: RunSpec,
+        claim_fence: int | None,
+        mirror: StatusMirror,
+        interrupts: Interrupts,
+    ) -> None:
+        self.run = run
+        self.work_item = spec.work_item_ref
+        self.claim_seconds = spec.timeouts.claim_seconds
+        self.claim_fence = claim_fence  # carried over continue-as-new (a pause keeps the claim)
+        self.sandbox: Sandbox | None = None
+        self.mirror = mirror
+        self.interrupts = interrupts
+
+    async def claim(self, attempt: int, deadline: datetime) -> int:
+        """Claim the work item for this attempt; returns the fence its writes carry."""
+        ref = self.work_item
+        if ref is None:  # no work item: writes are still fenced, by attempt
+            return attempt
+        request = ClaimRequest(
+            run=self.run, work_item_ref=ref, attempt=attempt, lease_seconds=CLAIM_LEASE_SECONDS
+        )
+        try:
+            claim = await self.interrupts.interruptible(
+                call(claim_work_item, request, deadline=deadline, summary=f"claim {ref}"), ANY_INTERRUPT
+            )
+        except ActivityError as err:
+            raise RunFailed(
+                "ClaimTimeout",
+                f"could not claim {ref} within timeouts.claimSeconds ({self.claim_seconds}s): {cause(err)}",
+            ) from err
+        self.claim_fence = claim.fence
+        self.mirror.status.work_item = WorkItemStatus(ref=ref, fence=claim.fence)
+        self.mirror.condition(ConditionType.WORK_ITEM_CLAIMED, True, "Claimed", f"{ref} fence {claim.fence}")
+        return claim.fence
+
+    async def acquire_sandbox(self, request: SandboxRequest, deadline: datetime, attempt: int) -> Sandbox:
+        try:
+            self.sandbox = await self.interrupts.interruptible(
+                call(
+                    acquire_sandbox,
+                    request,
+                    deadline=deadline,
+                    heartbeat=AGENT_HEARTBEAT_TIMEOUT,
+                    summary=f"sandbox for attempt {attempt}",
+                    cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                ),
+                ANY_INTERRUPT,
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, ApplicationError) and err.cause.type == SANDBOX_MISCONFIGURED:
+                raise RunFailed(SANDBOX_MISCONFIGURED, cause(err)) from err  # what cannot work is not retried
+            raise AttemptFailed("SandboxFailed", cause(err)) from err
+        self.hold_sandbox(self.sandbox)
+        return self.sandbox
+
+    def hold_sandbox(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.mirror.condition(ConditionType.SANDBOX_READY, True, sandbox.kind.capitalize(), sandbox.name)
+        self.mirror.status.sandbox = sandbox.status
+
+    async def teardown(self, fence: bool = True, release: bool = True) -> None:
+        """Fence-then-release. Raises RunFailed when any step cannot be done: a retry must never start while
+        the old holder may still act. Shielded: a cancellation that arrives meanwhile waits until it is done."""
+        steps = asyncio.ensure_future(self._teardown_steps(fence, release))
+        try:
+            await asyncio.shield(steps)
+        except asyncio.CancelledError:
+            await steps
+            raise
+
+    async def _teardown_steps(self, fence: bool, release: bool) -> None:
+        try:
+            if fence and self.claim_fence is not None and self.work_item is not None:
+                update = ClaimUpdate(run=self.run, work_item_ref=self.work_item, fence=self.claim_fence)
+                fenced = await call(fence_work_item, update, summary=f"fence {self.work_item}")
+                self.claim_fence = fenced.fence
+                assert self.mirror.status.work_item is not None
+                self.mirror.status.work_item.fence = fenced.fence
+            await self.release_sandbox(confirm=fence)
+            if release:
+                await self.release_claim()
+        except ActivityError as err:
+            raise RunFailed("TeardownFailed", f"could not fence and release safely: {cause(err)}") from err
+
+    async def release_sandbox(self, confirm: bool) -> None:
+        sandbox = self.sandbox
+        if sandbox is None:
+            return
+        if sandbox.kind != "external":
+            await call(
+                release_sandbox,
+                SandboxRelease(run=self.run, sandbox=sandbox, confirm=confirm),
+                start_to_close=300,
+                heartbeat=AGENT_HEARTBEAT_TIMEOUT,
+                summary=f"delete sandbox {sandbox.name}" + (" and confirm it is gone" if confirm else ""),
+            )
+        self.mirror.condition(ConditionType.SANDBOX_READY, False, "Released", sandbox.name)
+        self.sandbox = None
+        self.mirror.status.sandbox = None
+
+    async def release_claim(self) -> None:
+        ref = self.work_item
+        if ref is None or self.claim_fence is None:
+            return
+        update = ClaimUpdate(run=self.run, work_item_ref=ref, fence=self.claim_fence)
+        await call(release_work_item, update, summary=f"release {ref}")
+        self.mirror.condition(ConditionType.WORK_ITEM_CLAIMED, False, "Released", ref)
+        self.claim_fence = None
+
+    async def renew_for(self, until: datetime) -> None:
+        """A pause holds the claim: extend the lease to cover it (heartbeats are not renewing it)."""
+        ref = self.work_item
+        if ref is None or self.claim_fence is None:
+            return
+        lease = int((until - workflow.now()).total_seconds()) + CLAIM_LEASE_SECONDS
+        update = ClaimUpdate(run=self.run, work_item_ref=ref, fence=self.claim_fence, lease_seconds=lease)
+        await call(renew_claim, update, summary=f"hold {ref} through the pause")

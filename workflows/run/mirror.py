@@ -1,0 +1,135 @@
+"""The status mirror: it owns a Run's status. Every change bumps the revision, updates the search attributes at
+once and is sent to the bridge (`mirror_status`) in the background, coalesced: the latest status wins, and the
+phase events not yet sent go with it."""
+
+import asyncio
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+from workflows import search_attributes as sa
+from workflows.activity_types import BRIDGE_TASK_QUEUE, mirror_status
+from workflows.policies import set_condition, transition
+from workflows.run.state import RunInput
+from workflows.status import (
+    MAX_EVENTS_PER_SNAPSHOT,
+    ConditionType,
+    PauseReason,
+    Phase,
+    PhaseEvent,
+    RunStatus,
+    StatusSnapshot,
+)
+
+FLUSH_SECONDS = (
+    60.0  # at the end (or before continuing as new), wait this long for the last status to be sent
+)
+_MIRROR_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+_UNSET = object()
+
+
+class StatusMirror:
+    def __init__(self, run: RunInput, status: RunStatus) -> None:
+        self.run = run
+        self.status = status
+        self._task: asyncio.Task[None] | None = None
+        self._mirrored_revision = -1
+        self._unsent_events: list[PhaseEvent] = []
+        self._search_attributes: dict[str, Any] = {}
+
+    def move(
+        self,
+        phase: Phase,
+        *,
+        reason: str,
+        message: str,
+        pause_reason: PauseReason | None = None,
+        resume_at: datetime | None = None,
+    ) -> None:
+        now = workflow.now()
+        self.status = transition(
+            self.status,
+            phase,
+            now,
+            reason=reason,
+            message=message,
+            pause_reason=pause_reason,
+            resume_at=resume_at,
+            generation=self.run.generation,
+        )
+        workflow.set_current_details(f"**{phase.value}**: {message}")
+        self._unsent_events.append(
+            PhaseEvent(revision=self.status.revision, phase=phase, reason=reason, message=message, at=now)
+        )
+        self._publish()
+
+    def condition(self, kind: ConditionType, ok: bool, reason: str, message: str) -> None:
+        """Set a condition; it is sent with the next phase change."""
+        set_condition(self.status, kind, ok, reason, message, workflow.now(), self.run.generation)
+
+    async def flush(self) -> None:
+        """Wait (bounded) until the latest status has been sent; past the bound the bridge reconciles it."""
+        try:
+            await workflow.wait_condition(
+                lambda: self._mirrored_revision >= self.status.revision,
+                timeout=FLUSH_SECONDS,
+                timeout_summary="flush the last status",
+            )
+        except TimeoutError:
+            workflow.logger.warning(
+                "status revision %d not mirrored yet; the bridge reconciles it", self.status.revision
+            )
+
+    def _publish(self) -> None:
+        if self.status.revision <= self._mirrored_revision:
+            return
+        self._upsert_search_attributes()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._send())
+
+    async def _send(self) -> None:
+        while self._mirrored_revision < self.status.revision:
+            events, self._unsent_events = self._unsent_events, []
+            snapshot = StatusSnapshot(
+                namespace=self.run.namespace,
+                name=self.run.name,
+                uid=self.run.uid,
+                status=self.status.model_copy(deep=True),
+                events=events[-MAX_EVENTS_PER_SNAPSHOT:],
+                events_dropped=max(0, len(events) - MAX_EVENTS_PER_SNAPSHOT),
+            )
+            try:
+                await workflow.execute_activity(
+                    mirror_status,
+                    snapshot,
+                    task_queue=BRIDGE_TASK_QUEUE,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=_MIRROR_RETRY,
+                    summary=f"mirror status r{snapshot.status.revision}: {snapshot.status.phase.value}",
+                )
+            except ActivityError as err:  # only a non-retryable error ends here; the next change tries again
+                workflow.logger.warning("mirroring status r%d failed: %s", snapshot.status.revision, err)
+            self._mirrored_revision = max(self._mirrored_revision, snapshot.status.revision)
+
+    def _upsert_search_attributes(self) -> None:
+        wanted: dict[str, Any] = {
+            sa.PHASE.name: self.status.phase.value,
+            sa.NAMESPACE.name: self.run.namespace,
+            sa.AGENT.name: self.status.agent,
+            sa.TRIGGERED_BY.name: self.run.triggered_by,
+            sa.RESUME_AT.name: self.status.resume_at,
+            sa.ATTEMPT.name: self.status.attempt,
+        }
+        keys = {k.name: k for k in sa.ALL}
+        updates = []
+        for name, value in wanted.items():
+            if self._search_attributes.get(name, _UNSET) == value:
+                continue
+            self._search_attributes[name] = value
+            key = keys[name]
+            updates.append(key.value_unset() if value is None else key.value_set(value))
+        if updates:
+            workflow.upsert_search_attributes(updates)

@@ -1,0 +1,85 @@
+"""How the Run workflow calls activities: typed stubs (`workflows.activity_types`) with the option presets
+every call picks from. A phase's deadline bounds its activities as a whole; bookkeeping is bounded per try."""
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Literal, TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.workflow import ActivityCancellationType
+
+from workflows.activity_types import EntitySignal, signal_with_start
+from workflows.entity_types import ThrottleNotice
+from workflows.model import KsquadModel
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+AGENT_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+
+# Short activities retry until their phase's deadline (schedule-to-close), with capped backoff.
+RETRY_UNTIL_DEADLINE = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
+# Bookkeeping activities (publish, fence, release, entity signals) are bounded per attempt and by attempts,
+# never by schedule-to-close: that clock includes time spent waiting in the task queue, so a busy worker
+# (thousands of runs resuming) would fail runs whose work was never even tried.
+RETRY_BOOKKEEPING = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=10
+)
+
+EntityKind = Literal["CredentialThrottle", "ConcurrencyGate"]
+
+
+async def call(
+    stub: Callable[[A], Awaitable[R]],
+    arg: A,
+    *,
+    summary: str,
+    task_queue: str | None = None,
+    deadline: datetime | None = None,
+    start_to_close: float = 60,
+    heartbeat: timedelta | None = None,
+    retry: RetryPolicy | None = None,
+    cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+) -> R:
+    """Run the activity `stub` names. A `deadline` (a phase's bound, from the Run's timeouts) bounds it as a
+    whole, queue time and retries included; without one it gets `start_to_close` per try and
+    RETRY_BOOKKEEPING's tries."""
+    schedule_to_close = None
+    if deadline is not None:
+        schedule_to_close = timedelta(seconds=max(1.0, (deadline - workflow.now()).total_seconds()))
+    return await workflow.execute_activity(
+        stub,
+        arg,
+        task_queue=task_queue,
+        schedule_to_close_timeout=schedule_to_close,
+        start_to_close_timeout=timedelta(seconds=start_to_close),
+        heartbeat_timeout=heartbeat,
+        retry_policy=retry or (RETRY_UNTIL_DEADLINE if deadline is not None else RETRY_BOOKKEEPING),
+        cancellation_type=cancellation_type,
+        summary=summary,
+    )
+
+
+async def entity_signal(
+    kind: EntityKind, workflow_id: str, signal: str, arg: KsquadModel
+) -> ThrottleNotice | None:
+    """Signal-with-start an entity workflow (a credential's throttle, a concurrency gate). Two short RPCs from
+    this worker's own client: as a local activity the server dispatches no task and records one marker."""
+    message = EntitySignal(
+        workflow=kind, workflow_id=workflow_id, signal=signal, arg=arg.model_dump(mode="json")
+    )
+    return await workflow.execute_local_activity(
+        signal_with_start,
+        message,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RETRY_BOOKKEEPING,
+        summary=f"{signal} -> {workflow_id}",
+    )
+
+
+def later(seconds: float) -> datetime:
+    """The workflow's clock `seconds` from now (a phase's deadline)."""
+    return workflow.now() + timedelta(seconds=seconds)

@@ -1,0 +1,56 @@
+"""What a Run's workflow starts with, and what it carries when it continues as new: the state of each part
+(the status mirror's status, the throttles', the held claim's fence, the route), never a copy of it."""
+
+from datetime import datetime
+
+from pydantic import Field
+
+from workflows.contract import Resolution
+from workflows.model import KsquadModel
+from workflows.spec import K8sName, RunSpec, run_workflow_id
+from workflows.status import RunStatus
+
+
+class ThrottleState(KsquadModel):
+    """The credential limits a run knows of (`workflows.run.throttles`)."""
+
+    # per credential key: no call before this instant (the provider's limit, or this run's place after it)
+    until: dict[str, datetime] = Field(default_factory=dict)
+    strikes: dict[str, int] = Field(default_factory=dict)  # limits in a row, per key
+    unplaced: list[str] = Field(default_factory=list)  # keys whose limit this run has no place after yet
+
+
+class Route(KsquadModel):
+    """The agent and model a run is on (`RunWorkflow` moves it: fallback, re-route)."""
+
+    agent_index: int = 0
+    on_fallback: bool = False
+    consecutive_limits: int = 0
+
+
+class RunCarry(KsquadModel):
+    """What a continued-as-new run carries over (taken only between attempts: no activity in flight, no
+    sandbox held)."""
+
+    status: RunStatus
+    resolution: Resolution | None = None
+    route: Route = Field(default_factory=Route)
+    throttles: ThrottleState = Field(default_factory=ThrottleState)
+    slots: list[str] = Field(default_factory=list)  # concurrency scopes whose slot the run holds
+    claim_fence: int | None = None
+
+
+class RunInput(KsquadModel):
+    """What the bridge (or the embedded stack) starts a Run's workflow with."""
+
+    namespace: K8sName
+    name: K8sName
+    uid: str
+    generation: int = 1
+    triggered_by: str | None = None  # the user who created the Run, stamped at admission
+    spec: RunSpec
+    carry: RunCarry | None = None  # set only by the workflow itself when it continues as new
+
+    @property
+    def workflow_id(self) -> str:
+        return run_workflow_id(self.namespace, self.name)

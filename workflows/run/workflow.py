@@ -1,0 +1,530 @@
+"""RunWorkflow: one Run's whole lifecycle as a durable Temporal workflow.
+
+    Pending -> Queued? -> Claiming -> Running -> Succeeded | Failed | Cancelled, plus Paused and Cancelling.
+
+Durable timers implement rate-limit resume, retry backoff and every phase's timeout; activities (typed stubs,
+`workflows.activity_types`) do the side effects. The parts, each owning its state (`workflows.run.state`):
+the status mirror (status, revision, events, search attributes), the throttles (credential limits and the
+resume ramp), the holdings (claim and sandbox, fence-then-release), the interrupt slot. The flow, in `_lifecycle`:
+
+1. Pending: resolve references (bridge activity); missing ones are named in a condition and waited for.
+2. Queued: take a slot of every concurrency scope (namespace, Team, Project) from its gate workflow.
+3. Attempts, until success or the retry budget is spent. Each attempt: wait while the credential is
+   throttled (no calls), claim the work item (a new fence), get a sandbox, invoke the agent in turns
+   (a fallback model, input or a refreshed credential continue the same attempt), publish outputs.
+   A failure fences the claim, deletes the sandbox and confirms it is gone, releases the claim, backs off.
+4. Cancellation (Temporal cancel, or the `cancel` signal) interrupts any phase; teardown then runs to the
+   end, shielded from further interruption.
+"""
+
+import asyncio
+import functools
+from collections.abc import Callable
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.workflow import ActivityCancellationType
+
+from workflows.activity_types import (
+    AgentError,
+    AgentInvocation,
+    AgentResult,
+    ContinueTask,
+    FailureDetails,
+    OutputsRequest,
+    RateLimitDetails,
+    RunRef,
+    Sandbox,
+    SandboxRequest,
+    TaskPause,
+    invoke_agent,
+    publish_outputs,
+)
+from workflows.entity_types import (
+    DEFAULT_RESUME_PER_SECOND,
+    SlotNotice,
+    ThrottleNotice,
+)
+from workflows.policies import (
+    equal_jitter_backoff,
+)
+from workflows.run.gates import Gates
+from workflows.run.holdings import Holdings
+from workflows.run.interrupts import (
+    ANY_INTERRUPT,
+    CANCEL_OR_PAUSE,
+    Interrupt,
+    Interrupted,
+    Interrupts,
+    PhaseTimeout,
+)
+from workflows.run.mirror import StatusMirror
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, later
+from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause
+from workflows.run.references import References
+from workflows.run.route import Router
+from workflows.run.state import RunCarry, RunInput
+from workflows.run.throttles import Throttles
+from workflows.signals import STATE_QUERY, RunSignal
+from workflows.status import PauseReason, Phase, RunStatus, WorkflowRef
+
+_AGENT_ERRORS = {e.value for e in AgentError}
+
+
+@workflow.defn(name="RunWorkflow")
+class RunWorkflow:
+    @workflow.init
+    def __init__(self, input: RunInput) -> None:
+        self.run_input = input
+        self.spec = input.spec
+        self.run_ref = RunRef(
+            namespace=input.namespace, name=input.name, uid=input.uid, triggered_by=input.triggered_by
+        )
+        carry = input.carry or RunCarry(status=RunStatus(triggered_by=input.triggered_by))
+        self.mirror = StatusMirror(input, carry.status)
+        self.interrupts = Interrupts()
+        self.throttles = Throttles(carry.throttles, input.workflow_id)
+        self.route = Router(input, carry.route, carry.resolution, self.mirror, self.throttles)
+        self.gates = Gates(
+            carry.slots, input.workflow_id, self.spec.timeouts.queued_seconds, self.mirror, self.interrupts
+        )
+        self.references = References(self.run_ref, self.spec, self.mirror, self.interrupts)
+        self.held = Holdings(self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts)
+        self.resume_requested = False
+        self.credential_refreshes = 0  # rotations of this run's credential seen so far
+        self.pending_input: str | None = None
+        self.cancel_reason = ""
+        self.pause_message: str | None = None  # the `pause` signal's reason, shown while Paused(Manual)
+
+    @property
+    def status(self) -> RunStatus:
+        return self.mirror.status
+
+    # --- signals and query --------------------------------------------------------------------------------
+
+    @workflow.signal(name=RunSignal.CANCEL)
+    def cancel(self, reason: str | None = None) -> None:
+        """Cancel the run from any phase (also: `temporal workflow cancel`, kubectl delete, the annotation)."""
+        self.cancel_reason = reason or "cancel requested"
+        self.interrupts.pending = Interrupt.CANCEL
+
+    @workflow.signal(name=RunSignal.PAUSE)
+    def pause(self, reason: str | None = None) -> None:
+        self.pause_message = reason
+        if self.interrupts.pending is None and self.status.phase != Phase.PAUSED:
+            self.interrupts.pending = Interrupt.PAUSE
+        self.resume_requested = False
+
+    @workflow.signal(name=RunSignal.RESUME)
+    def resume(self) -> None:
+        if self.interrupts.pending == Interrupt.PAUSE:
+            self.interrupts.pending = None  # the pause had not taken effect yet
+        self.resume_requested = True
+
+    @workflow.signal(name=RunSignal.CREDENTIAL_REFRESHED)
+    def credential_refreshed(self, credential: str | None = None) -> None:
+        """A credential was rotated; `credential` ("<namespace>/<secret>") names which, None means any."""
+        if credential is None or credential == self.route.credential_key():
+            self.credential_refreshes += 1
+
+    @workflow.signal(name=RunSignal.INPUT)
+    def input(self, text: str) -> None:
+        self.pending_input = text
+
+    @workflow.signal(name=RunSignal.REFERENCES_UPDATED)
+    def references_updated(self) -> None:
+        """From the bridge: an object this run may reference changed; resolve again now."""
+        self.references.changed = True
+
+    @workflow.signal(name=RunSignal.CREDENTIAL_THROTTLED)
+    def credential_throttled(self, notice: ThrottleNotice) -> None:
+        self.throttles.noticed(notice)
+        in_flight = self.status.phase in (Phase.CLAIMING, Phase.RUNNING)
+        # A notice of a limit that has already ended (it crossed the run's own resumption) stops nothing.
+        expired = notice.until <= workflow.now()
+        if (
+            in_flight
+            and not expired
+            and self.interrupts.pending is None
+            and notice.key == self.route.credential_key()
+        ):
+            self.interrupts.pending = Interrupt.THROTTLED
+
+    @workflow.signal(name=RunSignal.SLOT_GRANTED)
+    def slot_granted(self, notice: SlotNotice) -> None:
+        self.gates.granted(notice)
+
+    @workflow.signal(name=RunSignal.SLOT_QUEUED)
+    def slot_queued(self, notice: SlotNotice) -> None:
+        self.gates.queued_at(notice)
+
+    @workflow.query(name=STATE_QUERY)
+    def state(self) -> RunStatus:
+        return self.status
+
+    # --- the lifecycle ------------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, input: RunInput) -> RunStatus:
+        info = workflow.info()
+        self.status.workflow = WorkflowRef(id=info.workflow_id, run_id=info.run_id)
+        if input.carry is None:
+            self.mirror.move(Phase.PENDING, reason="Created", message="resolving references")
+        try:
+            await self._lifecycle()
+        except (asyncio.CancelledError, Interrupted) as err:
+            if isinstance(err, Interrupted) and err.kind != Interrupt.CANCEL:
+                raise AssertionError(f"unhandled interrupt {err.kind}") from err
+            temporal_cancel = isinstance(err, asyncio.CancelledError)
+            await self._cancel_teardown(
+                "cancelled through Temporal" if temporal_cancel else self.cancel_reason
+            )
+            await self._finish()
+            if temporal_cancel:
+                raise  # the workflow ends Canceled in Temporal too
+            return self.status
+        except RunFailed as err:
+            message = err.message
+            try:
+                await self.held.teardown()
+            except RunFailed as teardown:
+                message = f"{message}; {teardown.message}"
+            self.mirror.move(Phase.FAILED, reason=err.reason, message=message)
+        except FailureError as err:
+            # Anything else that failed for good (an activity past its retries): the run ends Failed with the
+            # reason on its status, not a failed workflow behind a Run that keeps showing its last phase.
+            message = (
+                f"{err.message}: {err.cause}" if err.cause is not None and str(err.cause) else err.message
+            )
+            try:
+                await self.held.teardown()
+            except (RunFailed, FailureError) as teardown:
+                message = f"{message}; teardown: {getattr(teardown, 'message', teardown)}"
+            self.mirror.move(Phase.FAILED, reason="InternalError", message=message[:2000])
+        await self._finish()
+        return self.status
+
+    async def _lifecycle(self) -> None:
+        await self._resolve()
+        for notice in await self.throttles.subscribe(self.route.credential_keys()):
+            self.credential_throttled(notice)  # limited right now: pause before the first call
+        await self._admit()
+        while True:
+            if workflow.info().is_continue_as_new_suggested():
+                await self._continue_as_new()
+            try:
+                await self._attempt()
+                return
+            except RateLimitPause as pause:  # the agent's task ended (FAILED): nothing to fence
+                await self.held.teardown(fence=False, release=False)
+                await self.held.renew_for(pause.until)
+            except Reroute as reroute:
+                await self.held.teardown()
+                self.route.reroute(reroute.agent_index)
+                self.mirror.move(Phase.CLAIMING, reason="Rerouted", message=reroute.message)
+            except Interrupted as interrupted:
+                if interrupted.kind == Interrupt.CANCEL:
+                    raise
+                # The agent was stopped mid-task: fence its writes, keep the claim through the pause.
+                await self.held.teardown(fence=True, release=False)
+                if interrupted.kind == Interrupt.PAUSE:
+                    await self._manual_pause()
+                else:  # throttled by another run's limit
+                    await self.held.renew_for(
+                        self.throttles.until(self.route.credential_key()) or workflow.now()
+                    )
+            except AttemptFailed as failed:
+                await self.held.teardown()
+                await self._retry_or_fail(failed)
+
+    async def _attempt(self) -> None:
+        await self._wait_while_throttled()
+        self.status.attempt += 1
+        attempt = self.status.attempt
+        agent = self.route.agent()
+        self.status.agent, self.status.model = agent.name, self.route.model().name
+        self.mirror.move(Phase.CLAIMING, reason="Claiming", message=f"attempt {attempt}: claiming")
+        claim_deadline = later(self.spec.timeouts.claim_seconds)
+        fence = await self.held.claim(attempt, claim_deadline)
+        if agent.endpoint:  # an already-running A2A agent: nothing to make
+            sandbox = Sandbox(name=agent.name, kind="external", endpoint=agent.endpoint)
+            self.held.hold_sandbox(sandbox)
+        else:
+            timeout = max(1, int((claim_deadline - workflow.now()).total_seconds()))
+            request = SandboxRequest(
+                contract=self.route.contract(attempt, fence),
+                policy=self.spec.sandbox_policy,
+                timeout_seconds=timeout,
+                run_seconds=self.spec.timeouts.run_seconds,
+            )
+            sandbox = await self.held.acquire_sandbox(request, claim_deadline, attempt)
+        self.mirror.move(
+            Phase.RUNNING, reason="Running", message=f"attempt {attempt}: {agent.name} on {sandbox.name}"
+        )
+        result = await self._invoke(attempt, fence, sandbox)
+        outputs = OutputsRequest(
+            run=self.run_ref, attempt=attempt, fence=fence, outputs=result.outputs, artifacts=result.artifacts
+        )
+        published = await call(publish_outputs, outputs, summary="publish outputs")
+        self.status.outputs = published.outputs
+        self.status.artifacts = result.artifacts
+        await self.held.release_sandbox(confirm=False)
+        await self.held.release_claim()
+        await self.throttles.cleared(self.route.credential_key())
+        self.mirror.move(
+            Phase.SUCCEEDED, reason="Succeeded", message=result.summary or f"attempt {attempt} succeeded"
+        )
+
+    # --- Pending: references ------------------------------------------------------------------------------
+
+    async def _resolve(self) -> None:
+        while self.route.resolution is None:
+            try:
+                self.route.resolution = await self.references.resolve()
+            except Interrupted as interrupted:
+                await self._pause_or_raise(interrupted, Phase.PENDING)
+
+    # --- Queued: concurrency gates ------------------------------------------------------------------------
+
+    async def _admit(self) -> None:
+        assert self.route.resolution is not None
+        for scope in sorted(
+            self.route.resolution.scopes, key=lambda s: s.key
+        ):  # one global order: no deadlock
+            while scope.key not in self.gates.slots:
+                try:
+                    await self.gates.request(scope)
+                except Interrupted as interrupted:
+                    await self._pause_or_raise(interrupted, Phase.QUEUED)
+
+    # --- Running ------------------------------------------------------------------------------------------
+
+    async def _invoke(self, attempt: int, fence: int, sandbox: Sandbox) -> AgentResult:
+        """The agent's task, in turns: a fallback model, input or a refreshed credential continue it."""
+        run_deadline = later(self.spec.timeouts.run_seconds)
+        turn = 0
+        follow_up: ContinueTask | None = None
+        uid = self.run_input.uid
+        while True:
+            message_id = f"{uid}-a{attempt}" + (f"-t{turn}" if turn else "")
+            refreshes_before_call = self.credential_refreshes
+            invocation = AgentInvocation(
+                contract=self.route.contract(attempt, fence),
+                endpoint=sandbox.endpoint,
+                message_id=message_id,
+                context_id=f"{uid}-a{attempt}",
+                continue_task=follow_up,
+            )
+            remaining = (run_deadline - workflow.now()).total_seconds()
+            agent_call = call(
+                invoke_agent,
+                invocation,
+                start_to_close=max(1.0, remaining),
+                heartbeat=AGENT_HEARTBEAT_TIMEOUT,
+                retry=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    maximum_attempts=5,
+                    non_retryable_error_types=list(_AGENT_ERRORS),
+                ),
+                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                summary=f"{self.route.agent().name}: {self.route.model().name}, message {message_id}",
+            )
+            try:
+                result = await self.interrupts.interruptible(
+                    agent_call,
+                    ANY_INTERRUPT,
+                    timeout=max(0.001, remaining),
+                    deadline_summary=f"attempt {attempt}: timeouts.runSeconds",
+                )
+                self.route.answered()
+                return result
+            except PhaseTimeout as err:
+                raise AttemptFailed(
+                    "RunTimeout",
+                    f"attempt {attempt} ran past timeouts.runSeconds ({self.spec.timeouts.run_seconds}s)",
+                ) from err
+            except ActivityError as err:
+                app = err.cause if isinstance(err.cause, ApplicationError) else None
+                kind = app.type if app is not None else None
+                details = app.details[0] if app is not None and app.details else {}
+                if kind == AgentError.RATE_LIMITED:
+                    await self.route.on_rate_limit(RateLimitDetails.model_validate(details))
+                    turn, follow_up = turn + 1, None  # the fallback model answers a fresh message
+                    continue
+                if kind not in (AgentError.INPUT_REQUIRED, AgentError.CREDENTIAL_EXPIRED):
+                    if app is not None and kind in _AGENT_ERRORS:
+                        message = FailureDetails.model_validate(details).message if details else app.message
+                        raise AttemptFailed(str(kind), message) from err
+                    raise AttemptFailed("AgentUnavailable", cause(err)) from err
+                # The agent's task waits: pause (the running time stops), then continue the same task.
+                task = TaskPause.model_validate(details)
+                paused_since = workflow.now()
+                text = ""
+                if kind == AgentError.INPUT_REQUIRED:
+                    text = await self._wait_for_input(task)
+                else:
+                    await self._wait_for_credential(task, refreshes_before_call)
+                run_deadline += workflow.now() - paused_since
+                turn += 1
+                follow_up = ContinueTask(task_id=task.task_id, context_id=task.context_id, text=text)
+                message = f"attempt {attempt}: {self.route.agent().name} continues its task"
+                self.mirror.move(Phase.RUNNING, reason="Resumed", message=message)
+
+    # --- Paused -------------------------------------------------------------------------------------------
+
+    async def _wait_while_throttled(self) -> None:
+        """Paused(RateLimited) until the credential's resumeAt: one durable timer, no calls meanwhile."""
+        while True:
+            key = self.route.credential_key()
+            await self.throttles.take_place(
+                key, self.route.model().resume_per_second or DEFAULT_RESUME_PER_SECOND
+            )
+            until = self.throttles.until(key)
+            now = workflow.now()
+            if until is None or until <= now:
+                # A notice that came while no attempt was in flight (a continued-as-new run's status still says
+                # Running when it subscribes again) has been waited out here: it must not end the next attempt.
+                if self.interrupts.pending == Interrupt.THROTTLED:
+                    self.interrupts.pending = None
+                return
+            if self.status.phase != Phase.PAUSED or self.status.resume_at != until:
+                self.mirror.move(
+                    Phase.PAUSED,
+                    pause_reason=PauseReason.RATE_LIMITED,
+                    reason="RateLimited",
+                    resume_at=until,
+                    message=f"{key} is rate limited; resuming at {until.isoformat()}",
+                )
+            try:
+                await self.interrupts.interruptible(
+                    workflow.wait_condition(
+                        functools.partial(self.throttles.moved, key, until),
+                        timeout=(until - now).total_seconds(),
+                        timeout_summary=f"rate limited: resume at {until.isoformat()}",
+                    ),
+                    CANCEL_OR_PAUSE,
+                )
+            except TimeoutError:
+                pass
+            except Interrupted as interrupted:
+                await self._pause_or_raise(interrupted)
+
+    async def _pause_or_raise(self, interrupted: Interrupted, next_phase: Phase = Phase.CLAIMING) -> None:
+        if interrupted.kind != Interrupt.PAUSE:
+            raise interrupted
+        await self._manual_pause(next_phase)
+
+    async def _manual_pause(self, next_phase: Phase = Phase.CLAIMING) -> None:
+        """Paused(Manual) until `resume`, or Failed after timeouts.pausedSeconds."""
+        self.resume_requested = False
+        limit = self.spec.timeouts.paused_seconds
+        message = self.pause_message or "paused by request"
+        self.mirror.move(Phase.PAUSED, pause_reason=PauseReason.MANUAL, reason="Paused", message=message)
+        await self.held.renew_for(later(limit))
+        await self._wait_signal(lambda: self.resume_requested, limit, RunSignal.RESUME, "wait for resume")
+        self.resume_requested = False
+        self.mirror.move(next_phase, reason="Resumed", message="resumed by request")
+
+    async def _wait_for_input(self, task: TaskPause) -> str:
+        self.pending_input = None
+        message = task.message or "the agent needs input"
+        self.mirror.move(
+            Phase.PAUSED, pause_reason=PauseReason.INPUT_REQUIRED, reason="InputRequired", message=message
+        )
+        limit = self.spec.timeouts.paused_seconds
+        await self._wait_signal(
+            lambda: self.pending_input is not None, limit, RunSignal.INPUT, "wait for input"
+        )
+        text, self.pending_input = self.pending_input or "", None
+        return text
+
+    async def _wait_for_credential(self, task: TaskPause, refreshes_before_call: int) -> None:
+        """Paused(CredentialExpired) until the credential rotates. A rotation that arrived while the refused
+        call was still under way counts: the run goes on at once instead of waiting for another."""
+        if self.credential_refreshes > refreshes_before_call:
+            return
+        message = task.message or f"credential of {self.route.model().name} was refused"
+        self.mirror.move(
+            Phase.PAUSED,
+            pause_reason=PauseReason.CREDENTIAL_EXPIRED,
+            reason="CredentialExpired",
+            message=message,
+        )
+        await self._wait_signal(
+            lambda: self.credential_refreshes > refreshes_before_call,
+            self.spec.timeouts.paused_seconds,
+            RunSignal.CREDENTIAL_REFRESHED,
+            "wait for a refreshed credential",
+        )
+
+    async def _wait_signal(self, arrived: Callable[[], bool], limit: int, signal: str, summary: str) -> None:
+        try:
+            await self.interrupts.interruptible(
+                workflow.wait_condition(arrived, timeout=limit, timeout_summary=summary),
+                frozenset({Interrupt.CANCEL}),
+            )
+        except TimeoutError as err:
+            raise RunFailed(
+                f"{self.status.pause_reason}Timeout",
+                f"no `{signal}` signal within timeouts.pausedSeconds ({limit}s)",
+            ) from err
+
+    # --- retries ------------------------------------------------------------------------------------------
+
+    async def _retry_or_fail(self, failed: AttemptFailed) -> None:
+        policy = self.spec.retry_policy
+        self.status.retries += 1
+        retry = self.status.retries
+        if retry > policy.max_retries:
+            raise RunFailed(failed.reason, f"{failed.message} (after {policy.max_retries} retries)")
+        delay = equal_jitter_backoff(
+            retry, policy.backoff_seconds, policy.max_backoff_seconds, workflow.random().random()
+        )
+        resume_at = later(delay)
+        self.mirror.move(
+            Phase.PENDING,
+            reason="RetryBackoff",
+            resume_at=resume_at,
+            message=f"attempt {self.status.attempt} failed ({failed.reason}: {failed.message}); "
+            f"retry {retry} of {policy.max_retries} at {resume_at.isoformat()}",
+        )
+        try:
+            await self.interrupts.interruptible(
+                workflow.sleep(delay, summary=f"backoff before retry {retry}"), CANCEL_OR_PAUSE
+            )
+        except Interrupted as interrupted:
+            await self._pause_or_raise(interrupted)
+
+    # --- the end ------------------------------------------------------------------------------------------
+
+    async def _cancel_teardown(self, reason: str) -> None:
+        """Shielded: runs to the end whatever else is signalled; the agent's task was cancelled already."""
+        self.interrupts.pending = None
+        self.mirror.move(Phase.CANCELLING, reason="Cancelling", message=reason)
+        try:
+            await self.held.teardown()
+        except RunFailed as teardown:
+            reason = f"{reason}; {teardown.message}"
+        await self.gates.withdraw_queued()
+        self.mirror.move(Phase.CANCELLED, reason="Cancelled", message=reason)
+
+    async def _finish(self) -> None:
+        """Free the run's slots and subscriptions, then flush the last status (bounded)."""
+        await self.gates.release_all()
+        await self.throttles.unsubscribe_all()
+        await self.mirror.flush()
+
+    async def _continue_as_new(self) -> None:
+        await self.mirror.flush()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        carry = RunCarry(
+            status=self.status,
+            resolution=self.route.resolution,
+            route=self.route.state,
+            throttles=self.throttles.state,
+            slots=self.gates.slots,
+            claim_fence=self.held.claim_fence,
+        )
+        workflow.continue_as_new(self.run_input.model_copy(update={"carry": carry}))
