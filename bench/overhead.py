@@ -26,8 +26,8 @@ from temporalio.worker import Worker
 
 from bench.bare import BARE_TASK_QUEUE, BareWorkflow, noop
 from bench.stats import percentiles, report
+from dev.stack import DevStack
 from tests.support.embedded import NAMESPACE, bench_stack, run_docs
-from worker.dev import DevStack
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the marker a local activity leaves in the history
 

@@ -12,6 +12,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from dev.devserver import DevServer
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.isolate import isolated
 from tests.support.agents import model as model  # the scripted model, a fixture for every test
@@ -21,7 +22,6 @@ from tests.support.fault_counts import record_counts
 from tests.support.postgres import PostgresServer
 from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
 from tests.support.temporal import start_time_skipping
-from worker.devserver import DevServer
 
 
 @pytest.fixture(scope="session")

@@ -24,13 +24,13 @@ import yaml
 from temporalio.client import Client
 
 from activities.store import Store
+from dev.devserver import DevServer
 from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
 from tests.cluster.images import AGENT_IMAGE, KSQUAD_IMAGE
 from tests.cluster.isolate import NODE_ADDRESS
 from tests.support.agents import MODEL_KEY, ModelEndpoint
 from tests.support.chart import CHART
 from tests.support.postgres import PostgresServer
-from worker.devserver import DevServer
 from workflows.status import Phase
 
 ROOT = Path(__file__).parents[2]

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import yaml
 
+from dev.binaries import die_with_parent, find_binary
 from tests.cluster.isolate import NODE_ADDRESS, isolated
 from tests.cluster.node import Node
 from tests.cluster.pki import KeyPair, Pki
-from worker.binaries import die_with_parent, find_binary
 
 log = logging.getLogger(__name__)
 

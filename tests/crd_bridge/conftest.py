@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from dev.devserver import DevServer
 from kube import Config, Kube
 from tests.cluster.controlplane import ControlPlane
 from tests.support.agents import ModelEndpoint
 from tests.support.stack import RUN_API, Stack, build_stack
-from worker.devserver import DevServer
 
 __all__ = ["RUN_API", "Stack", "StackFactory"]
 

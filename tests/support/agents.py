@@ -16,9 +16,9 @@ import pytest
 from mcp.server.mcpserver import Context, MCPServer
 
 from agent.scripted_model import ScriptedModel, build_app
+from dev.binaries import die_with_parent
 from tests.cluster.isolate import service_address
 from tests.support.asgi import free_port, serving
-from worker.binaries import die_with_parent
 from workflows.contract import (
     CredentialRef,
     ExecutionContract,
