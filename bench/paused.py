@@ -33,7 +33,7 @@ from typing import Any
 from bench.stats import percentiles, report
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevStack
-from tests.support.embedded import (
+from testbed.embedded import (
     NAMESPACE,
     bench_stack,
     rss_mb,

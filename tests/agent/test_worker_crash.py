@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.store import Holder, Store
 from dev.devserver import DevServer
-from tests.support.agents import AgentFactory, ModelEndpoint, contract
+from testbed.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
 from workflows.activity_types import AgentInvocation
 from workflows.client import connect

@@ -9,7 +9,7 @@ from typing import Any
 from temporalio.client import Client
 
 from dev.stack import DevStack
-from tests.support.embedded import NAMESPACE, run_docs
+from testbed.embedded import NAMESPACE, run_docs
 from workflows.status import Phase
 
 

@@ -11,8 +11,8 @@ import httpx
 
 from dev.binaries import die_with_parent
 from dev.devserver import DevServer
-from tests.support.asgi import free_port
-from tests.support.postgres import PostgresServer
+from testbed.asgi import free_port
+from testbed.postgres import PostgresServer
 
 WORKER = str(Path(sys.executable).with_name("ksquad-worker"))
 

@@ -1,11 +1,11 @@
 """A real Kubernetes cluster for the tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and
-a node (tests/cluster/node.py: kubelet, containerd, kube-proxy) that runs pods in containers.
+a node (testbed/node.py: kubelet, containerd, kube-proxy) that runs pods in containers.
 
 The binaries come from `build-control-plane.sh` (built once from the Go module proxy, cached outside the
 clone). Authorization is Node and RBAC; the admin authenticates with a client certificate in
 `system:masters`, every component with its own certificate (the controller manager then with per-controller
 service-account credentials), as in a real cluster. It runs inside the test session's namespaces
-(tests/cluster/isolate.py): the API server listens on the node's address too, where pods reach it through
+(testbed/isolate.py): the API server listens on the node's address too, where pods reach it through
 the `kubernetes` Service.
 """
 
@@ -29,9 +29,9 @@ from pathlib import Path
 import yaml
 
 from dev.binaries import die_with_parent, find_binary
-from tests.cluster.isolate import NODE_ADDRESS, isolated
-from tests.cluster.node import Node
-from tests.cluster.pki import KeyPair, Pki
+from testbed.isolate import NODE_ADDRESS, isolated
+from testbed.node import Node
+from testbed.pki import KeyPair, Pki
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def hold_lock(root: Path) -> int:
 
 def sweep_abandoned(directory: Path | None = None) -> None:
     """Remove what earlier sessions that were killed left on disk (containerd's unpacked images among it: hundreds
-    of megabytes each). Their processes and mounts died with their namespaces (tests/cluster/isolate.py); a
+    of megabytes each). Their processes and mounts died with their namespaces (testbed/isolate.py); a
     directory whose lock nobody holds is abandoned. Kept ones (KSQUAD_KEEP_CLUSTER) stay."""
     for root in (directory or Path(tempfile.gettempdir())).glob(f"{ROOT_PREFIX}*"):
         lock = root / LOCK
@@ -277,7 +277,7 @@ class ControlPlane:
         log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)
 
     def start_node(self) -> None:
-        """The node: containerd, the kubelet and kube-proxy (tests/cluster/node.py); until it is Ready."""
+        """The node: containerd, the kubelet and kube-proxy (testbed/node.py); until it is Ready."""
         self.node = Node(self)
         self.node.start()
 
@@ -415,7 +415,7 @@ class ControlPlane:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-# A cluster to poke at by hand: python -m tests.cluster.isolate python -m tests.cluster.controlplane
+# A cluster to poke at by hand: python -m testbed.isolate python -m testbed.controlplane
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # delivered to sigwait below

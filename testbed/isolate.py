@@ -1,6 +1,6 @@
 """Run a command (the test session) in network, PID and mount namespaces of its own.
 
-    python -m tests.cluster.isolate pytest ...        # what `make pytest` does
+    python -m testbed.isolate pytest ...        # what `make pytest` does
 
 Why: the test cluster's pods get addresses on a bridge, and its servers (Temporal, PostgreSQL, the scripted
 model) must be reachable from those pods. Inside a network namespace the test bed created, the bridge, the
@@ -86,17 +86,17 @@ def main(argv: list[str]) -> int:
         os.environ[MARKER] = "1"
         return _pid1(argv[1:])
     if not argv:
-        sys.exit("usage: python -m tests.cluster.isolate COMMAND [ARG...]")
+        sys.exit("usage: python -m testbed.isolate COMMAND [ARG...]")
     if isolated() or os.geteuid() != 0:
         if os.geteuid() != 0:
             print(
-                "tests.cluster.isolate: not root: running without the test bed's namespaces "
+                "testbed.isolate: not root: running without the test bed's namespaces "
                 "(the tests that need the cluster will fail and say why)",
                 file=sys.stderr,
             )
         os.execvp(argv[0], argv)
     unshare = ["unshare", "--net", "--pid", "--mount", "--fork", "--mount-proc", "--propagation", "private"]
-    os.execvp(unshare[0], [*unshare, sys.executable, "-m", "tests.cluster.isolate", "--inside", *argv])
+    os.execvp(unshare[0], [*unshare, sys.executable, "-m", "testbed.isolate", "--inside", *argv])
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The test cluster's node: a real kubelet that runs pods in containers through containerd and runc, and
 kube-proxy for Services.
 
-Everything runs inside the test session's namespaces (tests/cluster/isolate.py): pods get addresses on the
+Everything runs inside the test session's namespaces (testbed/isolate.py): pods get addresses on the
 bridge `ksq0` through the CNI bridge plugin (Debian's containernetworking-plugins), the node is NODE_ADDRESS.
-Images come from `make images` (tests/cluster/images.py), imported into containerd; nothing is pulled.
+Images come from `make images` (testbed/images.py), imported into containerd; nothing is pulled.
 
 What differs from a production node, on purpose:
 - RuntimeClass handlers `runsc` (gVisor) and `kata` map to runc: the objects and their admission are real, the
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from tests.cluster import images
-from tests.cluster.isolate import BRIDGE, NODE_ADDRESS, POD_RANGE, POD_SUBNET, isolated
+from testbed import images
+from testbed.isolate import BRIDGE, NODE_ADDRESS, POD_RANGE, POD_SUBNET, isolated
 
 if TYPE_CHECKING:
-    from tests.cluster.controlplane import ControlPlane
+    from testbed.controlplane import ControlPlane
 
 log = logging.getLogger(__name__)
 NODE_NAME = "ksquad-node"
@@ -180,7 +180,7 @@ class Node:
             raise NodeError(
                 "the test cluster's node runs pods in containers on a network of its own: run the tests through "
                 "`make test` / `make pytest` (as root), which starts them in their own namespaces "
-                "(python -m tests.cluster.isolate pytest ...)"
+                "(python -m testbed.isolate pytest ...)"
             )
         for program in ("containerd", "runc", "ctr"):
             if shutil.which(program) is None:

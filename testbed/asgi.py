@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import uvicorn
 
-from tests.cluster.isolate import service_address
+from testbed.isolate import service_address
 
 
 def free_port(host: str | None = None) -> int:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.isolate import service_address
+from testbed.isolate import service_address
 
 
 class PostgresUnavailable(RuntimeError):
