@@ -30,8 +30,9 @@ from bench.stats import cpu_seconds, percentiles, report
 from dev.devserver import DevServer
 from kube import Config, Kube, path
 from testbed.agents import MODEL_KEY, ModelEndpoint
-from testbed.asgi import free_port, serving
+from testbed.asgi import serving
 from testbed.controlplane import ControlPlane
+from testbed.isolate import free_port
 from testbed.stack import RUN_API, Stack, build_stack
 from workflows.status import Phase
 

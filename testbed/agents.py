@@ -18,8 +18,8 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from agent.scripted_model import ScriptedModel, build_app
 from dev.binaries import die_with_parent
-from testbed.asgi import free_port, serving
-from testbed.isolate import service_address
+from testbed.asgi import serving
+from testbed.isolate import free_port, service_address
 from workflows.contract import (
     CredentialRef,
     ExecutionContract,

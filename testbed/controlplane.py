@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from dev.binaries import die_with_parent, find_binary
-from testbed.isolate import NODE_ADDRESS, isolated
+from testbed.isolate import LOOPBACK, NODE_ADDRESS, free_port, isolated
 from testbed.node import Node
 from testbed.pki import KeyPair, Pki
 
@@ -77,13 +76,6 @@ def cached_binaries_dir() -> Path:
             f"{done.stderr[-4000:]}"
         )
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_kubeconfig(
@@ -196,9 +188,6 @@ class ControlPlane:
     def log_file(self, component: str) -> Path:
         return self.root / f"{component}.log"
 
-    def free_port(self) -> int:
-        return free_port()
-
     def start(self) -> None:
         sweep_abandoned()
         self._lock = hold_lock(self.root)
@@ -217,8 +206,8 @@ class ControlPlane:
         to_kubelet = self.pki.issue(
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
         )
-        self.etcd_port, peer_port = free_port(), free_port()
-        self.apiserver_port = free_port()
+        self.etcd_port, peer_port = free_port(LOOPBACK), free_port(LOOPBACK)
+        self.apiserver_port = free_port(LOOPBACK)
 
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self._spawn(
@@ -260,7 +249,7 @@ class ControlPlane:
              "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
              "--service-account-private-key-file", str(self.pki.service_account_key),
              "--root-ca-file", str(self.pki.ca), "--leader-elect=false",
-             "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+             "--bind-address", "127.0.0.1", "--secure-port", str(free_port(LOOPBACK)),
              "--concurrent-job-syncs", "10", "--concurrent-replicaset-syncs", "10",
              "--concurrent-gc-syncs", "10", "--profiling=false", "-v=1"],
         )  # fmt: skip
@@ -271,7 +260,7 @@ class ControlPlane:
             "kube-scheduler",
             [str(bins / "kube-scheduler"), "--kubeconfig", str(scheduler), "--authentication-kubeconfig", str(scheduler),
              "--authorization-kubeconfig", str(scheduler), "--authentication-skip-lookup", "--leader-elect=false", "--bind-address", "127.0.0.1",
-             "--secure-port", str(free_port()), "--profiling=false", "-v=1"],
+             "--secure-port", str(free_port(LOOPBACK)), "--profiling=false", "-v=1"],
         )  # fmt: skip
         self.wait_for_default_service_account("default", timeout=60)
         log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)

@@ -17,7 +17,7 @@ import httpx
 from dev.binaries import die_with_parent
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevOptions, DevStack, dev_stack
-from testbed.asgi import free_port
+from testbed.isolate import free_port
 from workflows.contract import CredentialRef
 from workflows.status import Phase
 

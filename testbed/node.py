@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from testbed import images
-from testbed.isolate import BRIDGE, NODE_ADDRESS, POD_RANGE, POD_SUBNET, isolated
+from testbed.isolate import BRIDGE, LOOPBACK, NODE_ADDRESS, POD_RANGE, POD_SUBNET, free_port, isolated
 
 if TYPE_CHECKING:
     from testbed.controlplane import ControlPlane
@@ -218,7 +218,7 @@ class Node:
         config = self.root / "kubelet.yaml"
         config.write_text(
             yaml.safe_dump(
-                kubelet_config(self.plane, self.root, (serving.cert, serving.key), self.plane.free_port())
+                kubelet_config(self.plane, self.root, (serving.cert, serving.key), free_port(LOOPBACK))
             )
         )
         self.plane.spawn(
@@ -254,8 +254,8 @@ class Node:
                     "clusterCIDR": POD_SUBNET,
                     "hostnameOverride": NODE_NAME,
                     "bindAddress": NODE_ADDRESS,
-                    "healthzBindAddress": f"127.0.0.1:{self.plane.free_port()}",
-                    "metricsBindAddress": f"127.0.0.1:{self.plane.free_port()}",
+                    "healthzBindAddress": f"127.0.0.1:{free_port(LOOPBACK)}",
+                    "metricsBindAddress": f"127.0.0.1:{free_port(LOOPBACK)}",
                     "conntrack": {"maxPerCore": 0},  # leave the namespace's conntrack table size alone
                     "nftables": {"masqueradeAll": True},  # pod -> Service -> pod on one bridge needs it
                 }

@@ -23,9 +23,9 @@ from dev.devserver import DevServer
 from kube import Kube, path
 from testbed import chart
 from testbed.agents import MODEL_KEY, ModelEndpoint
-from testbed.asgi import free_port
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
+from testbed.isolate import free_port
 from workflows.client import connect
 
 ROOT = Path(__file__).parents[1]

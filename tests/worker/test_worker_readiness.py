@@ -11,7 +11,7 @@ import httpx
 
 from dev.binaries import die_with_parent
 from dev.devserver import DevServer
-from testbed.asgi import free_port
+from testbed.isolate import free_port
 from testbed.postgres import PostgresServer
 
 WORKER = str(Path(sys.executable).with_name("ksquad-worker"))
