@@ -18,7 +18,7 @@ demo: venv
 # The test control plane (kube-apiserver, kube-controller-manager, etcd) and helm, built from the Go module
 # proxy once into ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
 testbins:
-	tests/cluster/build-control-plane.sh >/dev/null
+	testbed/build-control-plane.sh >/dev/null
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
 # podman and mmdebstrap (the images), containerd, runc, the CNI plugins and nftables (the test cluster's node),
@@ -54,16 +54,16 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# In network, PID and mount namespaces of their own (tests/cluster/isolate.py): the test cluster's pods, its
+# In network, PID and mount namespaces of their own (testbed/isolate.py): the test cluster's pods, its
 # servers and everything they start live and die there.
 pytest: venv testbins host-packages images
-	$(BIN)/python -m tests.cluster.isolate $(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/python -m testbed.isolate $(BIN)/pytest $(PYTEST_ARGS)
 
 test: lint pytest
 
 # Every benchmark, into bench/results/<date>.json and a table against the targets (BENCH_ARGS=--quick: minutes).
 bench: venv testbins host-packages images
-	$(BIN)/python -m tests.cluster.isolate $(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m testbed.isolate $(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .ksquad .mypy_cache .ruff_cache .pytest_cache

@@ -22,7 +22,8 @@ from agent.contract import parse_contract
 from agent.model import complete
 from agent.scripted_model import ScriptedModel, build_app
 from bench.stats import percentiles, report
-from tests.support.asgi import free_port, serving
+from testbed.asgi import serving
+from testbed.isolate import free_port
 from workflows.activity_types import AgentInvocation
 from workflows.contract import CredentialRef, ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 

@@ -27,12 +27,13 @@ from typing import Any
 
 from agent.scripted_model import ScriptedModel, build_app
 from bench.stats import cpu_seconds, percentiles, report
+from dev.devserver import DevServer
 from kube import Config, Kube, path
-from tests.cluster.controlplane import ControlPlane
-from tests.support.agents import MODEL_KEY, ModelEndpoint
-from tests.support.asgi import free_port, serving
-from tests.support.stack import RUN_API, Stack, build_stack
-from worker.devserver import DevServer
+from testbed.agents import MODEL_KEY, ModelEndpoint
+from testbed.asgi import serving
+from testbed.controlplane import ControlPlane
+from testbed.isolate import free_port
+from testbed.stack import RUN_API, Stack, build_stack
 from workflows.status import Phase
 
 TERMINAL = {p.value for p in Phase if p.terminal}

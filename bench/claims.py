@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 from activities.store import Holder, Store
 from bench.stats import percentiles, report
-from tests.support.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 
 
 async def measure(url: str, iterations: int) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """End-to-end overhead of a ksquad run against bare Temporal, on the embedded stack (one dev server, one worker
 process), interleaved so both see the same machine:
 
-- ksquad: a Run applied (validated, stored, its workflow started) with an instant agent (`tests.support.embedded`),
+- ksquad: a Run applied (validated, stored, its workflow started) with an instant agent (`testbed.embedded`),
   until its workflow returns Succeeded; everything a run does (references, gates, status mirroring, the A2A
   call to the agent and the agent's call to the model, payload encryption) is in the number;
 - bare: `bench.bare.BareWorkflow` running as many trivial activities, one after another, and as many trivial
@@ -26,8 +26,8 @@ from temporalio.worker import Worker
 
 from bench.bare import BARE_TASK_QUEUE, BareWorkflow, noop
 from bench.stats import percentiles, report
-from tests.support.embedded import NAMESPACE, bench_stack, run_docs
-from worker.dev import DevStack
+from dev.stack import DevStack
+from testbed.embedded import NAMESPACE, bench_stack, run_docs
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the marker a local activity leaves in the history
 

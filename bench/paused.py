@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentiles, report
-from tests.support.embedded import (
+from dev.embedded import LOCAL_CREDENTIAL_SECRET
+from dev.stack import DevStack
+from testbed.embedded import (
     NAMESPACE,
     bench_stack,
     rss_mb,
@@ -40,8 +42,6 @@ from tests.support.embedded import (
     stop_workers,
     until,
 )
-from worker.dev import DevStack
-from worker.embedded import LOCAL_CREDENTIAL_SECRET
 
 LIMITED = "limited"
 CHUNK = 250

@@ -1,6 +1,6 @@
 """Warm sandbox claims against cold acquisitions, on the test cluster (pods in containers of the agent image).
 
-    python -m tests.cluster.isolate python -m bench.sandboxes [--runs N]     (make bench runs it so)
+    python -m testbed.isolate python -m bench.sandboxes [--runs N]     (make bench runs it so)
 
 Warm: one guarded label patch on a ready pool pod (plus the list that finds it). Cold: create a Job, wait for
 its pod to be scheduled, started and ready. Both measured in the same run on the same control plane; the
@@ -17,8 +17,8 @@ import yaml
 from activities.sandboxes import KubernetesSandboxes, SandboxSettings, pod_ready
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.images import AGENT_IMAGE
+from testbed.controlplane import ControlPlane
+from testbed.images import AGENT_IMAGE
 from workflows.activity_types import RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy

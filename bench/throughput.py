@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import cpu_seconds, report
-from tests.support.embedded import bench_stack, run_docs, start_workers, stop_workers, wait_terminal
+from testbed.embedded import bench_stack, run_docs, start_workers, stop_workers, wait_terminal
 
 
 async def main(runs: int, worker_counts: list[int]) -> dict[str, Any]:

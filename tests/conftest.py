@@ -12,16 +12,21 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.isolate import isolated
-from tests.support.agents import model as model  # the scripted model, a fixture for every test
-from tests.support.agents import start_agent as start_agent  # the reference agent as its own process
-from tests.support.agents import tool_server as tool_server  # an MCP server, likewise
+from dev.devserver import DevServer
+from testbed.agents import (
+    AgentFactory,
+    ModelEndpoint,
+    ToolServer,
+    agent_starter,
+    serving_model,
+    serving_tools,
+)
+from testbed.controlplane import ControlPlane
+from testbed.isolate import isolated
+from testbed.postgres import PostgresServer
+from testbed.temporal import start_time_skipping
 from tests.support.fault_counts import record_counts
-from tests.support.postgres import PostgresServer
 from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
-from tests.support.temporal import start_time_skipping
-from worker.devserver import DevServer
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +63,27 @@ async def temporal_client(dev_server: DevServer) -> Client:
 def task_queue() -> str:
     """A task queue of the test's own, so workers of different tests never take each other's tasks."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[ModelEndpoint]:
+    """The scripted model, served in the test's event loop."""
+    async with serving_model() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+async def tool_server() -> AsyncIterator[ToolServer]:
+    """An MCP server, likewise."""
+    async with serving_tools() as tools:
+        yield tools
+
+
+@pytest.fixture
+async def start_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    """The reference agent as its own process: `await start_agent(contract=None)`; stopped afterwards."""
+    async with agent_starter(tmp_path) as start:
+        yield start
 
 
 @pytest.fixture

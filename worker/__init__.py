@@ -1,1 +1,2 @@
-"""Process wiring: settings, the Temporal client, the Worker, health and metrics, and the `ksquad` CLI."""
+"""`ksquad-worker`, the production worker: its settings, the workflows and activities it registers, and its
+process (Temporal client, coordination store, sandboxes, health probes). Imports neither `dev` nor `cli`."""

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from activities.store import Store
-from tests.support.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 
 
 class Clock:

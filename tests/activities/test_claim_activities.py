@@ -11,9 +11,9 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.claims import ClaimActivities, keep_lease
 from activities.store import Holder, Store, WorkItemHeld
-from tests.support.postgres import PostgresServer
+from dev.devserver import DevServer
+from testbed.postgres import PostgresServer
 from tests.workflows.world import World, run_input, running_world_on, start_run
-from worker.devserver import DevServer
 from workflows.activity_types import Activity, ClaimRequest, ClaimUpdate, RunRef
 from workflows.status import Phase
 

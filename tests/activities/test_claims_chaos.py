@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from activities.store import sync_url
 from activities.store.migrations import upgrade_sync
 from activities.store.schema import claim_history, comments
-from tests.support.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 
 WORKERS = 6
 KILLS = 120

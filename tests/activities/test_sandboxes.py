@@ -24,10 +24,10 @@ from activities.sandboxes import (
 )
 from activities.store import Store
 from kube import ApiError, Config, Kube, path
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.images import AGENT_IMAGE, KSQUAD_IMAGE
-from tests.support import chart
-from tests.support.agents import MODEL_KEY, ModelEndpoint, contract
+from testbed import chart
+from testbed.agents import MODEL_KEY, ModelEndpoint, contract
+from testbed.controlplane import ControlPlane
+from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
 from workflows.activity_types import AgentInvocation, OutputsRequest, RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
 from workflows.spec import SandboxPolicy

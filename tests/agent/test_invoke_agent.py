@@ -21,8 +21,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.agents import AgentActivities, Timing
 from activities.store import Holder, StaleFence, Store
 from agent.server import agent_card
-from tests.support.agents import AgentFactory, ModelEndpoint, ToolServer, contract
-from tests.support.asgi import serving
+from testbed.agents import AgentFactory, ModelEndpoint, ToolServer, contract
+from testbed.asgi import serving
 from workflows.activity_types import AgentInvocation, ContinueTask, RateLimitDetails, TaskPause
 
 FAST = Timing(heartbeat_seconds=0.5, stall_seconds=2.0, probe_seconds=1.0, cancel_wait_seconds=5.0)

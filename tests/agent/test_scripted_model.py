@@ -4,7 +4,7 @@ streamed and not, and is scriptable over HTTP."""
 import httpx
 import openai
 
-from tests.support.agents import ModelEndpoint
+from testbed.agents import ModelEndpoint
 
 
 async def test_models_text_and_tool_calls_streamed_and_not(model: ModelEndpoint) -> None:

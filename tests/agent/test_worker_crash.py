@@ -10,9 +10,9 @@ from pathlib import Path
 from temporalio.api.enums.v1 import EventType
 
 from activities.store import Holder, Store
-from tests.support.agents import AgentFactory, ModelEndpoint, contract
+from dev.devserver import DevServer
+from testbed.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
-from worker.devserver import DevServer
 from workflows.activity_types import AgentInvocation
 from workflows.client import connect
 

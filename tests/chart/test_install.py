@@ -24,13 +24,13 @@ import yaml
 from temporalio.client import Client
 
 from activities.store import Store
-from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
-from tests.cluster.images import AGENT_IMAGE, KSQUAD_IMAGE
-from tests.cluster.isolate import NODE_ADDRESS
-from tests.support.agents import MODEL_KEY, ModelEndpoint
-from tests.support.chart import CHART
-from tests.support.postgres import PostgresServer
-from worker.devserver import DevServer
+from dev.devserver import DevServer
+from testbed.agents import MODEL_KEY, ModelEndpoint
+from testbed.chart import CHART
+from testbed.controlplane import ControlPlane, cached_binaries_dir
+from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
+from testbed.isolate import NODE_ADDRESS
+from testbed.postgres import PostgresServer
 from workflows.status import Phase
 
 ROOT = Path(__file__).parents[2]

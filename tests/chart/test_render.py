@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.cluster.controlplane import cached_binaries_dir
-from tests.support import chart
+from testbed import chart
+from testbed.controlplane import cached_binaries_dir
 
 ROOT = Path(__file__).parents[2]
 VALUES = {

@@ -1,15 +1,15 @@
-"""Fixtures of the bridge tests: ksquad deployed as the chart does it (tests.support.stack)."""
+"""Fixtures of the bridge tests: ksquad deployed as the chart does it (testbed.stack)."""
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from dev.devserver import DevServer
 from kube import Config, Kube
-from tests.cluster.controlplane import ControlPlane
-from tests.support.agents import ModelEndpoint
-from tests.support.stack import RUN_API, Stack, build_stack
-from worker.devserver import DevServer
+from testbed.agents import ModelEndpoint
+from testbed.controlplane import ControlPlane
+from testbed.stack import RUN_API, Stack, build_stack
 
 __all__ = ["RUN_API", "Stack", "StackFactory"]
 

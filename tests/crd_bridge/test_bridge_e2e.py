@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from kube import path
+from testbed.agents import ROTATED_MODEL_KEY, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, StackFactory
-from tests.support.agents import ROTATED_MODEL_KEY, ModelEndpoint
 from tests.support.dev import ksquad
 from workflows import search_attributes as sa
 

@@ -6,9 +6,9 @@ import signal
 import yaml
 
 from kube import path
+from testbed import chart
+from testbed.agents import AgentFactory, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
-from tests.support import chart
-from tests.support.agents import AgentFactory, ModelEndpoint
 from workflows.status import Phase
 
 BURST = 200

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from crd_bridge.crds import render
-from tests.cluster.controlplane import ControlPlane
+from testbed.controlplane import ControlPlane
 
 ROOT = Path(__file__).parents[2]
 CRDS = ROOT / "charts" / "ksquad" / "crds" / "ksquad.io.yaml"

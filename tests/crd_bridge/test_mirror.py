@@ -10,7 +10,7 @@ import yaml
 
 from crd_bridge.activities import BridgeActivities
 from kube import Config, Kube, path
-from tests.cluster.controlplane import ControlPlane
+from testbed.controlplane import ControlPlane
 from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot
 
 RUN_API = "ksquad.io/v1alpha1"

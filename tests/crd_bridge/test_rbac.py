@@ -21,9 +21,9 @@ from activities.sandboxes import KubernetesSandboxes, SandboxSettings, job_manif
 from crd_bridge.activities import BridgeActivities
 from crd_bridge.leader import LeaderElector
 from kube import ApiError, Config, Kube, path
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.images import AGENT_IMAGE
-from tests.support import chart
+from testbed import chart
+from testbed.controlplane import ControlPlane
+from testbed.images import AGENT_IMAGE
 from workflows.activity_types import OutputsRequest, ResolveRequest, RunRef, Sandbox, SandboxRelease
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy, parse_run_spec

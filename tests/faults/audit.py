@@ -8,8 +8,8 @@ from typing import Any
 
 from temporalio.client import Client
 
-from tests.support.embedded import NAMESPACE, run_docs
-from worker.dev import DevStack
+from dev.stack import DevStack
+from testbed.embedded import NAMESPACE, run_docs
 from workflows.status import Phase
 
 

@@ -22,7 +22,7 @@ from starlette.routing import Mount, Route
 
 from activities.agents import OUTPUTS_ARTIFACT
 from agent.server import agent_card
-from tests.support.asgi import serving
+from testbed.asgi import serving
 
 TEN_MB = 10 * 1024 * 1024
 FLOOD_UPDATES = 5_000  # the a2a-sdk server copies the task per update (quadratic): more only slows the agent

@@ -7,8 +7,8 @@ import asyncio
 import time
 from collections import Counter
 
+from testbed.agents import ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, StackFactory
-from tests.support.agents import ModelEndpoint
 from workflows.status import RunStatus
 
 RUNS = 6

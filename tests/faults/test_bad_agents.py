@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from testbed.embedded import MODEL, NAMESPACE, bench_stack, wait_terminal
 from tests.faults.bad_agents import A2A_BEHAVIOURS, FLOOD_UPDATES, NOT_JSON_RPC, bad_agents
-from tests.support.embedded import MODEL, NAMESPACE, bench_stack, wait_terminal
 
 HANG_SECONDS = 8  # the hanging agent's bound (timeouts.runSeconds)
 

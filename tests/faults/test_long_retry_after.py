@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.support.embedded import AGENT, MODEL, NAMESPACE, bench_stack, wait_terminal
+from testbed.embedded import AGENT, MODEL, NAMESPACE, bench_stack, wait_terminal
 from workflows.run.route import RATE_LIMITS
 
 THREE_DAYS = 3 * 86400

@@ -8,9 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from activities.store import Store
+from testbed.embedded import MODEL, NAMESPACE, bench_stack, start_workers, stop_workers, wait_terminal
+from testbed.postgres import PostgresServer
 from tests.faults.audit import audit, runs, task_of
-from tests.support.embedded import MODEL, NAMESPACE, bench_stack, start_workers, stop_workers, wait_terminal
-from tests.support.postgres import PostgresServer
 
 IN_FLIGHT = 6
 DURING = 6

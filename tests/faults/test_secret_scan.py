@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tests.support.agents import MODEL_KEY
+from testbed.agents import MODEL_KEY
 from tests.support.secret_scan import scan_audit_log, scan_logs
 
 

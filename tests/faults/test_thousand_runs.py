@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.embedded import bench_stack, start_workers, stop_workers, wait_terminal
 from tests.faults.audit import audit, runs
-from tests.support.embedded import bench_stack, start_workers, stop_workers, wait_terminal
 
 RUNS = 1000
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
 from tests.faults.audit import audit, runs, unfinished
-from tests.support.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
 
 RUNS = 100
 KILLS = 12

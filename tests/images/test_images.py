@@ -11,12 +11,12 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.images import AGENT_IMAGE, KSQUAD_IMAGE
+from testbed.controlplane import ControlPlane
+from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = {"workflows": "workflows", "activities": "activities", "worker": "worker", "kube": "kube",
-            "agent": "agent", "crd_bridge": "crd-bridge/crd_bridge"}  # fmt: skip
+PACKAGES = {"workflows": "workflows", "activities": "activities", "worker": "worker", "dev": "dev", "cli": "cli",
+            "kube": "kube", "agent": "agent", "crd_bridge": "crd-bridge/crd_bridge"}  # fmt: skip
 T = TypeVar("T")
 
 

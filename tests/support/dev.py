@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.binaries import die_with_parent
+from dev.binaries import die_with_parent
 
 KSQUAD = str(Path(sys.executable).with_name("ksquad"))
 FREE_PORTS = ["--temporal-port", "0", "--ui-port", "0", "--api-port", "0", "--model-port", "0"]

@@ -1,6 +1,6 @@
 """After the suite: every credential the tests handed out is looked for where ksquad must never copy it.
 
-- The control plane's audit log (tests/cluster/controlplane.py's AUDIT_POLICY): every Job, Pod,
+- The control plane's audit log (testbed/controlplane.py's AUDIT_POLICY): every Job, Pod,
   ConfigMap, Event, NetworkPolicy and ksquad object written during the session, as it was sent. Every sandbox
   Pod (a Pod carrying ksquad.io/ labels) must also run as non-root, without a service-account token. No Job or
   Pod may hold any Run's inputs or any Agent's system prompt or Skill's instructions (as the Runs, Agents and
@@ -17,7 +17,7 @@ from typing import Any
 
 from temporalio.client import Client
 
-from tests.support.agents import MODEL_KEY, ROTATED_MODEL_KEY
+from testbed.agents import MODEL_KEY, ROTATED_MODEL_KEY
 
 SECRET_VALUES = (MODEL_KEY, ROTATED_MODEL_KEY, "sk-test-dev")
 

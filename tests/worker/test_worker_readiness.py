@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.asgi import free_port
-from tests.support.postgres import PostgresServer
-from worker.binaries import die_with_parent
-from worker.devserver import DevServer
+from dev.binaries import die_with_parent
+from dev.devserver import DevServer
+from testbed.isolate import free_port
+from testbed.postgres import PostgresServer
 
 WORKER = str(Path(sys.executable).with_name("ksquad-worker"))
 

@@ -4,7 +4,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from tests.support.temporal import start_time_skipping
+from testbed.temporal import start_time_skipping
 from tests.workflows.world import World, running_world
 
 

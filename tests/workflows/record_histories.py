@@ -19,7 +19,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from tests.support.temporal import start_time_skipping
+from testbed.temporal import start_time_skipping
 from tests.workflows import (
     test_run_cancel,
     test_run_lifecycle,

@@ -13,12 +13,13 @@ from temporalio import activity
 
 import activities
 import crd_bridge
+import dev
 import worker
 from activities.hello import compose_greeting
 from workflows.activity_types import STUBS, Activity
 
 # Every package that registers activities on a worker (the production worker's, the bridge's, the embedded stack's).
-IMPLEMENTING_PACKAGES = (activities, crd_bridge, worker)
+IMPLEMENTING_PACKAGES = (activities, crd_bridge, worker, dev)
 NOT_CALLED_BY_RUNS = {activity._Definition.must_from_callable(compose_greeting).name}  # the hello workflow's
 
 

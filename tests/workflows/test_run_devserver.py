@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 
+from dev.binaries import find_binary
+from dev.devserver import DevServer
 from tests.workflows.world import World, hang, ok, rate_limited, run_input, running_world_on, start_run
-from worker.binaries import find_binary
-from worker.devserver import DevServer
 from workflows.activity_types import Activity
 from workflows.status import Phase
 

@@ -11,14 +11,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.cluster.isolate import service_address
+from testbed.isolate import free_port, service_address
 
 
 class PostgresUnavailable(RuntimeError):
@@ -34,13 +33,6 @@ def find_bindir() -> Path:
             "`postgresql` package; run `make postgres-server` or `apt-get install postgresql`"
         )
     return Path(candidates[-1]).parent
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -90,7 +82,7 @@ class PostgresServer:
         # Trust on the node's network too: the cluster's pods (the chart's worker) connect from there.
         with (data / "pg_hba.conf").open("a") as hba:
             hba.write("host all all samenet trust\n")
-        self.port = self.port or _free_port(self.host)
+        self.port = self.port or free_port(self.host)
         self.resume()
         self.create_database(self.database)
 

@@ -14,7 +14,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 REPOSITORY = os.environ.get("KSQUAD_IMAGE_REPOSITORY", "ghcr.io/ksquad")
 KSQUAD_IMAGE = f"{REPOSITORY}/ksquad:{VERSION}"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import yaml
 
-from worker.dev import DevStack
+from dev.stack import DevStack
 from workflows.status import Phase
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

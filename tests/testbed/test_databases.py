@@ -2,7 +2,7 @@
 
 import sqlalchemy as sa
 
-from tests.support.postgres import PostgresServer
+from testbed.postgres import PostgresServer
 
 
 def _roundtrip(url: str) -> tuple[list[tuple[int, str]], str]:

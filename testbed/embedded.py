@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from tests.support.asgi import free_port
-from worker.binaries import die_with_parent
-from worker.dev import DevOptions, DevStack, dev_stack
-from worker.embedded import LOCAL_CREDENTIAL_SECRET
+from dev.binaries import die_with_parent
+from dev.embedded import LOCAL_CREDENTIAL_SECRET
+from dev.stack import DevOptions, DevStack, dev_stack
+from testbed.isolate import free_port
 from workflows.contract import CredentialRef
 from workflows.status import Phase
 

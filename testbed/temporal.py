@@ -2,7 +2,7 @@
 
 from temporalio.testing import WorkflowEnvironment
 
-from worker.binaries import find_binary
+from dev.binaries import find_binary
 
 
 async def start_time_skipping() -> WorkflowEnvironment:

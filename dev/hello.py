@@ -11,7 +11,7 @@ import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from worker.devserver import DevServer, preferred_port
+from dev.devserver import DevServer, preferred_port
 from worker.registry import build_worker
 from workflows import search_attributes as sa
 from workflows.hello import HelloWorkflow

@@ -1,5 +1,6 @@
-"""Real things agents talk to, shared by the agent and sandbox tests: the scripted model and an MCP server,
-served in-process over HTTP on loopback, and a contract that points at them."""
+"""Real things agents talk to, shared by the agent and sandbox tests and the benchmarks: the scripted model and
+an MCP server, served in-process over HTTP on loopback, the reference agent as its own process, and a contract
+that points at them. tests/conftest.py makes fixtures of them."""
 
 import asyncio
 import os
@@ -7,18 +8,18 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from mcp.server.mcpserver import Context, MCPServer
 
 from agent.scripted_model import ScriptedModel, build_app
-from tests.cluster.isolate import service_address
-from tests.support.asgi import free_port, serving
-from worker.binaries import die_with_parent
+from dev.binaries import die_with_parent
+from testbed.asgi import serving
+from testbed.isolate import free_port, service_address
 from workflows.contract import (
     CredentialRef,
     ExecutionContract,
@@ -44,8 +45,8 @@ class ModelEndpoint:
         self.state.positions.pop(model, None)
 
 
-@pytest.fixture
-async def model() -> AsyncIterator[ModelEndpoint]:
+@asynccontextmanager
+async def serving_model() -> AsyncIterator[ModelEndpoint]:
     state = ScriptedModel()
     async with serving(build_app(state)) as url:
         yield ModelEndpoint(f"{url}/v1", state)
@@ -57,8 +58,9 @@ class ToolServer:
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call any tool received, with its _meta
 
 
-@pytest.fixture
-async def tool_server() -> AsyncIterator[ToolServer]:
+@asynccontextmanager
+async def serving_tools() -> AsyncIterator[ToolServer]:
+    """An MCP server with a tool the test agent may call (add_note) and one it may not (run_shell)."""
     mcp = MCPServer("test-tools", log_level="WARNING")
     record = ToolServer("")
 
@@ -119,9 +121,9 @@ class AgentProcess:
 AgentFactory = Callable[..., Any]
 
 
-@pytest.fixture
-async def start_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
-    """Start `ksquad-agent` as its own process: `await start_agent(contract=None)`; stopped afterwards."""
+@asynccontextmanager
+async def agent_starter(tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    """Start `ksquad-agent` as its own process: `await start(contract=None)`; each stopped afterwards."""
     started: list[AgentProcess] = []
 
     async def start(contract: ExecutionContract | None = None) -> AgentProcess:
@@ -152,8 +154,10 @@ async def start_agent(tmp_path: Path) -> AsyncIterator[AgentFactory]:
                 await asyncio.sleep(0.05)
         raise RuntimeError(f"ksquad-agent not ready: {log.read_text()[-2000:]}")
 
-    yield start
-    for agent in started:
-        if agent.process.poll() is None:
-            agent.process.kill()
-        agent.process.wait(10)
+    try:
+        yield start
+    finally:
+        for agent in started:
+            if agent.process.poll() is None:
+                agent.process.kill()
+            agent.process.wait(10)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from temporalio.client import Client
 
-from tests.support.agents import ModelEndpoint
+from testbed.agents import ModelEndpoint
 from tests.support.dev import DevProcess
 
 DOCS = [

@@ -3,8 +3,8 @@
 # and helm from the Go module proxy into a cache outside the clone, keyed by versions. Rebuilds only what is
 # missing.
 #
-#   tests/cluster/build-control-plane.sh            build what is missing, print the cache directory
-#   KSQUAD_TESTBINS=/path tests/cluster/build-control-plane.sh
+#   testbed/build-control-plane.sh            build what is missing, print the cache directory
+#   KSQUAD_TESTBINS=/path testbed/build-control-plane.sh
 #
 # Why the wrapper modules: k8s.io/kubernetes requires every staging module (k8s.io/api, ...) at v0.0.0
 # and replaces them with ./staging paths, which `go install` refuses. A small main module that requires

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from worker.binaries import find_binary
+from dev.binaries import find_binary
 
 
 def test_demo_runs_a_workflow_and_prints_the_ui_address(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from temporalio.api.common.v1 import Payloads
 from temporalio.service import RPCError
 
 from activities.store import Store, StoreError
-from worker.embedded import EmbeddedRuns, UnknownRun
+from dev.embedded import EmbeddedRuns, UnknownRun
 from workflows.codec import EncryptionCodec
 from workflows.model import InvalidObject
 from workflows.status import Phase

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from worker.targets import CliError, ClusterTarget, EmbeddedTarget, Target
+from cli.targets import CliError, ClusterTarget, EmbeddedTarget, Target
 from workflows.status import Phase
 
 STATE_DIR = Path(".ksquad")
@@ -250,8 +250,8 @@ def log_to_file(path: Path) -> None:
 
 async def dev_command(args: argparse.Namespace) -> int:
     # Imported here: the stack's modules take a second to import, and the runs commands need none of them.
-    from worker.demo import run_demo
-    from worker.dev import DevOptions, dev_stack, private_state, serve
+    from dev.demo import run_demo
+    from dev.stack import DevOptions, dev_stack, private_state, serve
 
     private_state(args.state_dir)  # before the log file: it too is this user's only
     log_to_file(args.state_dir / "dev.log")
@@ -272,7 +272,7 @@ async def dev_command(args: argparse.Namespace) -> int:
 
 
 async def hello_command(args: argparse.Namespace) -> int:
-    from worker.hello import hello
+    from dev.hello import hello
 
     return await hello(args.keep, args.state_dir)
 

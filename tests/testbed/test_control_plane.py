@@ -16,9 +16,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
-from tests.cluster.images import KSQUAD_IMAGE
-from tests.cluster.isolate import NODE_ADDRESS
+from testbed.controlplane import ControlPlane, cached_binaries_dir
+from testbed.images import KSQUAD_IMAGE
+from testbed.isolate import NODE_ADDRESS
 
 T = TypeVar("T")
 PY = "python3"  # the ksquad image's Python, ksquad installed

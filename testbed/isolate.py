@@ -1,6 +1,6 @@
 """Run a command (the test session) in network, PID and mount namespaces of its own.
 
-    python -m tests.cluster.isolate pytest ...        # what `make pytest` does
+    python -m testbed.isolate pytest ...        # what `make pytest` does
 
 Why: the test cluster's pods get addresses on a bridge, and its servers (Temporal, PostgreSQL, the scripted
 model) must be reachable from those pods. Inside a network namespace the test bed created, the bridge, the
@@ -18,6 +18,7 @@ the tests that need the cluster fail with the reason.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ NODE_ADDRESS = "10.244.0.1"  # the node (kubelet, apiserver, the test bed's serv
 POD_SUBNET = "10.244.0.0/16"
 POD_RANGE = ("10.244.1.1", "10.244.255.254")
 MARKER = "KSQUAD_TESTBED_ISOLATED"  # set inside: the session runs in the namespaces
+LOOPBACK = "127.0.0.1"
 
 
 def isolated() -> bool:
@@ -37,7 +39,15 @@ def isolated() -> bool:
 def service_address() -> str:
     """Where the test bed's own servers (Temporal, PostgreSQL, the scripted model, MCP servers) listen: the
     node's address inside the namespaces, so pods reach them too; loopback outside."""
-    return NODE_ADDRESS if isolated() else "127.0.0.1"
+    return NODE_ADDRESS if isolated() else LOOPBACK
+
+
+def free_port(host: str | None = None) -> int:
+    """A port free now on `host` (default: the service address), for a server the test bed starts next."""
+    with socket.socket() as s:
+        s.bind((host or service_address(), 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _run(*cmd: str) -> None:
@@ -86,17 +96,17 @@ def main(argv: list[str]) -> int:
         os.environ[MARKER] = "1"
         return _pid1(argv[1:])
     if not argv:
-        sys.exit("usage: python -m tests.cluster.isolate COMMAND [ARG...]")
+        sys.exit("usage: python -m testbed.isolate COMMAND [ARG...]")
     if isolated() or os.geteuid() != 0:
         if os.geteuid() != 0:
             print(
-                "tests.cluster.isolate: not root: running without the test bed's namespaces "
+                "testbed.isolate: not root: running without the test bed's namespaces "
                 "(the tests that need the cluster will fail and say why)",
                 file=sys.stderr,
             )
         os.execvp(argv[0], argv)
     unshare = ["unshare", "--net", "--pid", "--mount", "--fork", "--mount-proc", "--propagation", "private"]
-    os.execvp(unshare[0], [*unshare, sys.executable, "-m", "tests.cluster.isolate", "--inside", *argv])
+    os.execvp(unshare[0], [*unshare, sys.executable, "-m", "testbed.isolate", "--inside", *argv])
 
 
 if __name__ == "__main__":

@@ -18,17 +18,17 @@ import httpx
 import yaml
 from temporalio.client import Client
 
+from dev.binaries import die_with_parent
+from dev.devserver import DevServer
 from kube import Kube, path
-from tests.cluster.controlplane import ControlPlane
-from tests.cluster.images import AGENT_IMAGE
-from tests.support import chart
-from tests.support.agents import MODEL_KEY, ModelEndpoint
-from tests.support.asgi import free_port
-from worker.binaries import die_with_parent
-from worker.devserver import DevServer
+from testbed import chart
+from testbed.agents import MODEL_KEY, ModelEndpoint
+from testbed.controlplane import ControlPlane
+from testbed.images import AGENT_IMAGE
+from testbed.isolate import free_port
 from workflows.client import connect
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[1]
 STACK_KINDS = {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "MutatingAdmissionPolicy",
                "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # fmt: skip
 RUN_API = "ksquad.io/v1alpha1"

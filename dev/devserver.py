@@ -17,7 +17,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 
-from worker.binaries import die_with_parent, find_binary
+from dev.binaries import die_with_parent, find_binary
 from workflows import search_attributes
 
 log = logging.getLogger(__name__)

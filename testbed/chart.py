@@ -9,9 +9,9 @@ from typing import Any
 
 import yaml
 
-from tests.cluster.controlplane import ControlPlane, cached_binaries_dir
+from testbed.controlplane import ControlPlane, cached_binaries_dir
 
-CHART = Path(__file__).parents[2] / "charts" / "ksquad"
+CHART = Path(__file__).parents[1] / "charts" / "ksquad"
 RELEASE_NAMESPACE = "ksquad-tests"
 # What the test cluster serves, as `helm install` would discover it.
 KUBE_VERSION = "1.36.3"

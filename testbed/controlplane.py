@@ -1,11 +1,11 @@
 """A real Kubernetes cluster for the tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, and
-a node (tests/cluster/node.py: kubelet, containerd, kube-proxy) that runs pods in containers.
+a node (testbed/node.py: kubelet, containerd, kube-proxy) that runs pods in containers.
 
 The binaries come from `build-control-plane.sh` (built once from the Go module proxy, cached outside the
 clone). Authorization is Node and RBAC; the admin authenticates with a client certificate in
 `system:masters`, every component with its own certificate (the controller manager then with per-controller
 service-account credentials), as in a real cluster. It runs inside the test session's namespaces
-(tests/cluster/isolate.py): the API server listens on the node's address too, where pods reach it through
+(testbed/isolate.py): the API server listens on the node's address too, where pods reach it through
 the `kubernetes` Service.
 """
 
@@ -15,7 +15,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,10 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.isolate import NODE_ADDRESS, isolated
-from tests.cluster.node import Node
-from tests.cluster.pki import KeyPair, Pki
-from worker.binaries import die_with_parent, find_binary
+from dev.binaries import die_with_parent, find_binary
+from testbed.isolate import LOOPBACK, NODE_ADDRESS, free_port, isolated
+from testbed.node import Node
+from testbed.pki import KeyPair, Pki
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +76,6 @@ def cached_binaries_dir() -> Path:
             f"{done.stderr[-4000:]}"
         )
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def write_kubeconfig(
@@ -147,7 +139,7 @@ def hold_lock(root: Path) -> int:
 
 def sweep_abandoned(directory: Path | None = None) -> None:
     """Remove what earlier sessions that were killed left on disk (containerd's unpacked images among it: hundreds
-    of megabytes each). Their processes and mounts died with their namespaces (tests/cluster/isolate.py); a
+    of megabytes each). Their processes and mounts died with their namespaces (testbed/isolate.py); a
     directory whose lock nobody holds is abandoned. Kept ones (KSQUAD_KEEP_CLUSTER) stay."""
     for root in (directory or Path(tempfile.gettempdir())).glob(f"{ROOT_PREFIX}*"):
         lock = root / LOCK
@@ -196,9 +188,6 @@ class ControlPlane:
     def log_file(self, component: str) -> Path:
         return self.root / f"{component}.log"
 
-    def free_port(self) -> int:
-        return free_port()
-
     def start(self) -> None:
         sweep_abandoned()
         self._lock = hold_lock(self.root)
@@ -217,8 +206,8 @@ class ControlPlane:
         to_kubelet = self.pki.issue(
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
         )
-        self.etcd_port, peer_port = free_port(), free_port()
-        self.apiserver_port = free_port()
+        self.etcd_port, peer_port = free_port(LOOPBACK), free_port(LOOPBACK)
+        self.apiserver_port = free_port(LOOPBACK)
 
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self._spawn(
@@ -260,7 +249,7 @@ class ControlPlane:
              "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
              "--service-account-private-key-file", str(self.pki.service_account_key),
              "--root-ca-file", str(self.pki.ca), "--leader-elect=false",
-             "--bind-address", "127.0.0.1", "--secure-port", str(free_port()),
+             "--bind-address", "127.0.0.1", "--secure-port", str(free_port(LOOPBACK)),
              "--concurrent-job-syncs", "10", "--concurrent-replicaset-syncs", "10",
              "--concurrent-gc-syncs", "10", "--profiling=false", "-v=1"],
         )  # fmt: skip
@@ -271,13 +260,13 @@ class ControlPlane:
             "kube-scheduler",
             [str(bins / "kube-scheduler"), "--kubeconfig", str(scheduler), "--authentication-kubeconfig", str(scheduler),
              "--authorization-kubeconfig", str(scheduler), "--authentication-skip-lookup", "--leader-elect=false", "--bind-address", "127.0.0.1",
-             "--secure-port", str(free_port()), "--profiling=false", "-v=1"],
+             "--secure-port", str(free_port(LOOPBACK)), "--profiling=false", "-v=1"],
         )  # fmt: skip
         self.wait_for_default_service_account("default", timeout=60)
         log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)
 
     def start_node(self) -> None:
-        """The node: containerd, the kubelet and kube-proxy (tests/cluster/node.py); until it is Ready."""
+        """The node: containerd, the kubelet and kube-proxy (testbed/node.py); until it is Ready."""
         self.node = Node(self)
         self.node.start()
 
@@ -415,7 +404,7 @@ class ControlPlane:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-# A cluster to poke at by hand: python -m tests.cluster.isolate python -m tests.cluster.controlplane
+# A cluster to poke at by hand: python -m testbed.isolate python -m testbed.controlplane
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})  # delivered to sigwait below

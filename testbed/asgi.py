@@ -3,21 +3,13 @@ service address (where the cluster's pods reach it too)."""
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import uvicorn
 
-from tests.cluster.isolate import service_address
-
-
-def free_port(host: str | None = None) -> int:
-    with socket.socket() as s:
-        s.bind((host or service_address(), 0))
-        port: int = s.getsockname()[1]
-        return port
+from testbed.isolate import free_port, service_address
 
 
 @asynccontextmanager

@@ -4,7 +4,7 @@ One process supervises:
 - Temporal's dev server (state in `.ksquad/temporal.db`, the UI on :8233 with the codec endpoint set);
 - the worker on task queue `ksquad` with local sandboxes (the reference agent as a local process per
   attempt) and SQLite as the coordination store (`.ksquad/ksquad.db`);
-- the embedded bridge on `ksquad-bridge` (worker.embedded), and the API the CLI talks to (worker.api);
+- the embedded bridge on `ksquad-bridge` (dev.embedded), and the API the CLI talks to (dev.api);
 - the model: `OPENAI_BASE_URL` (with `OPENAI_API_KEY`, `OPENAI_MODEL`) when set, else the scripted model.
 
 Payloads are encrypted with the key in `.ksquad/codec.key` (made on first start). Where everything listens
@@ -36,9 +36,9 @@ from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, 
 from activities.store import Store
 from activities.store.objects import ObjectStore
 from agent.scripted_model import ScriptedModel, build_app
-from worker.api import api_app, loopback_names
-from worker.devserver import DevServer, preferred_port
-from worker.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
+from dev.api import api_app, loopback_names
+from dev.devserver import DevServer, preferred_port
+from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
 from worker.registry import build_worker
 from workflows.activity_types import BRIDGE_TASK_QUEUE, WORKER_TASK_QUEUE
 from workflows.client import connect

@@ -1,4 +1,4 @@
-"""The test session's namespaces (tests/cluster/isolate.py): nothing a session starts outlives it, however it
+"""The test session's namespaces (testbed/isolate.py): nothing a session starts outlives it, however it
 ends, and its network leads nowhere but to itself. Checked with a session of its own, nested in this one."""
 
 import os
@@ -9,8 +9,8 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.cluster.controlplane import LOCK, ROOT_PREFIX, hold_lock, sweep_abandoned
-from tests.cluster.isolate import MARKER, NODE_ADDRESS
+from testbed.controlplane import LOCK, ROOT_PREFIX, hold_lock, sweep_abandoned
+from testbed.isolate import MARKER, NODE_ADDRESS
 
 ROOT = Path(__file__).parents[2]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).parents[2]
 def nested(script: str) -> subprocess.Popen[str]:
     """`script` (sh) as a session of its own: the wrapper, not told it already runs in one."""
     env = {k: v for k, v in os.environ.items() if k != MARKER}
-    return subprocess.Popen([sys.executable, "-m", "tests.cluster.isolate", "sh", "-c", script], cwd=ROOT, env=env,
+    return subprocess.Popen([sys.executable, "-m", "testbed.isolate", "sh", "-c", script], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
@@ -48,9 +48,7 @@ def test_a_killed_session_takes_every_process_it_started_with_it() -> None:
     while len(pids_running(marker)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(pids_running(marker)) == 2
-    (init,) = [
-        p for p in pids_running("tests.cluster.isolate --inside", exact=False) if _parent(p) == session.pid
-    ]
+    (init,) = [p for p in pids_running("testbed.isolate --inside", exact=False) if _parent(p) == session.pid]
     os.kill(session.pid, signal.SIGKILL)  # the `unshare` process...
     os.kill(init, signal.SIGKILL)  # ...and the namespace's PID 1, which ends the namespace
     session.wait(10)

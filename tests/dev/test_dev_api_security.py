@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from agent.scripted_model import ScriptedModel, build_app
-from tests.support.asgi import serving
+from testbed.asgi import serving
 from tests.support.dev import DevProcess
 
 CANARY = "sk-canary-5d1e0c6b"

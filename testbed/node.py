@@ -1,9 +1,9 @@
 """The test cluster's node: a real kubelet that runs pods in containers through containerd and runc, and
 kube-proxy for Services.
 
-Everything runs inside the test session's namespaces (tests/cluster/isolate.py): pods get addresses on the
+Everything runs inside the test session's namespaces (testbed/isolate.py): pods get addresses on the
 bridge `ksq0` through the CNI bridge plugin (Debian's containernetworking-plugins), the node is NODE_ADDRESS.
-Images come from `make images` (tests/cluster/images.py), imported into containerd; nothing is pulled.
+Images come from `make images` (testbed/images.py), imported into containerd; nothing is pulled.
 
 What differs from a production node, on purpose:
 - RuntimeClass handlers `runsc` (gVisor) and `kata` map to runc: the objects and their admission are real, the
@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from tests.cluster import images
-from tests.cluster.isolate import BRIDGE, NODE_ADDRESS, POD_RANGE, POD_SUBNET, isolated
+from testbed import images
+from testbed.isolate import BRIDGE, LOOPBACK, NODE_ADDRESS, POD_RANGE, POD_SUBNET, free_port, isolated
 
 if TYPE_CHECKING:
-    from tests.cluster.controlplane import ControlPlane
+    from testbed.controlplane import ControlPlane
 
 log = logging.getLogger(__name__)
 NODE_NAME = "ksquad-node"
@@ -180,7 +180,7 @@ class Node:
             raise NodeError(
                 "the test cluster's node runs pods in containers on a network of its own: run the tests through "
                 "`make test` / `make pytest` (as root), which starts them in their own namespaces "
-                "(python -m tests.cluster.isolate pytest ...)"
+                "(python -m testbed.isolate pytest ...)"
             )
         for program in ("containerd", "runc", "ctr"):
             if shutil.which(program) is None:
@@ -218,7 +218,7 @@ class Node:
         config = self.root / "kubelet.yaml"
         config.write_text(
             yaml.safe_dump(
-                kubelet_config(self.plane, self.root, (serving.cert, serving.key), self.plane.free_port())
+                kubelet_config(self.plane, self.root, (serving.cert, serving.key), free_port(LOOPBACK))
             )
         )
         self.plane.spawn(
@@ -254,8 +254,8 @@ class Node:
                     "clusterCIDR": POD_SUBNET,
                     "hostnameOverride": NODE_NAME,
                     "bindAddress": NODE_ADDRESS,
-                    "healthzBindAddress": f"127.0.0.1:{self.plane.free_port()}",
-                    "metricsBindAddress": f"127.0.0.1:{self.plane.free_port()}",
+                    "healthzBindAddress": f"127.0.0.1:{free_port(LOOPBACK)}",
+                    "metricsBindAddress": f"127.0.0.1:{free_port(LOOPBACK)}",
                     "conntrack": {"maxPerCore": 0},  # leave the namespace's conntrack table size alone
                     "nftables": {"masqueradeAll": True},  # pod -> Service -> pod on one bridge needs it
                 }
