@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from cli.targets import CliError, ClusterTarget, EmbeddedTarget, Target
+from workflows.signals import RunSignal
 from workflows.status import Phase
 
 STATE_DIR = Path(".ksquad")
@@ -223,7 +224,7 @@ async def runs_command(args: argparse.Namespace) -> int:
             await target.delete(namespace, name)
             result = {"run": f"{namespace}/{name}", "deleted": True}
         else:
-            await target.signal(namespace, name, action, getattr(args, "reason", None))
+            await target.signal(namespace, name, RunSignal(action), getattr(args, "reason", None))
             result = {"run": f"{namespace}/{name}", "signal": action}
         print(json.dumps(result) if as_json else f"run {namespace}/{name}: {action} sent"
               if action != "delete" else f"run {namespace}/{name} deleted")  # fmt: skip
@@ -321,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
         q = actions.add_parser(action, help=help_text)
         q.add_argument("name", help="NAME or NAMESPACE/NAME")
         q.add_argument("-n", "--namespace", default="default")
-        if action in ("cancel", "pause"):
+        if action in (RunSignal.CANCEL, RunSignal.PAUSE):
             q.add_argument("--reason", help="recorded in the Run's status")
         target_options(q, ("json", "yaml") if action == "get" else ("json",))
 

@@ -14,6 +14,7 @@ import httpx
 
 from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, PLURALS
 from kube import ApiError, Config, Kube, Unreachable, path
+from workflows.signals import RunSignal
 from workflows.spec import API_VERSION
 from workflows.status import Phase
 
@@ -32,7 +33,7 @@ class Target(Protocol):
     async def apply(self, docs: list[Any]) -> list[dict[str, str]]: ...
     async def list(self, namespace: str | None) -> list[dict[str, Any]]: ...
     async def get(self, namespace: str, name: str) -> dict[str, Any]: ...
-    async def signal(self, namespace: str, name: str, action: str, reason: str | None) -> None: ...
+    async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None: ...
     async def delete(self, namespace: str, name: str) -> None: ...
     def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
     async def close(self) -> None: ...
@@ -94,7 +95,7 @@ class EmbeddedTarget:
         run: dict[str, Any] = await self._call("GET", f"/runs/{namespace}/{name}")
         return run
 
-    async def signal(self, namespace: str, name: str, action: str, reason: str | None) -> None:
+    async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None:
         await self._call("POST", f"/runs/{namespace}/{name}/{action}", json={"reason": reason})
 
     async def delete(self, namespace: str, name: str) -> None:
@@ -179,13 +180,13 @@ class ClusterTarget:
             raise CliError(f"{err.reason}: {err.message}") from None
         return run
 
-    async def signal(self, namespace: str, name: str, action: str, reason: str | None) -> None:
+    async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None:
         """The bridge forwards these annotations as the workflow's signals."""
         await self.get(namespace, name)
         annotations: dict[str, str | None] = {
-            "cancel": {CANCEL_ANNOTATION: reason or "ksquad runs cancel"},
-            "pause": {PAUSE_ANNOTATION: reason or "ksquad runs pause"},
-            "resume": {PAUSE_ANNOTATION: None},
+            RunSignal.CANCEL: {CANCEL_ANNOTATION: reason or "ksquad runs cancel"},
+            RunSignal.PAUSE: {PAUSE_ANNOTATION: reason or "ksquad runs pause"},
+            RunSignal.RESUME: {PAUSE_ANNOTATION: None},
         }[action]  # type: ignore[assignment]
         await self._call(
             "patch", path(API_VERSION, "runs", namespace, name), {"metadata": {"annotations": annotations}}

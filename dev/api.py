@@ -40,13 +40,13 @@ from activities.store import Store, StoreError
 from dev.embedded import EmbeddedRuns, UnknownRun
 from workflows.codec import EncryptionCodec
 from workflows.model import InvalidObject
+from workflows.signals import USER_SIGNALS, RunSignal
 from workflows.status import Phase
 
 log = logging.getLogger(__name__)
 SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
 MAX_BODY_BYTES = 4 << 20  # an apply of a thousand Runs is about half a megabyte
-SIGNALS = ("cancel", "pause", "resume")  # what `POST /runs/{ns}/{name}/{action}` may send
 
 
 def error(status: int, message: str, problems: list[str] | None = None) -> JSONResponse:
@@ -109,14 +109,14 @@ def api_app(runs: EmbeddedRuns, store: Store, token: str, hosts: frozenset[str],
     @_errors
     async def signal_run(request: Request) -> Response:
         action = request.path_params["action"]
-        if action not in SIGNALS:
-            return error(400, f"unknown action {action!r}: one of {', '.join(SIGNALS)}")
+        if action not in USER_SIGNALS:  # `POST /runs/{ns}/{name}/{action}` sends only these
+            return error(400, f"unknown action {action!r}: one of {', '.join(USER_SIGNALS)}")
         body = await json_body(request) if await request.body() else {}
         if isinstance(body, Response):
             return body
         reason = (body if isinstance(body, dict) else {}).get("reason") or f"ksquad runs {action}"
-        args = () if action == "resume" else (reason,)
-        run = await runs.signal(*key(request), action, *args)
+        args = () if action == RunSignal.RESUME else (reason,)
+        run = await runs.signal(*key(request), RunSignal(action), *args)
         return JSONResponse({"run": f"{run.namespace}/{run.name}", "signal": action})
 
     @_errors

@@ -19,6 +19,7 @@ import httpx
 import yaml
 
 from dev.stack import DevStack
+from workflows.signals import RunSignal
 from workflows.status import Phase
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -85,7 +86,7 @@ async def run_demo(dev: DevStack) -> int:
         return await phase(cancelled_name) == Phase.RUNNING
 
     await until(cancelled_running, f"{cancelled_name} to be Running")
-    await dev.runs.signal(namespace, cancelled_name, "cancel", "cancelled by the demo")
+    await dev.runs.signal(namespace, cancelled_name, RunSignal.CANCEL, "cancelled by the demo")
 
     async def first_two_done() -> bool:
         return (await phase(seed_name)).terminal and (await phase(cancelled_name)).terminal

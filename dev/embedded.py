@@ -31,7 +31,8 @@ from workflows.activity_types import Activity, ResolveRequest
 from workflows.client import CLOSED, start_run
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
-from workflows.run import RunInput
+from workflows.run import RunInput, RunWorkflow
+from workflows.signals import RunSignal
 from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest, run_workflow_id
 from workflows.status import Phase, StatusSnapshot
 
@@ -221,9 +222,10 @@ class EmbeddedRuns:
         for run in await self.objects.of_kind("Run", namespace):
             if not Phase((run.status or {}).get("phase", "Pending")).terminal:
                 with contextlib.suppress(RPCError):
-                    await self.temporal.get_workflow_handle(run_workflow_id(run.namespace, run.name)).signal(
-                        "references_updated"
+                    handle = self.temporal.get_workflow_handle_for(
+                        RunWorkflow.run, run_workflow_id(run.namespace, run.name)
                     )
+                    await handle.signal(RunWorkflow.references_updated)
 
     async def get(self, namespace: str, name: str) -> StoredObject:
         run = await self.objects.get("Run", namespace, name)
@@ -231,7 +233,7 @@ class EmbeddedRuns:
             raise UnknownRun(namespace, name)
         return run
 
-    async def signal(self, namespace: str, name: str, signal: str, *args: Any) -> StoredObject:
+    async def signal(self, namespace: str, name: str, signal: RunSignal, *args: Any) -> StoredObject:
         run = await self.get(namespace, name)
         handle = self.temporal.get_workflow_handle(run_workflow_id(namespace, name))
         await handle.signal(signal, *args)

@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed.embedded import AGENT, MODEL, NAMESPACE, bench_stack, wait_terminal
 from workflows.run.route import RATE_LIMITS
+from workflows.signals import RunSignal
 
 THREE_DAYS = 3 * 86400
 
@@ -42,7 +43,7 @@ async def test_a_three_day_retry_after_pauses_for_the_cap_and_calls_nothing_mean
         await asyncio.sleep(3)
         assert len(dev.scripted.calls) == 1, "nothing is called while paused"
 
-        await dev.runs.signal(NAMESPACE, "three-days", "cancel", "the test is over")
+        await dev.runs.signal(NAMESPACE, "three-days", RunSignal.CANCEL, "the test is over")
         phases = await wait_terminal(dev, ["three-days"], within=60)
         assert phases == {"three-days": "Cancelled"}
     fault_counts["long_retry_after.runs"] += 1
