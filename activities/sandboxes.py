@@ -45,11 +45,12 @@ from workflows.activity_types import (
     Activity,
     OutputsRequest,
     PublishedOutputs,
+    RunRef,
     Sandbox,
     SandboxRelease,
     SandboxRequest,
 )
-from workflows.contract import CredentialRef, ExecutionContract, ModelRef
+from workflows.contract import CredentialRef, ExecutionContract, ModelRef, RunIdentity
 from workflows.spec import SandboxPolicy
 
 log = logging.getLogger(__name__)
@@ -140,9 +141,10 @@ def job_name(run: str, attempt: int) -> str:
     return run[: 63 - len(suffix)].rstrip("-") + suffix
 
 
-def owner_reference(contract: ExecutionContract) -> Obj:
-    return {"apiVersion": RUN_API, "kind": "Run", "name": contract.run.name, "uid": contract.run.uid,
-            "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+def owner_reference(run: RunRef | RunIdentity) -> Obj:
+    """The Run owns what is made for it: deleting the Run deletes it."""
+    return {"apiVersion": RUN_API, "kind": "Run", "name": run.name, "uid": run.uid, "controller": True,
+            "blockOwnerDeletion": True}  # fmt: skip
 
 
 def credential_env(contract: ExecutionContract) -> list[Obj]:
@@ -255,7 +257,7 @@ def job_manifest(contract: ExecutionContract, policy: SandboxPolicy, settings: S
             "name": name,
             "namespace": run.namespace,
             "labels": labels,
-            "ownerReferences": [owner_reference(contract)],
+            "ownerReferences": [owner_reference(contract.run)],
         },
         "spec": {
             "backoffLimit": 0,
@@ -338,7 +340,7 @@ class KubernetesSandboxes:
                 "resourceVersion": meta["resourceVersion"],  # the guard: fails with 409 if anyone else got there
                 "labels": {LABEL_STATE: "bound", LABEL_RUN: contract.run.name, LABEL_RUN_UID: contract.run.uid,
                            LABEL_ATTEMPT: str(contract.run.attempt)},
-                "ownerReferences": [owner_reference(contract)],
+                "ownerReferences": [owner_reference(contract.run)],
             }}  # fmt: skip
             try:
                 bound = await self.kube.patch(path("v1", "pods", contract.run.namespace, meta["name"]), patch)
@@ -469,8 +471,7 @@ class KubernetesSandboxes:
                                    type="OutputsTooLarge", non_retryable=True)  # fmt: skip
         name = f"{req.run.name}-outputs"
         ns = req.run.namespace
-        owner = {"apiVersion": RUN_API, "kind": "Run", "name": req.run.name, "uid": req.run.uid,
-                 "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        owner = owner_reference(req.run)
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner],
                              "labels": {LABEL_RUN: req.run.name, LABEL_RUN_UID: req.run.uid,

@@ -28,7 +28,6 @@ from activities.store.schema import (
     artifacts,
     claim_history,
     claims,
-    comments,
     run_events,
     run_fences,
     run_sequences,
@@ -120,13 +119,6 @@ def async_url(url: str) -> str:
 def sync_url(url: str) -> str:
     url = async_url(url)
     return url.replace("sqlite+aiosqlite://", "sqlite://", 1)
-
-
-def _reason(err: BaseException) -> str:
-    """The driver's own first line, not SQLAlchemy's statement dump (it would not fit a Temporal failure)."""
-    cause = err.orig if isinstance(err, exc.DBAPIError) and err.orig is not None else err
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[0] if text else ''}"[:500]
 
 
 def _unavailable(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -429,17 +421,6 @@ class Store:
         named counter kept in run_sequences beside the runs' event numbers."""
         async with self.engine.begin() as c:
             return await self.next_seq(c, name)
-
-    @_unavailable
-    async def add_comment(self, work_item_ref: str, holder: Holder, fence: int, body: str) -> int:
-        async with self.engine.begin() as c:
-            row = await self._fenced_insert(
-                c, comments,
-                {"work_item_ref": work_item_ref, "run_uid": holder.uid, "run": holder.run, "fence": fence,
-                 "body": body, "triggered_by": holder.triggered_by, "at": self.clock()},
-                holder, fence, work_item_ref,
-            )  # fmt: skip
-            return int(row.id)
 
     @_unavailable
     async def put_artifact(

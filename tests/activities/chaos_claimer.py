@@ -1,6 +1,6 @@
 """One claiming process of the chaos test (tests/activities/test_claims_chaos.py); it is killed at random.
 
-Loop: claim the item (1 s lease), write a few fenced comments, sometimes stall past the lease, release.
+Loop: claim the item (1 s lease), write a few fenced artifacts, sometimes stall past the lease, release.
 Every acknowledged step is appended to a log file and flushed before going on, so the checker knows what
 this process was told succeeded, whatever moment the SIGKILL came at.
 """
@@ -37,8 +37,8 @@ async def main(url: str, uid: str, log: TextIO) -> None:
             for i in range(rng.randint(1, 4)):
                 if rng.random() < 0.05:
                     await asyncio.sleep(1.3)  # stall past the lease: someone may take the item over
-                comment = await store.add_comment(ITEM, holder, fence, f"{uid} fence {fence} #{i}")
-                note(f"wrote {fence} {comment}")
+                written = await store.put_artifact(holder, fence, f"fence-{fence}-{i}", content=uid.encode(), work_item_ref=ITEM)
+                note(f"wrote {fence} {written}")
                 await asyncio.sleep(rng.uniform(0, 0.02))
             await store.release(ITEM, holder, fence)
             note(f"released {fence}")

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from activities.store import sync_url
 from activities.store.migrations import upgrade_sync
-from activities.store.schema import claim_history, comments
+from activities.store.schema import artifacts, claim_history
 from testbed.postgres import PostgresServer
 
 WORKERS = 6
@@ -60,7 +60,7 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
 
     with engine.connect() as conn:
         written = conn.execute(
-            sa.select(comments.c.id, comments.c.run_uid, comments.c.fence).order_by(comments.c.id)
+            sa.select(artifacts.c.id, artifacts.c.run_uid, artifacts.c.fence).order_by(artifacts.c.id)
         ).all()
         history = conn.execute(sa.select(claim_history).order_by(claim_history.c.id)).all()
     engine.dispose()
@@ -69,7 +69,7 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
     holder_of_fence = {h.fence: h.holder_uid for h in history if h.action in ("claimed", "took-over")}
     for row in written:
         assert holder_of_fence[row.fence] == row.run_uid, (
-            f"comment {row.id} by {row.run_uid} under {row.fence}"
+            f"artifact {row.id} by {row.run_uid} under {row.fence}"
         )
     fences = [row.fence for row in written]
     assert fences == sorted(fences), "a write of an older fence was accepted after a newer holder wrote"
@@ -85,7 +85,7 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
             if kind == "released":
                 assert (uid, int(rest[0])) in released, f"{uid}: release of fence {rest[0]} lost"
             if kind == "wrote":
-                assert (uid, int(rest[1])) in stored, f"{uid}: acknowledged comment {rest[1]} lost"
+                assert (uid, int(rest[1])) in stored, f"{uid}: acknowledged artifact {rest[1]} lost"
 
     takeovers = sum(h.action == "took-over" for h in history)
     print(f"\nchaos: {kills} kills, {len(logs)} holders, {told['claimed']} claims, {takeovers} takeovers of expired "

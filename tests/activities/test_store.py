@@ -51,7 +51,6 @@ async def test_an_expired_lease_is_taken_over_and_the_old_holder_is_fenced_off(
     assert new.fence > old.fence
     for stale_write in (
         store.append_event(A, old.fence, 1, "progress", "late", work_item_ref="wi-1"),
-        store.add_comment("wi-1", A, old.fence, "late comment"),
         store.put_artifact(A, old.fence, "late.txt", content=b"x", work_item_ref="wi-1"),
         store.renew("wi-1", A, old.fence, 30),
         store.fence_bump("wi-1", A, old.fence),
@@ -82,7 +81,7 @@ async def test_after_fence_bump_every_write_of_the_previous_fence_is_refused(sto
     with pytest.raises(StaleFence):
         await store.append_event(A, claim.fence, 1, "progress", "after", work_item_ref="wi-1")
     with pytest.raises(StaleFence):
-        await store.add_comment("wi-1", A, claim.fence, "after")
+        await store.put_artifact(A, claim.fence, "after.txt", content=b"x", work_item_ref="wi-1")
     await store.append_event(A, fence, 1, "progress", "with the new fence", work_item_ref="wi-1")
     assert [e.message for e in await store.events("uid-a")] == ["before", "with the new fence"]
 
