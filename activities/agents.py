@@ -151,8 +151,8 @@ class AgentActivities:
         self._cards: dict[str, tuple[float, AgentCard]] = {}  # endpoint -> (read at, monotonic; card)
 
     def http(self) -> httpx.AsyncClient:
-        """One HTTP client for every call: a new one per call cost ~20 ms of CPU for its TLS context alone, and
-        connections to a long-lived agent are kept. Streams are long, so connections are not capped."""
+        """One HTTP client for every call: a new one per call builds a TLS context each time (README,
+        "Benchmarks"), and connections to a long-lived agent are kept. Streams are long, so connections are not capped."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http[0] is not loop or self._http[1].is_closed:
             client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds),

@@ -25,7 +25,7 @@ RUN_WORKFLOWS: Sequence[type] = (RunWorkflow, CredentialThrottleWorkflow, Concur
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 # The sandbox re-imports a workflow's modules for every new workflow run; building the pydantic models again
-# cost ~75 ms per run's first workflow task. The data modules and pydantic are side-effect free (pure models
+# costs every run's first workflow task (README, "Benchmarks"). The data modules and pydantic are side-effect free (pure models
 # and functions that take `now` as an argument), so they pass through and are imported once per process. The
 # workflow modules themselves (run, entities) stay sandboxed, so a non-deterministic call there still fails.
 PASSTHROUGH_MODULES = ("pydantic", "pydantic_core", "annotated_types", "workflows.model", "workflows.spec",
@@ -45,7 +45,7 @@ MAX_CACHED_WORKFLOWS = 300
 def compile_workflow_modules() -> None:
     """Write the workflow modules' bytecode if it is missing or stale. The sandbox imports a workflow's module
     afresh for every workflow run; without bytecode on disk (PYTHONDONTWRITEBYTECODE, a source-only install)
-    each import compiles the workflow modules again, ~20 ms of CPU per run. A read-only install is left as it is."""
+    each import compiles the workflow modules again, for every run. A read-only install is left as it is."""
     for directory in workflows.__path__:
         compileall.compile_dir(directory, maxlevels=1, quiet=2)  # workflows/ and workflows/run/
 
