@@ -140,8 +140,9 @@ def decide_rate_limit(
     repeated = consecutive_limits >= thresholds.reroute_after_limits
     if next_agent is not None and (long_limit or repeated):
         because = "a long limit" if long_limit else f"{consecutive_limits} limits in a row"
+        # The run moves on, but the credential stays limited for `delay`: every other run on it must wait too.
         return RateLimitDecision(
-            RateLimitAction.REROUTE, 0.0, next_agent, f"re-routed to {next_agent} after {because}"
+            RateLimitAction.REROUTE, delay, next_agent, f"re-routed to {next_agent} after {because}"
         )
     return RateLimitDecision(RateLimitAction.PAUSE, delay, reason=why)
 

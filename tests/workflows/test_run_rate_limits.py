@@ -115,6 +115,27 @@ async def test_a_very_long_retry_after_is_capped_and_rerouted(client: Client, wo
     assert not paused_statuses(world, "r")
 
 
+async def test_a_rerouted_run_leaves_its_limit_on_the_credential_for_the_next_run(
+    client: Client, world: World
+) -> None:
+    # A re-route used to tell the credential's throttle that the limit ended at once: the next run on it called
+    # the provider that had said "3 days", got its own 429, and only then paused.
+    world.agents["dev-2"] = agent("dev-2", "dev-2-key")
+    world.scripts["r"] = [rate_limited(str(3 * 86400)), ok()]
+    world.scripts["next"] = [ok()]
+    rerouted = await start_run(client, run_input("r", agents=["dev-1", "dev-2"]))
+    # Real time from here (the test server skips time only while a result is awaited): the limit is not over.
+    await world.until("r to re-route", lambda: any(e.reason == "Rerouted" for e in world.events.get("r", [])))
+    limited_at = world.calls_of(Activity.INVOKE_AGENT, "r")[0].at
+    handle = await start_run(client, run_input("next", agents=["dev-1"]))
+    paused = await world.until_phase("next", "Paused")
+    assert paused.resume_at is not None
+    assert 3600 <= (paused.resume_at - limited_at).total_seconds() < 3602, "the capped limit, not now"
+    assert not world.calls_of(Activity.INVOKE_AGENT, "next"), "no call to a provider that said 3 days"
+    assert (await rerouted.result()).phase == Phase.SUCCEEDED
+    await handle.cancel()
+
+
 async def test_a_very_long_retry_after_with_nowhere_to_go_pauses_for_the_cap(
     client: Client, world: World
 ) -> None:
