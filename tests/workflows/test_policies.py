@@ -145,7 +145,7 @@ def test_repeated_or_long_limits_reroute_when_another_agent_can_take_it() -> Non
     repeated = decide(consecutive_limits=3, retry_after_seconds=10.0, next_agent="dev-2")
     assert (repeated.action, repeated.agent) == (RateLimitAction.REROUTE, "dev-2")
     long = decide(retry_after_seconds=3 * 86400.0, next_agent="dev-2")
-    assert long.action == RateLimitAction.REROUTE
+    assert (long.action, long.delay_seconds) == (RateLimitAction.REROUTE, CAP), "the credential stays limited"
     nowhere = decide(consecutive_limits=9, retry_after_seconds=3 * 86400.0, next_agent=None)
     assert (nowhere.action, nowhere.delay_seconds) == (RateLimitAction.PAUSE, CAP)
 
