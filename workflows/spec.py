@@ -56,6 +56,9 @@ class Timeouts(KsquadModel):
         default=86400, ge=1, le=30 * 86400
     )  # each CredentialExpired/Input/Manual pause
     queued_seconds: int = Field(default=86400, ge=1, le=30 * 86400)  # waiting for a concurrency slot
+    # Paused(RateLimited), over all of a run's pauses (each is capped at an hour): a credential that always
+    # answers 429 ends the run instead of keeping it alive.
+    rate_limited_seconds: int = Field(default=86400, ge=60, le=30 * 86400)
 
 
 class RunSpec(KsquadModel):

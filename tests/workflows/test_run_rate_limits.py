@@ -148,6 +148,21 @@ async def test_a_very_long_retry_after_with_nowhere_to_go_pauses_for_the_cap(
     assert (await handle.result()).phase == Phase.SUCCEEDED
 
 
+async def test_a_credential_that_always_says_429_ends_the_run_after_rate_limited_seconds(
+    client: Client, world: World
+) -> None:
+    # Each pause is capped at an hour; without a bound over all of them, a run stayed alive forever.
+    world.scripts["r"] = [rate_limited("3600")] * 10 + [ok()]
+    status = await (await start_run(client, run_input("r", timeouts={"rateLimitedSeconds": 7200}))).result()
+    assert (status.phase, status.reason) == (Phase.FAILED, "RateLimitedTimeout")
+    assert "timeouts.rateLimitedSeconds (7200s)" in (status.message or "")
+    calls = world.calls_of(Activity.INVOKE_AGENT, "r")
+    assert len(calls) == 3, "a call, an hour's pause, a call, the last hour, a call: nothing left to wait"
+    ended = world.last("r")
+    assert ended is not None and ended.last_transition_time is not None
+    assert 7200 <= (ended.last_transition_time - calls[0].at).total_seconds() < 7300
+
+
 async def test_runs_sharing_a_credential_pause_together_others_keep_running(
     client: Client, world: World
 ) -> None:

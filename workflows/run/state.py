@@ -18,6 +18,7 @@ class ThrottleState(KsquadModel):
     until: dict[str, datetime] = Field(default_factory=dict)
     strikes: dict[str, int] = Field(default_factory=dict)  # limits in a row, per key
     unplaced: list[str] = Field(default_factory=list)  # keys whose limit this run has no place after yet
+    waited_seconds: float = 0.0  # Paused(RateLimited) so far, over all pauses (timeouts.rateLimitedSeconds)
 
 
 class Route(KsquadModel):

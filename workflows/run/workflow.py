@@ -389,6 +389,13 @@ class RunWorkflow:
                 if self.interrupts.pending == Interrupt.THROTTLED:
                     self.interrupts.pending = None
                 return
+            bound = self.spec.timeouts.rate_limited_seconds
+            budget = bound - self.throttles.state.waited_seconds
+            if budget <= 0:
+                raise RunFailed(
+                    "RateLimitedTimeout",
+                    f"{key} kept answering 429: rate limited for timeouts.rateLimitedSeconds ({bound}s) in all",
+                )
             if self.status.phase != Phase.PAUSED or self.status.resume_at != until:
                 self.mirror.move(
                     Phase.PAUSED,
@@ -401,7 +408,7 @@ class RunWorkflow:
                 await self.interrupts.interruptible(
                     workflow.wait_condition(
                         functools.partial(self.throttles.moved, key, until),
-                        timeout=(until - now).total_seconds(),
+                        timeout=min((until - now).total_seconds(), budget),
                         timeout_summary=f"rate limited: resume at {until.isoformat()}",
                     ),
                     CANCEL_OR_PAUSE,
@@ -409,7 +416,10 @@ class RunWorkflow:
             except TimeoutError:
                 pass
             except Interrupted as interrupted:
+                self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
                 await self._pause_or_raise(interrupted)
+                continue
+            self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
 
     async def _pause_or_raise(self, interrupted: Interrupted, next_phase: Phase = Phase.CLAIMING) -> None:
         if interrupted.kind != Interrupt.PAUSE:
