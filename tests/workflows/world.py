@@ -140,6 +140,7 @@ class World:
         self.entered: dict[tuple[str, str], asyncio.Event] = {}  # (activity, run) -> set once it started
         self.released: dict[str, asyncio.Event] = {}  # run name -> set by the test to end a `block`
         self.blocked_claims: set[str] = set()  # runs whose claims hang until cancelled
+        self.stalled_mirrors: dict[str, int] = {}  # run name -> how many status writes hang (then fail)
 
     def _entered(self, name: Activity, run: str) -> asyncio.Event:
         return self.entered.setdefault((name.value, run), asyncio.Event())
@@ -201,6 +202,10 @@ class World:
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
+        if self.stalled_mirrors.get(snapshot.name, 0) > 0:
+            self.stalled_mirrors[snapshot.name] -= 1
+            await asyncio.sleep(45)  # an API server that never answers this one write
+            raise ApplicationError("the write hung")
         self.mirrored.setdefault(snapshot.name, []).append(snapshot.status)
         self.events.setdefault(snapshot.name, []).extend(snapshot.events)
 

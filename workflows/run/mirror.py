@@ -8,7 +8,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import search_attributes as sa
 from workflows.activity_types import BRIDGE_TASK_QUEUE, mirror_status
@@ -27,7 +27,11 @@ from workflows.status import (
 FLUSH_SECONDS = (
     60.0  # at the end (or before continuing as new), wait this long for the last status to be sent
 )
-_MIRROR_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30))
+# A status write that takes longer than this is given up and the latest status sent instead: one stuck write
+# must not hold every later status back (the activity's own retries would resend the old snapshot).
+WRITE_TIMEOUT = timedelta(seconds=5)
+MAX_BACKOFF_SECONDS = 30.0
+_ONE_TRY = RetryPolicy(maximum_attempts=1)
 _UNSET = object()
 
 
@@ -91,6 +95,10 @@ class StatusMirror:
             self._task = asyncio.create_task(self._send())
 
     async def _send(self) -> None:
+        """Each write is bounded and tried once; a failed one is followed by the latest status (never a retry of
+        an older snapshot), after a backoff. The bridge writes no revision over a newer one, so a write that
+        finishes late does no harm."""
+        backoff = 1.0
         while self._mirrored_revision < self.status.revision:
             events, self._unsent_events = self._unsent_events, []
             snapshot = StatusSnapshot(
@@ -106,12 +114,18 @@ class StatusMirror:
                     mirror_status,
                     snapshot,
                     task_queue=BRIDGE_TASK_QUEUE,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=_MIRROR_RETRY,
+                    start_to_close_timeout=WRITE_TIMEOUT,
+                    retry_policy=_ONE_TRY,
                     summary=f"mirror status r{snapshot.status.revision}: {snapshot.status.phase.value}",
                 )
-            except ActivityError as err:  # only a non-retryable error ends here; the next change tries again
+            except ActivityError as err:
+                if _retryable(err):
+                    self._unsent_events = events + self._unsent_events  # they go with the next try
+                    await workflow.sleep(backoff, summary="mirror status: back off")
+                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                    continue
                 workflow.logger.warning("mirroring status r%d failed: %s", snapshot.status.revision, err)
+            backoff = 1.0
             self._mirrored_revision = max(self._mirrored_revision, snapshot.status.revision)
 
     def _upsert_search_attributes(self) -> None:
@@ -133,3 +147,10 @@ class StatusMirror:
             updates.append(key.value_unset() if value is None else key.value_set(value))
         if updates:
             workflow.upsert_search_attributes(updates)
+
+
+def _retryable(err: ActivityError) -> bool:
+    """A timeout or a retryable failure (the bridge or the API server unreachable): send again. A failure the
+    bridge marks non-retryable will not change by resending."""
+    cause = err.cause
+    return not (isinstance(cause, ApplicationError) and cause.non_retryable)
