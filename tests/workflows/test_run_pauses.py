@@ -2,7 +2,7 @@
 
 from temporalio.client import Client
 
-from tests.workflows.world import Outcome, World, block, ok, run_input, start_run
+from tests.workflows.world import Outcome, World, block, ok, rate_limited, run_input, start_run
 from workflows.activity_types import Activity
 from workflows.status import PauseReason, Phase
 
@@ -73,3 +73,44 @@ async def test_manual_pause_ends_in_failure_after_paused_seconds(client: Client,
     await world.until_phase("r", "Paused")
     status = await handle.result()
     assert (status.phase, status.reason) == (Phase.FAILED, "ManualTimeout")
+
+
+async def test_a_pause_while_rate_limited_takes_over_and_the_limit_still_holds_after_resume(
+    client: Client, world: World
+) -> None:
+    # A pause sent to a run already paused (here by a rate limit) was dropped: the run resumed at resumeAt.
+    world.scripts["r"] = [rate_limited("600"), ok()]
+    handle = await start_run(client, run_input("r", work_item_ref="wi-1"))
+    limited = await world.until_phase("r", "Paused")
+    assert limited.pause_reason == PauseReason.RATE_LIMITED
+    await handle.signal("pause", "hold it")
+    await world.until("a manual pause", lambda: (s := world.last("r")) is not None
+                      and s.pause_reason == PauseReason.MANUAL)  # fmt: skip
+    held = world.last("r")
+    assert held is not None and (held.reason, held.message) == ("Manual", "hold it")
+    await handle.signal("resume")
+    await world.until("the limit again", lambda: (s := world.last("r")) is not None
+                      and s.pause_reason == PauseReason.RATE_LIMITED and s.revision > held.revision)  # fmt: skip
+    again = world.last("r")
+    assert again is not None and again.resume_at == limited.resume_at, "the limit is not forgotten"
+    assert (await handle.result()).phase == Phase.SUCCEEDED
+    first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
+    assert limited.resume_at is not None and second.at >= limited.resume_at
+
+
+async def test_a_pause_while_waiting_for_input_holds_the_run_and_the_task_goes_on_after_resume(
+    client: Client, world: World
+) -> None:
+    world.scripts["r"] = [Outcome("input_required", message="Which test is flaky?"), ok()]
+    handle = await start_run(client, run_input("r"))
+    await world.until_phase("r", "Paused")
+    await handle.signal("pause", "not now")
+    await world.until("a manual pause", lambda: (s := world.last("r")) is not None
+                      and s.pause_reason == PauseReason.MANUAL)  # fmt: skip
+    await handle.signal("input", "test_payment_retry")  # arrives while held: kept for after the resume
+    await handle.signal("resume")
+    status = await handle.result()
+    assert (status.phase, status.attempt) == (Phase.SUCCEEDED, 1), "the same task, not a new attempt"
+    follow_up = world.calls_of(Activity.INVOKE_AGENT, "r")[1].detail["follow_up"]
+    assert follow_up == {"taskId": "task-uid-r-a1", "contextId": "uid-r-a1", "text": "test_payment_retry"}
+    assert "Manual" in [e.reason for e in world.events["r"]]

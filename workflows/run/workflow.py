@@ -112,8 +112,11 @@ class RunWorkflow:
 
     @workflow.signal(name=RunSignal.PAUSE)
     def pause(self, reason: str | None = None) -> None:
+        """Paused(Manual) until `resume`. From another pause (a rate limit, input, a credential) too: the manual
+        pause takes over, and after `resume` the run waits again for what it was waiting for."""
         self.pause_message = reason
-        if self.interrupts.pending is None and self.status.phase != Phase.PAUSED:
+        held = self.status.phase == Phase.PAUSED and self.status.pause_reason == PauseReason.MANUAL
+        if self.interrupts.pending is None and not held:
             self.interrupts.pending = Interrupt.PAUSE
         self.resume_requested = False
 
@@ -421,31 +424,35 @@ class RunWorkflow:
                 continue
             self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
 
-    async def _pause_or_raise(self, interrupted: Interrupted, next_phase: Phase = Phase.CLAIMING) -> None:
+    async def _pause_or_raise(
+        self, interrupted: Interrupted, next_phase: Phase | None = Phase.CLAIMING
+    ) -> None:
         if interrupted.kind != Interrupt.PAUSE:
             raise interrupted
         await self._manual_pause(next_phase)
 
-    async def _manual_pause(self, next_phase: Phase = Phase.CLAIMING) -> None:
-        """Paused(Manual) until `resume`, or Failed after timeouts.pausedSeconds."""
+    async def _manual_pause(self, next_phase: Phase | None = Phase.CLAIMING) -> None:
+        """Paused(Manual) until `resume`, or Failed after timeouts.pausedSeconds; then `next_phase` (None: the
+        caller goes back to the pause it was in)."""
         self.resume_requested = False
         limit = self.spec.timeouts.paused_seconds
         message = self.pause_message or "paused by request"
-        self.mirror.move(Phase.PAUSED, pause_reason=PauseReason.MANUAL, reason="Paused", message=message)
+        self.mirror.move(
+            Phase.PAUSED, pause_reason=PauseReason.MANUAL, reason=PauseReason.MANUAL, message=message
+        )
         await self.held.renew_for(later(limit))
         await self._wait_signal(lambda: self.resume_requested, limit, RunSignal.RESUME, "wait for resume")
         self.resume_requested = False
-        self.mirror.move(next_phase, reason="Resumed", message="resumed by request")
+        if next_phase is not None:
+            self.mirror.move(next_phase, reason="Resumed", message="resumed by request")
 
     async def _wait_for_input(self, task: TaskPause) -> str:
         self.pending_input = None
-        message = task.message or "the agent needs input"
-        self.mirror.move(
-            Phase.PAUSED, pause_reason=PauseReason.INPUT_REQUIRED, reason="InputRequired", message=message
-        )
-        limit = self.spec.timeouts.paused_seconds
-        await self._wait_signal(
-            lambda: self.pending_input is not None, limit, RunSignal.INPUT, "wait for input"
+        await self._paused_until(
+            lambda: self.pending_input is not None,
+            PauseReason.INPUT_REQUIRED,
+            task.message or "the agent needs input",
+            RunSignal.INPUT,
         )
         text, self.pending_input = self.pending_input or "", None
         return text
@@ -453,27 +460,38 @@ class RunWorkflow:
     async def _wait_for_credential(self, task: TaskPause, refreshes_before_call: int) -> None:
         """Paused(CredentialExpired) until the credential rotates. A rotation that arrived while the refused
         call was still under way counts: the run goes on at once instead of waiting for another."""
-        if self.credential_refreshes > refreshes_before_call:
-            return
-        message = task.message or f"credential of {self.route.model().name} was refused"
-        self.mirror.move(
-            Phase.PAUSED,
-            pause_reason=PauseReason.CREDENTIAL_EXPIRED,
-            reason="CredentialExpired",
-            message=message,
-        )
-        await self._wait_signal(
+        await self._paused_until(
             lambda: self.credential_refreshes > refreshes_before_call,
-            self.spec.timeouts.paused_seconds,
+            PauseReason.CREDENTIAL_EXPIRED,
+            task.message or f"credential of {self.route.model().name} was refused",
             RunSignal.CREDENTIAL_REFRESHED,
-            "wait for a refreshed credential",
         )
 
-    async def _wait_signal(self, arrived: Callable[[], bool], limit: int, signal: str, summary: str) -> None:
+    async def _paused_until(
+        self, arrived: Callable[[], bool], reason: PauseReason, message: str, signal: RunSignal
+    ) -> None:
+        """Paused(`reason`) until `arrived`, or Failed after timeouts.pausedSeconds. A manual pause meanwhile
+        holds the run; after `resume` it waits again, unless what it waited for came meanwhile."""
+        while not arrived():
+            self.mirror.move(Phase.PAUSED, pause_reason=reason, reason=reason, message=message)
+            try:
+                await self._wait_signal(
+                    arrived, self.spec.timeouts.paused_seconds, signal, f"wait for {signal}", CANCEL_OR_PAUSE
+                )
+            except Interrupted as interrupted:
+                await self._pause_or_raise(interrupted, next_phase=None)
+
+    async def _wait_signal(
+        self,
+        arrived: Callable[[], bool],
+        limit: int,
+        signal: str,
+        summary: str,
+        kinds: frozenset[Interrupt] = frozenset({Interrupt.CANCEL}),
+    ) -> None:
         try:
             await self.interrupts.interruptible(
-                workflow.wait_condition(arrived, timeout=limit, timeout_summary=summary),
-                frozenset({Interrupt.CANCEL}),
+                workflow.wait_condition(arrived, timeout=limit, timeout_summary=summary), kinds
             )
         except TimeoutError as err:
             raise RunFailed(
