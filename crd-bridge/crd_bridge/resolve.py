@@ -170,6 +170,8 @@ class Resolver:
         endpoint = await self.get("ModelEndpoint", endpoint_ref, ModelEndpointSpec) if endpoint_ref else None
         if endpoint_ref is None and agent.endpoint is None:
             raise Invalid(f"Agent {self.namespace}/{name} has no modelEndpointRef (and the Run names none)")
+        if endpoint_ref is not None and endpoint is None:
+            return None  # named as missing and waited for: its model may come with it
         model_name = spec.model or agent.model or (endpoint.model if endpoint else None)
         if model_name is None and agent.endpoint is None:
             raise Invalid(f"no model for Agent {self.namespace}/{name}: set spec.model on the Run, the Agent or "

@@ -153,3 +153,16 @@ async def test_endpoints_inside_the_allow_list_resolve() -> None:
     }
     r = await resolve("payments", parse_run_spec({"agents": ["dev-2"]}), lookup(denied), allow=allow)
     assert r.outcome == "invalid", "a host allowed on one port only"
+
+
+async def test_an_agents_model_endpoint_created_after_the_run_is_waited_for_not_invalid() -> None:
+    # An Agent with modelEndpointRef and no model, its endpoint not there yet: the Run was Invalid at once
+    # ("no model for Agent ..."), and stayed Failed after the endpoint appeared.
+    objects = {("Agent", "later"): {"modelEndpointRef": "late-endpoint"}}
+    spec = parse_run_spec({"agents": ["later"]})
+    waiting = await resolve("payments", spec, lookup(objects))
+    assert (waiting.outcome, waiting.missing) == ("missing", ["ModelEndpoint payments/late-endpoint"])
+    objects[("ModelEndpoint", "late-endpoint")] = {"url": "https://api.example/v1", "model": "gpt-late"}
+    resolved = await resolve("payments", spec, lookup(objects))
+    assert resolved.outcome == "resolved"
+    assert resolved.agents[0].model.name == "gpt-late"
