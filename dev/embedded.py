@@ -27,8 +27,8 @@ from activities.store import StoreError
 from activities.store.objects import Applied, ObjectStore, StoredObject
 from crd_bridge.activities import status_body
 from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, resolve
+from temporal_client.connection import CLOSED, start_run
 from workflows.activity_types import Activity, ResolveRequest
-from workflows.client import CLOSED, start_run
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
 from workflows.run import RunInput, RunWorkflow

@@ -34,9 +34,9 @@ from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxAct
 from activities.store import Store
 from kube import Config, Kube
 from kube.probes import Probes
+from temporal_client.connection import codec_from_env, connect
 from worker.registry import build_worker
 from worker.settings import Settings
-from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.worker")
 

@@ -38,8 +38,8 @@ from crd_bridge.runs import RunReconciler
 from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
 from kube.probes import Probes
+from temporal_client.connection import codec_from_env, connect
 from workflows.activity_types import BRIDGE_TASK_QUEUE
-from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.bridge")
 SHUTDOWN_SECONDS = 10.0

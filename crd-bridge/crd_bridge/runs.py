@@ -25,7 +25,7 @@ from crd_bridge.activities import BridgeActivities, run_path, status_body
 from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, TRIGGERED_BY_ANNOTATION
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
-from workflows.client import CLOSED, start_run
+from temporal_client.connection import CLOSED, start_run
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec, run_workflow_id

@@ -1,6 +1,5 @@
-"""How every ksquad process talks to Temporal: the pydantic data converter (the workflows' wire format),
-credentials (TLS, API key), and ksquad's search attributes registered. Shared by the worker, the bridge and
-the CLI, so it lives with the workflows it serves."""
+"""How every ksquad process connects to Temporal: the pydantic data converter (the workflows' wire format),
+credentials (TLS, API key), and ksquad's search attributes registered."""
 
 import dataclasses
 import os
@@ -20,8 +19,8 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
+from temporal_client.codec import EncryptionCodec, load_key
 from workflows import search_attributes as sa
-from workflows.codec import EncryptionCodec, load_key
 from workflows.run.state import RunInput
 from workflows.status import Phase, RunStatus
 
