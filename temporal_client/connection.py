@@ -1,8 +1,11 @@
-"""How every ksquad process connects to Temporal: the pydantic data converter (the workflows' wire format),
-credentials (TLS, API key), and ksquad's search attributes registered."""
+"""How every ksquad process connects to Temporal: where (the settings the chart gives the worker and the
+bridge), the pydantic data converter (the workflows' wire format), credentials (TLS, API key), and ksquad's
+search attributes registered."""
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -39,6 +42,28 @@ async def connect(target: str, namespace: str = "default", *, api_key: str | Non
         tls_config = TLSConfig(server_root_ca_cert=server_root_ca)
     return await Client.connect(target, namespace=namespace, data_converter=data_converter(codec), api_key=api_key,
                                 tls=tls_config)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TemporalSettings:
+    """Where the worker and the bridge find Temporal, from KSQUAD_TEMPORAL_* (the chart sets them)."""
+
+    address: str = "127.0.0.1:7233"  # the frontend, host:port
+    namespace: str = "default"
+    api_key: str | None = None  # Temporal Cloud's; implies TLS
+    tls: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "TemporalSettings":
+        return cls(
+            address=env.get("KSQUAD_TEMPORAL_ADDRESS", cls.address),
+            namespace=env.get("KSQUAD_TEMPORAL_NAMESPACE", cls.namespace),
+            api_key=env.get("KSQUAD_TEMPORAL_API_KEY") or None,
+            tls=env.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
+        )
+
+    async def connect(self, codec: PayloadCodec | None = None) -> Client:
+        return await connect(self.address, self.namespace, api_key=self.api_key, tls=self.tls, codec=codec)
 
 
 def with_converter(client: Client, codec: PayloadCodec | None = None) -> Client:
