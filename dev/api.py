@@ -38,7 +38,7 @@ from temporalio.service import RPCError
 
 from activities.store import Store, StoreError
 from dev.embedded import EmbeddedRuns, UnknownRun
-from workflows.codec import EncryptionCodec
+from temporal_client.codec import EncryptionCodec
 from workflows.model import InvalidObject
 from workflows.signals import USER_SIGNALS, RunSignal
 from workflows.status import Phase

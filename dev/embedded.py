@@ -9,7 +9,6 @@ bridge would start it, and the `ksquad-bridge` task queue is served from here:
   to the run's event log, which `ksquad runs watch` streams.
 """
 
-import asyncio
 import contextlib
 import getpass
 import logging
@@ -21,19 +20,19 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from activities.store import StoreError
 from activities.store.objects import Applied, ObjectStore, StoredObject
 from crd_bridge.activities import status_body
 from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, resolve
+from temporal_client.runs import RunWorkflows
 from workflows.activity_types import Activity, ResolveRequest
-from workflows.client import CLOSED, start_run
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
 from workflows.run import RunInput, RunWorkflow
 from workflows.signals import RunSignal
-from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest, run_workflow_id
+from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest
 from workflows.status import Phase, StatusSnapshot
 
 log = logging.getLogger(__name__)
@@ -163,8 +162,7 @@ class EmbeddedRuns:
 
     def __init__(self, objects: ObjectStore, temporal: Client, worker_task_queue: str) -> None:
         self.objects = objects
-        self.temporal = temporal
-        self.worker_task_queue = worker_task_queue
+        self.workflows = RunWorkflows(temporal, worker_task_queue)
         self.user = getpass.getuser()
 
     async def apply(self, docs: Iterable[Any]) -> list[dict[str, str]]:
@@ -188,23 +186,14 @@ class EmbeddedRuns:
         return action
 
     async def ensure_workflow(self, run: StoredObject) -> None:
-        """Start the Run's workflow unless one of this Run (uid) exists; a second never starts."""
-        handle = self.temporal.get_workflow_handle(run_workflow_id(run.namespace, run.name))
-        try:
-            description = await handle.describe()
-            if await description.memo_value("uid", default=None) == run.uid:
-                return
-            if description.status not in CLOSED:
-                raise RuntimeError(
-                    f"the workflow of an earlier Run {run.namespace}/{run.name} is still running"
-                )
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                raise
+        """Start the Run's workflow unless one of this Run (uid) exists; a second never starts. Raises
+        EarlierRunStillRunning while an earlier Run of this name has its workflow still running."""
+        if await self.workflows.find(run.namespace, run.name, run.uid) is not None:
+            return
         spec = parse_run_manifest(run.manifest()).spec
         run_input = RunInput(namespace=run.namespace, name=run.name, uid=run.uid, generation=run.generation,
                              triggered_by=self.user, spec=spec)  # fmt: skip
-        await start_run(self.temporal, run_input, self.worker_task_queue)
+        await self.workflows.start(run_input)
         log.info("started the workflow of Run %s/%s", run.namespace, run.name)
 
     async def resume_unfinished(self) -> int:
@@ -222,9 +211,7 @@ class EmbeddedRuns:
         for run in await self.objects.of_kind("Run", namespace):
             if not Phase((run.status or {}).get("phase", "Pending")).terminal:
                 with contextlib.suppress(RPCError):
-                    handle = self.temporal.get_workflow_handle_for(
-                        RunWorkflow.run, run_workflow_id(run.namespace, run.name)
-                    )
+                    handle = self.workflows.handle(run.namespace, run.name)
                     await handle.signal(RunWorkflow.references_updated)
 
     async def get(self, namespace: str, name: str) -> StoredObject:
@@ -235,22 +222,16 @@ class EmbeddedRuns:
 
     async def signal(self, namespace: str, name: str, signal: RunSignal, *args: Any) -> StoredObject:
         run = await self.get(namespace, name)
-        handle = self.temporal.get_workflow_handle(run_workflow_id(namespace, name))
-        await handle.signal(signal, *args)
+        await self.workflows.handle(namespace, name).signal(signal, *args)
         return run
 
     async def delete(self, namespace: str, name: str, wait_seconds: float = 30.0) -> StoredObject:
         """Cancel the Run's workflow, wait (bounded) for it to end, then forget the Run."""
         run = await self.get(namespace, name)
-        handle = self.temporal.get_workflow_handle(run_workflow_id(namespace, name))
+        # Whichever Run's workflow runs under the name is cancelled (the store holds one Run per name, so an
+        # earlier Run's is one a deletion already gave up waiting for). Temporal unreachable: the Run is
+        # forgotten all the same.
         with contextlib.suppress(RPCError):
-            if (await handle.describe()).status not in CLOSED:
-                await handle.cancel()
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + wait_seconds
-                while loop.time() < deadline:
-                    if (await handle.describe()).status in CLOSED:
-                        break
-                    await asyncio.sleep(0.2)
+            await self.workflows.cancel_and_wait(namespace, name, None, wait_seconds)
         await self.objects.delete("Run", namespace, name, run.uid)
         return run

@@ -39,10 +39,10 @@ from agent.scripted_model import ScriptedModel, build_app
 from dev.api import api_app, loopback_names
 from dev.devserver import DevServer, preferred_port
 from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
+from temporal_client.codec import EncryptionCodec, ensure_key_file
+from temporal_client.connection import connect
 from worker.registry import build_worker
 from workflows.activity_types import BRIDGE_TASK_QUEUE, WORKER_TASK_QUEUE
-from workflows.client import connect
-from workflows.codec import EncryptionCodec, ensure_key_file
 from workflows.contract import CredentialRef
 
 log = logging.getLogger("ksquad.dev")

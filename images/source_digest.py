@@ -13,8 +13,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the wheel is built from, and how the images are put together.
-INPUTS = ["pyproject.toml", "README.md", "workflows", "activities", "worker", "dev", "cli", "crd-bridge", "agent",
-          "kube", "images/Containerfile", "images/requirements.lock", "images/build-tools.lock"]  # fmt: skip
+INPUTS = ["pyproject.toml", "README.md", "workflows", "temporal_client", "activities", "worker", "dev", "cli",
+          "crd-bridge", "agent", "kube", "images/Containerfile", "images/requirements.lock", "images/build-tools.lock"]  # fmt: skip
 
 
 def files() -> list[str]:

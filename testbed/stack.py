@@ -21,12 +21,12 @@ from temporalio.client import Client
 from dev.binaries import die_with_parent
 from dev.devserver import DevServer
 from kube import Kube, path
+from temporal_client.connection import connect
 from testbed import chart
 from testbed.agents import MODEL_KEY, ModelEndpoint
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from testbed.isolate import free_port
-from workflows.client import connect
 
 ROOT = Path(__file__).parents[1]
 STACK_KINDS = {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "MutatingAdmissionPolicy",

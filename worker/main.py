@@ -34,9 +34,9 @@ from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxAct
 from activities.store import Store
 from kube import Config, Kube
 from kube.probes import Probes
+from temporal_client.connection import codec_from_env
 from worker.registry import build_worker
 from worker.settings import Settings
-from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.worker")
 
@@ -53,13 +53,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             backend = KubernetesSandboxes(kube, sandbox_settings)
         else:
             backend = LocalSandboxes(sandbox_settings)
-        client = await connect(
-            settings.temporal_address,
-            settings.temporal_namespace,
-            api_key=settings.temporal_api_key,
-            tls=settings.temporal_tls,
-            codec=codec_from_env(),
-        )
+        client = await settings.temporal.connect(codec_from_env())
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
         activities: list[Callable[..., Any]] = [
@@ -74,7 +68,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         log.info("serving task queue %s on %s (namespace %s), store %s, %s sandboxes", settings.task_queue,
-                 settings.temporal_address, settings.temporal_namespace, store.engine.url.render_as_string(),
+                 settings.temporal.address, settings.temporal.namespace, store.engine.url.render_as_string(),
                  sandbox_settings.backend)  # fmt: skip
         readiness = Readiness(store, client)
         checking = asyncio.create_task(readiness.watch())

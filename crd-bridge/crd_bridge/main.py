@@ -38,8 +38,8 @@ from crd_bridge.runs import RunReconciler
 from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
 from kube.probes import Probes
+from temporal_client.connection import codec_from_env
 from workflows.activity_types import BRIDGE_TASK_QUEUE
-from workflows.client import codec_from_env, connect
 
 log = logging.getLogger("ksquad.bridge")
 SHUTDOWN_SECONDS = 10.0
@@ -55,9 +55,7 @@ async def serve(settings: BridgeSettings) -> int:
 
     probes = Probes(settings.health_port, lambda: state["ready"], lambda: {"leader": state["leader"]})
     async with Kube(Config.load(settings.kubeconfig)) as kube, probes:
-        temporal = await connect(settings.temporal_address, settings.temporal_namespace,
-                                 api_key=settings.temporal_api_key, tls=settings.temporal_tls,
-                                 codec=codec_from_env())  # fmt: skip
+        temporal = await settings.temporal.connect(codec_from_env())
         bridge = BridgeActivities(
             kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow
         )

@@ -18,14 +18,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 
 from crd_bridge.activities import BridgeActivities, run_path, status_body
 from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, TRIGGERED_BY_ANNOTATION
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
-from workflows.client import CLOSED, start_run
+from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec, run_workflow_id
@@ -41,7 +41,7 @@ class RunReconciler:
         self, kube: Kube, temporal: Client, settings: BridgeSettings, bridge: BridgeActivities
     ) -> None:
         self.kube = kube
-        self.temporal = temporal
+        self.workflows = RunWorkflows(temporal, settings.worker_task_queue)
         self.settings = settings
         self.bridge = bridge
         self.started: set[str] = set()  # uids whose workflow exists (a cache; Temporal is the truth)
@@ -151,13 +151,13 @@ class RunReconciler:
         retry = await self.ensure_workflow(run)
         annotation = meta.get("annotations", {}).get(CANCEL_ANNOTATION)
         if annotation is not None and meta["uid"] not in self.cancel_sent:
-            handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
+            handle = self.workflows.handle(meta["namespace"], meta["name"])
             with contextlib.suppress(RPCError):
                 await handle.signal(RunWorkflow.cancel, annotation or f"annotation {CANCEL_ANNOTATION}")
                 self.cancel_sent.add(meta["uid"])
         pause = meta.get("annotations", {}).get(PAUSE_ANNOTATION)
         if (pause is not None) != self.paused.get(meta["uid"], False):
-            handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
+            handle = self.workflows.handle(meta["namespace"], meta["name"])
             with contextlib.suppress(RPCError):
                 await (
                     handle.signal(RunWorkflow.pause, pause or "paused")
@@ -172,18 +172,15 @@ class RunReconciler:
         uid, namespace, name = meta["uid"], meta["namespace"], meta["name"]
         if uid in self.started:
             return False
-        workflow_id = run_workflow_id(namespace, name)
-        handle = self.temporal.get_workflow_handle(workflow_id)
-        existing = await _describe(handle)
+        try:
+            existing = await self.workflows.find(namespace, name, uid)
+        except EarlierRunStillRunning:
+            return True  # the workflow of an earlier Run of this name is still ending: wait for it
         if existing is not None:
-            status, existing_uid = existing
-            if existing_uid == uid:
-                self.started.add(uid)
-                if status in CLOSED and not Phase(run.get("status", {}).get("phase", "Pending")).terminal:
-                    await self.reconcile_closed(run, handle)
-                return False
-            if status not in CLOSED:
-                return True  # the workflow of an earlier Run of this name is still ending: wait for it
+            self.started.add(uid)
+            if existing.closed and not Phase(run.get("status", {}).get("phase", "Pending")).terminal:
+                await self.reconcile_closed(run, existing.handle)
+            return False
         try:
             spec = parse_run_spec(run.get("spec"))
         except InvalidObject as err:
@@ -193,11 +190,11 @@ class RunReconciler:
         triggered_by = meta.get("annotations", {}).get(TRIGGERED_BY_ANNOTATION)
         run_input = RunInput(namespace=namespace, name=name, uid=uid, generation=meta.get("generation", 1),
                              triggered_by=triggered_by, spec=spec)  # fmt: skip
-        handle = await start_run(self.temporal, run_input, self.settings.worker_task_queue)
+        handle = await self.workflows.start(run_input)
         self.started.add(uid)
-        log.info("started workflow %s for Run uid %s", workflow_id, uid)
+        log.info("started workflow %s for Run uid %s", handle.id, uid)
         if not (run.get("status") or {}).get("phase"):
-            await self.acknowledge(run, WorkflowRef(id=workflow_id, run_id=handle.result_run_id))
+            await self.acknowledge(run, WorkflowRef(id=handle.id, run_id=handle.result_run_id))
         return False
 
     async def acknowledge(self, run: dict[str, Any], workflow: WorkflowRef) -> None:
@@ -244,21 +241,10 @@ class RunReconciler:
         meta = run["metadata"]
         if FINALIZER not in meta.get("finalizers", []):
             return False
-        handle = self.temporal.get_workflow_handle(run_workflow_id(meta["namespace"], meta["name"]))
-        existing = await _describe(handle)
-        if existing is not None and existing[1] == meta["uid"] and existing[0] not in CLOSED:
-            with contextlib.suppress(RPCError):
-                await handle.cancel()
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.settings.cancel_wait_seconds
-            while loop.time() < deadline:
-                described = await _describe(handle)
-                if described is None or described[0] in CLOSED:
-                    break
-                await asyncio.sleep(0.2)
-            else:
-                log.warning("%s did not end within %.0fs; removing the finalizer anyway", handle.id,
-                            self.settings.cancel_wait_seconds)  # fmt: skip
+        wait = self.settings.cancel_wait_seconds
+        if not await self.workflows.cancel_and_wait(meta["namespace"], meta["name"], meta["uid"], wait):
+            workflow_id = run_workflow_id(meta["namespace"], meta["name"])
+            log.warning("%s did not end within %.0fs; removing the finalizer anyway", workflow_id, wait)
         try:
             await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
                 "finalizers": [f for f in meta.get("finalizers", []) if f != FINALIZER],
@@ -270,17 +256,3 @@ class RunReconciler:
                 raise
         self.started.discard(meta["uid"])
         return False
-
-
-async def _describe(
-    handle: WorkflowHandle[Any, Any],
-) -> tuple[WorkflowExecutionStatus | None, str | None] | None:
-    """(status, the Run uid in its memo) of the newest workflow with this id, or None when there is none."""
-    try:
-        description = await handle.describe()
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND:
-            return None
-        raise
-    uid = await description.memo_value("uid", default=None)
-    return description.status, str(uid) if uid is not None else None

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from crd_bridge.resolve import ANYTHING, AllowLists
+from temporal_client.connection import TemporalSettings
 from workflows.activity_types import WORKER_TASK_QUEUE
 
 
@@ -20,10 +21,7 @@ def _allowed(env: Mapping[str, str], name: str) -> frozenset[str] | None:
 
 @dataclass(frozen=True)
 class BridgeSettings:
-    temporal_address: str = "127.0.0.1:7233"
-    temporal_namespace: str = "default"
-    temporal_api_key: str | None = None
-    temporal_tls: bool = False
+    temporal: TemporalSettings = field(default_factory=TemporalSettings)
     worker_task_queue: str = WORKER_TASK_QUEUE  # where Run workflows are started
     kubeconfig: str | None = None
     watch_namespaces: list[str] = field(default_factory=list)  # empty: every namespace
@@ -41,10 +39,7 @@ class BridgeSettings:
         env = os.environ
         limit = env.get("KSQUAD_NAMESPACE_MAX_CONCURRENT_RUNS")
         return cls(
-            temporal_address=env.get("KSQUAD_TEMPORAL_ADDRESS", cls.temporal_address),
-            temporal_namespace=env.get("KSQUAD_TEMPORAL_NAMESPACE", cls.temporal_namespace),
-            temporal_api_key=env.get("KSQUAD_TEMPORAL_API_KEY") or None,
-            temporal_tls=env.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
+            temporal=TemporalSettings.from_env(env),
             worker_task_queue=env.get("KSQUAD_TASK_QUEUE", cls.worker_task_queue),
             kubeconfig=env.get("KUBECONFIG") or None,
             watch_namespaces=_list(env.get("KSQUAD_WATCH_NAMESPACES")),

@@ -8,9 +8,9 @@ import sys
 
 from activities.agents import AgentActivities, Timing
 from activities.store import Store
+from temporal_client.connection import connect
 from tests.support.workflows import InvokeAgentOnce
 from worker.registry import build_worker
-from workflows.client import connect
 
 
 async def main(target: str, task_queue: str, database_url: str) -> None:

@@ -11,10 +11,10 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.store import Holder, Store
 from dev.devserver import DevServer
+from temporal_client.connection import connect
 from testbed.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
 from workflows.activity_types import AgentInvocation
-from workflows.client import connect
 
 
 def start_worker(dev_server: DevServer, task_queue: str, db: str, log: Path) -> subprocess.Popen[bytes]:

@@ -12,8 +12,8 @@ from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client
 
+from temporal_client.codec import ENCODING
 from tests.support.dev import DevProcess, ksquad
-from workflows.codec import ENCODING
 
 AGENT = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "cli-agent"},
          "spec": {"modelEndpointRef": "local", "systemPrompt": "You answer tersely."}}  # fmt: skip

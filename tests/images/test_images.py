@@ -15,8 +15,8 @@ from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = {"workflows": "workflows", "activities": "activities", "worker": "worker", "dev": "dev", "cli": "cli",
-            "kube": "kube", "agent": "agent", "crd_bridge": "crd-bridge/crd_bridge"}  # fmt: skip
+PACKAGES = {"workflows": "workflows", "temporal_client": "temporal_client", "activities": "activities",
+            "worker": "worker", "dev": "dev", "cli": "cli", "kube": "kube", "agent": "agent", "crd_bridge": "crd-bridge/crd_bridge"}  # fmt: skip
 T = TypeVar("T")
 
 

@@ -94,7 +94,7 @@ async def test_a_pause_while_rate_limited_takes_over_and_the_limit_still_holds_a
     again = world.last("r")
     assert again is not None and again.resume_at == limited.resume_at, "the limit is not forgotten"
     assert (await handle.result()).phase == Phase.SUCCEEDED
-    first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
+    _first, second = world.calls_of(Activity.INVOKE_AGENT, "r")
     assert limited.resume_at is not None and second.at >= limited.resume_at
 
 

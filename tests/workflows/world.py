@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from temporal_client.connection import connect, register_search_attributes, with_converter
 from worker.registry import build_worker
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
@@ -42,7 +43,6 @@ from workflows.activity_types import (
     SandboxRequest,
     TaskPause,
 )
-from workflows.client import connect, register_search_attributes, with_converter
 from workflows.contract import ConcurrencyScope, CredentialRef, ModelRef, Resolution, ResolvedAgent
 from workflows.entity_types import ResumePlaceRequest
 from workflows.run import RunInput, RunWorkflow

@@ -1,33 +1,24 @@
-"""How every ksquad process talks to Temporal: the pydantic data converter (the workflows' wire format),
-credentials (TLS, API key), and ksquad's search attributes registered. Shared by the worker, the bridge and
-the CLI, so it lives with the workflows it serves."""
+"""How every ksquad process connects to Temporal: where (the settings the chart gives the worker and the
+bridge), the pydantic data converter (the workflows' wire format), credentials (TLS, API key), and ksquad's
+search attributes registered."""
 
 import dataclasses
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import (
-    SearchAttributePair,
-    TypedSearchAttributes,
-    WorkflowIDConflictPolicy,
-    WorkflowIDReusePolicy,
-)
+from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
+from temporal_client.codec import EncryptionCodec, load_key
 from workflows import search_attributes as sa
-from workflows.codec import EncryptionCodec, load_key
-from workflows.run.state import RunInput
-from workflows.status import Phase, RunStatus
 
 CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"
-CLOSED = frozenset({WorkflowExecutionStatus.COMPLETED, WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.CANCELED,
-                    WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.TIMED_OUT})  # fmt: skip
 
 
 def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
@@ -53,31 +44,33 @@ async def connect(target: str, namespace: str = "default", *, api_key: str | Non
                                 tls=tls_config)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TemporalSettings:
+    """Where the worker and the bridge find Temporal, from KSQUAD_TEMPORAL_* (the chart sets them)."""
+
+    address: str = "127.0.0.1:7233"  # the frontend, host:port
+    namespace: str = "default"
+    api_key: str | None = None  # Temporal Cloud's; implies TLS
+    tls: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "TemporalSettings":
+        return cls(
+            address=env.get("KSQUAD_TEMPORAL_ADDRESS", cls.address),
+            namespace=env.get("KSQUAD_TEMPORAL_NAMESPACE", cls.namespace),
+            api_key=env.get("KSQUAD_TEMPORAL_API_KEY") or None,
+            tls=env.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
+        )
+
+    async def connect(self, codec: PayloadCodec | None = None) -> Client:
+        return await connect(self.address, self.namespace, api_key=self.api_key, tls=self.tls, codec=codec)
+
+
 def with_converter(client: Client, codec: PayloadCodec | None = None) -> Client:
     """The same connection, with ksquad's data converter (for clients made by test environments)."""
     config = client.config()
     config["data_converter"] = data_converter(codec)
     return Client(**config)
-
-
-async def start_run(client: Client, run_input: RunInput, task_queue: str) -> WorkflowHandle[Any, Any]:
-    """Start the Run's workflow, or return the one already running under its id (never a second one).
-
-    The Run's uid goes in the memo: a workflow of an earlier Run of the same name is told apart by it."""
-    attributes = [
-        SearchAttributePair(sa.PHASE, Phase.PENDING.value),
-        SearchAttributePair(sa.NAMESPACE, run_input.namespace),
-    ]
-    if run_input.triggered_by:
-        attributes.append(SearchAttributePair(sa.TRIGGERED_BY, run_input.triggered_by))
-    return await client.start_workflow(
-        "RunWorkflow", run_input, id=run_input.workflow_id, task_queue=task_queue, result_type=RunStatus,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        memo={"uid": run_input.uid, "generation": run_input.generation},
-        search_attributes=TypedSearchAttributes(attributes),
-        static_summary=f"Run {run_input.namespace}/{run_input.name}",
-    )  # fmt: skip
 
 
 async def register_search_attributes(client: Client) -> list[str]:

@@ -3,9 +3,9 @@ agent results, signals, memos), so the history at rest and in the UI shows ciphe
 through the codec endpoint by someone allowed to.
 
 Search attributes and workflow ids are not payloads and stay readable: they carry no inputs or prompts
-(see `search_attributes`). The key is 32 random bytes in a file (the embedded default writes one under
-`.ksquad/`; on a cluster, mount a Secret and point `KSQUAD_CODEC_KEY_FILE` at it). Payloads name the key
-by a short id, so a payload written under an old key fails to decode with that id in the message.
+(see `workflows.search_attributes`). The key is 32 random bytes in a file (the embedded default writes one
+under `.ksquad/`; on a cluster, mount a Secret and point `KSQUAD_CODEC_KEY_FILE` at it). Payloads name the
+key by a short id, so a payload written under an old key fails to decode with that id in the message.
 """
 
 import base64

@@ -1,0 +1,1 @@
+"""Tools for working on ksquad, run from the checkout (`make lint`); not in the wheel."""
