@@ -87,8 +87,12 @@ MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which mu
 # progress must not flood the store.
 PROGRESS_BURST = 20
 PROGRESS_PER_SECOND = 5.0
-TERMINAL = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
-            TaskState.TASK_STATE_REJECTED}  # fmt: skip
+TERMINAL = {
+    TaskState.TASK_STATE_COMPLETED,
+    TaskState.TASK_STATE_FAILED,
+    TaskState.TASK_STATE_CANCELED,
+    TaskState.TASK_STATE_REJECTED,
+}
 PAUSED = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
 # An agent's card is read once per endpoint for this long: a long-lived agent (an Agent's `endpoint`) served a
 # card request for every run, a third of its work for a short task. Sandboxes have an endpoint each, so for
@@ -155,8 +159,10 @@ class AgentActivities:
         "Benchmarks"), and connections to a long-lived agent are kept. Streams are long, so connections are not capped."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http[0] is not loop or self._http[1].is_closed:
-            client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds),
-                                       limits=httpx.Limits(max_connections=None, max_keepalive_connections=100))  # fmt: skip
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+            )
             self._http = (loop, client)
         return self._http[1]
 
@@ -179,8 +185,14 @@ class AgentActivities:
         progress = Progress(task_id=_previous_task_id())
         beat = asyncio.create_task(self._heartbeat(progress))
         try:
-            async with keep_lease(self.store, run.work_item_ref, holder, run.fence, self.timing.lease_seconds,
-                                  self.timing.lease_seconds / 3) as lease:  # fmt: skip
+            async with keep_lease(
+                self.store,
+                run.work_item_ref,
+                holder,
+                run.fence,
+                self.timing.lease_seconds,
+                self.timing.lease_seconds / 3,
+            ) as lease:
                 client = await self._connect(self.http(), inv)
                 try:
                     call = Invocation(self, client, inv, holder, progress)
@@ -222,11 +234,17 @@ class AgentActivities:
             card = await A2ACardResolver(http, inv.endpoint).get_agent_card()
             client = factory.create(card)
         except AgentCardResolutionError as err:
-            raise agent_error(AgentError.SANDBOX_LOST, f"cannot reach the agent at {inv.endpoint}: {err.message}",
-                              FailureDetails(message=f"agent card: {err.message}")) from None  # fmt: skip
+            raise agent_error(
+                AgentError.SANDBOX_LOST,
+                f"cannot reach the agent at {inv.endpoint}: {err.message}",
+                FailureDetails(message=f"agent card: {err.message}"),
+            ) from None
         except (A2AError, ValidationError, ValueError) as err:
-            raise agent_error(AgentError.INVALID_AGENT_RESPONSE, f"invalid agent card at {inv.endpoint}: {err}",
-                              FailureDetails(message=str(err))) from None  # fmt: skip
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"invalid agent card at {inv.endpoint}: {err}",
+                FailureDetails(message=str(err)),
+            ) from None
         self._cards.pop(inv.endpoint, None)
         if len(self._cards) >= MAX_CACHED_CARDS:
             self._cards = {e: c for e, c in self._cards.items() if now - c[0] < CARD_TTL_SECONDS}
@@ -259,8 +277,9 @@ async def _cancel_and_wait(task: "asyncio.Future[Any]") -> None:
 class Invocation:
     """One run of invoke_agent against one agent."""
 
-    def __init__(self, acts: AgentActivities, client: Client, inv: AgentInvocation, holder: Holder,
-                 progress: Progress) -> None:  # fmt: skip
+    def __init__(
+        self, acts: AgentActivities, client: Client, inv: AgentInvocation, holder: Holder, progress: Progress
+    ) -> None:
         self.store = acts.store
         self.timing = acts.timing
         self.client = client
@@ -274,14 +293,22 @@ class Invocation:
             return await self._run()
         except A2AClientError as err:  # outside a stream: a broken answer, or nobody answering at all
             if _network_failure(err):
-                raise agent_error(AgentError.SANDBOX_LOST, f"the agent stopped answering: {err.message}",
-                                  FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
-            raise agent_error(AgentError.INVALID_AGENT_RESPONSE, f"invalid A2A response: {err.message}",
-                              FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+                raise agent_error(
+                    AgentError.SANDBOX_LOST,
+                    f"the agent stopped answering: {err.message}",
+                    FailureDetails(message=err.message, task_id=self.progress.task_id),
+                ) from None
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"invalid A2A response: {err.message}",
+                FailureDetails(message=err.message, task_id=self.progress.task_id),
+            ) from None
         except A2AError as err:
-            raise agent_error(AgentError.INVALID_AGENT_RESPONSE,
-                              f"the agent answered with an error: {type(err).__name__}: {err.message}",
-                              FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"the agent answered with an error: {type(err).__name__}: {err.message}",
+                FailureDetails(message=err.message, task_id=self.progress.task_id),
+            ) from None
 
     async def _run(self) -> AgentResult:
         task = await self._find_task()
@@ -292,8 +319,11 @@ class Invocation:
             except A2AClientTimeoutError:
                 final = None  # a long silence: is the agent still there?
             except InternalError as err:
-                raise agent_error(AgentError.AGENT_FAILED, f"the agent crashed: {err.message}",
-                                  FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+                raise agent_error(
+                    AgentError.AGENT_FAILED,
+                    f"the agent crashed: {err.message}",
+                    FailureDetails(message=err.message, task_id=self.progress.task_id),
+                ) from None
             except A2AClientError as err:
                 if not _network_failure(err):
                     raise
@@ -341,12 +371,12 @@ class Invocation:
         if self.inv.continue_task is not None:
             text = self.inv.continue_task.text or "The credential was refreshed: continue."
         parts = [Part(text=text)]
-        if (
-            self.inv.continue_task is None
-        ):  # the contract (prompts, inputs) travels over A2A, never in a pod spec
+        # The contract (prompts, inputs) travels over A2A, never in a pod spec.
+        if self.inv.continue_task is None:
             parts.append(new_data_part({CONTRACT_PART: self.inv.contract.for_sandbox()}))
-        message = Message(role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id,
-                          parts=parts)  # fmt: skip
+        message = Message(
+            role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id, parts=parts
+        )
         message.metadata.update(
             {MODEL_OVERRIDE: self.inv.contract.model.model_dump(mode="json", exclude_none=True)}
         )
@@ -390,16 +420,26 @@ class Invocation:
                         update.status.state, update.status.message, struct(update.metadata)
                     )
                     if update.status.state in TERMINAL | PAUSED:
-                        final = Task(id=update.task_id, context_id=update.context_id, status=update.status,
-                                     metadata=update.metadata)  # fmt: skip
+                        final = Task(
+                            id=update.task_id,
+                            context_id=update.context_id,
+                            status=update.status,
+                            metadata=update.metadata,
+                        )
                 elif kind == "artifact_update":
                     await self._record_artifact(event.artifact_update.artifact)
                 elif kind is None:  # valid JSON-RPC whose result is none of the A2A stream events
-                    raise agent_error(AgentError.INVALID_AGENT_RESPONSE, "the agent answered with an event that "
-                                      "is no task, status, artifact or message", FailureDetails(message=str(event)[:500]))  # fmt: skip
+                    raise agent_error(
+                        AgentError.INVALID_AGENT_RESPONSE,
+                        "the agent answered with an event that is no task, status, artifact or message",
+                        FailureDetails(message=str(event)[:500]),
+                    )
                 elif kind == "message":
-                    raise agent_error(AgentError.INVALID_AGENT_RESPONSE, "the agent answered with a bare message, "
-                                      "not a task", FailureDetails(message=get_message_text(event.message)))  # fmt: skip
+                    raise agent_error(
+                        AgentError.INVALID_AGENT_RESPONSE,
+                        "the agent answered with a bare message, not a task",
+                        FailureDetails(message=get_message_text(event.message)),
+                    )
                 activity.heartbeat(self.progress.heartbeat())
                 if final is not None and final.status.state in TERMINAL | PAUSED:
                     return final
@@ -408,24 +448,32 @@ class Invocation:
     async def _probe(self) -> Task:
         """The stream went quiet or broke: ask for the task. An agent that does not answer is lost."""
         if not self.progress.task_id:
-            raise agent_error(AgentError.SANDBOX_LOST, "the agent stopped answering before it started a task",
-                              FailureDetails(message="no task id"))  # fmt: skip
+            raise agent_error(
+                AgentError.SANDBOX_LOST,
+                "the agent stopped answering before it started a task",
+                FailureDetails(message="no task id"),
+            )
         try:
             return await self.client.get_task(
                 GetTaskRequest(id=self.progress.task_id, history_length=1),
                 context=ClientCallContext(timeout=self.timing.probe_seconds),
             )
         except (A2AClientError, A2AError) as err:
-            raise agent_error(AgentError.SANDBOX_LOST, f"the agent stopped answering: {err.message}",
-                              FailureDetails(message=err.message, task_id=self.progress.task_id)) from None  # fmt: skip
+            raise agent_error(
+                AgentError.SANDBOX_LOST,
+                f"the agent stopped answering: {err.message}",
+                FailureDetails(message=err.message, task_id=self.progress.task_id),
+            ) from None
 
     async def cancel_remote(self) -> None:
         """CancelTask, then wait (bounded) until the agent reports CANCELED."""
         if not self.progress.task_id:
             return
         with contextlib.suppress(A2AError, A2AClientError):
-            await self.client.cancel_task(CancelTaskRequest(id=self.progress.task_id),
-                                          context=ClientCallContext(timeout=self.timing.probe_seconds))  # fmt: skip
+            await self.client.cancel_task(
+                CancelTaskRequest(id=self.progress.task_id),
+                context=ClientCallContext(timeout=self.timing.probe_seconds),
+            )
         deadline = asyncio.get_running_loop().time() + self.timing.cancel_wait_seconds
         while asyncio.get_running_loop().time() < deadline:
             with contextlib.suppress(A2AError, A2AClientError):
@@ -433,8 +481,12 @@ class Invocation:
                 if task.status.state in TERMINAL:
                     return
             await asyncio.sleep(0.2)
-        log.warning("%s: task %s not CANCELED after %.0fs", self.identity.name, self.progress.task_id,
-                    self.timing.cancel_wait_seconds)  # fmt: skip
+        log.warning(
+            "%s: task %s not CANCELED after %.0fs",
+            self.identity.name,
+            self.progress.task_id,
+            self.timing.cancel_wait_seconds,
+        )
 
     # --- recording (fenced) -------------------------------------------------------------------------------
 
@@ -446,10 +498,17 @@ class Invocation:
         data = {"state": TaskState.Name(state), **_small(metadata)}
         if progress.coalesced:
             data["coalesced"] = progress.coalesced
-        await self._fenced(self.store.append_event(
-            self.holder, self.identity.fence, self.identity.attempt, "status", text[:4000], data,
-            work_item_ref=self.identity.work_item_ref,
-        ))  # fmt: skip
+        await self._fenced(
+            self.store.append_event(
+                self.holder,
+                self.identity.fence,
+                self.identity.attempt,
+                "status",
+                text[:4000],
+                data,
+                work_item_ref=self.identity.work_item_ref,
+            )
+        )
         progress.recorded_state, progress.coalesced = state, 0
 
     async def _record_artifact(self, artifact: Any) -> None:
@@ -461,20 +520,37 @@ class Invocation:
                 self._take_outputs(part)
             return
         if len(self.progress.artifacts) >= MAX_ARTIFACTS:
-            raise agent_error(AgentError.INVALID_AGENT_RESPONSE,
-                              f"more than {MAX_ARTIFACTS} artifacts in one attempt (the next was {name})",
-                              FailureDetails(message=f"more than {MAX_ARTIFACTS} artifacts",
-                                             task_id=self.progress.task_id))  # fmt: skip
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"more than {MAX_ARTIFACTS} artifacts in one attempt (the next was {name})",
+                FailureDetails(message=f"more than {MAX_ARTIFACTS} artifacts", task_id=self.progress.task_id),
+            )
         content = ("\n".join(texts) if texts else json.dumps(data)).encode()
         if len(content) > MAX_ARTIFACT_BYTES:
-            raise agent_error(AgentError.INVALID_AGENT_RESPONSE,
-                              f"artifact {name} is {len(content)} bytes, more than the {MAX_ARTIFACT_BYTES} allowed",
-                              FailureDetails(message="artifact too large", task_id=self.progress.task_id))  # fmt: skip
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"artifact {name} is {len(content)} bytes, more than the {MAX_ARTIFACT_BYTES} allowed",
+                FailureDetails(message="artifact too large", task_id=self.progress.task_id),
+            )
         media_type = "text/plain" if texts else "application/json"
-        await self._fenced(self.store.put_artifact(self.holder, self.identity.fence, name, media_type=media_type,
-                                                   content=content, work_item_ref=self.identity.work_item_ref))  # fmt: skip
-        self.progress.artifacts.append(Artifact(name=name, media_type=media_type, size=len(content),
-                                                uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}"))  # fmt: skip
+        await self._fenced(
+            self.store.put_artifact(
+                self.holder,
+                self.identity.fence,
+                name,
+                media_type=media_type,
+                content=content,
+                work_item_ref=self.identity.work_item_ref,
+            )
+        )
+        self.progress.artifacts.append(
+            Artifact(
+                name=name,
+                media_type=media_type,
+                size=len(content),
+                uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}",
+            )
+        )
 
     def _take_outputs(self, outputs: Any) -> None:
         if isinstance(outputs, dict):
@@ -507,8 +583,12 @@ class Invocation:
         if state == TaskState.TASK_STATE_COMPLETED:
             if not self.progress.outputs:
                 self._take_outputs(metadata.get(OUTPUTS_ARTIFACT))
-            return AgentResult(task_id=task.id, outputs=self.progress.outputs, artifacts=self.progress.artifacts,
-                               summary=text[:500])  # fmt: skip
+            return AgentResult(
+                task_id=task.id,
+                outputs=self.progress.outputs,
+                artifacts=self.progress.artifacts,
+                summary=text[:500],
+            )
         pause = TaskPause(task_id=task.id, context_id=task.context_id, message=text[:2000])
         if state == TaskState.TASK_STATE_INPUT_REQUIRED:
             raise agent_error(AgentError.INPUT_REQUIRED, text or "the agent needs input", pause)
@@ -518,13 +598,18 @@ class Invocation:
             )
         if state == TaskState.TASK_STATE_FAILED and metadata.get(ERROR_KEY) == "rate_limited":
             details = RateLimitDetails(
-                retry_after=_str(metadata.get("retryAfter")), retry_after_ms=_str(metadata.get("retryAfterMs")),
-                response_date=_str(metadata.get("date")), observed_at=datetime.now(UTC),
-                model=_str(metadata.get("model")), credential=_str(metadata.get("credential")),
-            )  # fmt: skip
+                retry_after=_str(metadata.get("retryAfter")),
+                retry_after_ms=_str(metadata.get("retryAfterMs")),
+                response_date=_str(metadata.get("date")),
+                observed_at=datetime.now(UTC),
+                model=_str(metadata.get("model")),
+                credential=_str(metadata.get("credential")),
+            )
             raise agent_error(AgentError.RATE_LIMITED, text or "rate limited", details)
-        what = {TaskState.TASK_STATE_CANCELED: "the agent cancelled the task",
-                TaskState.TASK_STATE_REJECTED: "the agent rejected the task"}.get(state, "the agent failed")  # fmt: skip
+        what = {
+            TaskState.TASK_STATE_CANCELED: "the agent cancelled the task",
+            TaskState.TASK_STATE_REJECTED: "the agent rejected the task",
+        }.get(state, "the agent failed")
         message = f"{what}: {text}" if text else what
         raise agent_error(
             AgentError.AGENT_FAILED, message, FailureDetails(message=message[:2000], task_id=task.id)

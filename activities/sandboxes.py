@@ -66,8 +66,15 @@ ANNOTATION_CREDENTIALS = "ksquad.io/credentials"  # the Secrets a warm pool's po
 TOOLCHAINS_DIR = "/opt/ksquad/toolchains"
 SECRETS_DIR = "/var/run/ksquad/secrets"
 SANDBOX_FAILED = "SandboxFailed"
-FATAL_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                 "CreateContainerError", "CrashLoopBackOff", "RunContainerError"}  # fmt: skip
+FATAL_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "CrashLoopBackOff",
+    "RunContainerError",
+}
 MAX_OUTPUTS_BYTES = 512 * 1024  # the outputs ConfigMap (Kubernetes allows 1 MiB per object)
 STATUS_OUTPUT_KEYS = 16
 STATUS_OUTPUT_CHARS = 256
@@ -125,10 +132,12 @@ def missing_runtime_class(policy: SandboxPolicy, refused: str) -> str | None:
     if not found:
         return None
     name = found.group(1)
-    return (f'RuntimeClass "{name}" does not exist in this cluster (Run spec.sandboxPolicy.runtimeClass '
-            f'{policy.runtime_class} -> chart value sandbox.runtimeClasses.{policy.runtime_class}): install it '
-            f"(docs/operating.md, \"Sandbox runtimes\"), or set sandbox.runtimeClasses.{policy.runtime_class} to a "
-            f"RuntimeClass the cluster has (null: the nodes' default runtime)")  # fmt: skip
+    return (
+        f'RuntimeClass "{name}" does not exist in this cluster (Run spec.sandboxPolicy.runtimeClass '
+        f"{policy.runtime_class} -> chart value sandbox.runtimeClasses.{policy.runtime_class}): install it "
+        f'(docs/operating.md, "Sandbox runtimes"), or set sandbox.runtimeClasses.{policy.runtime_class} to a '
+        f"RuntimeClass the cluster has (null: the nodes' default runtime)"
+    )
 
 
 def job_name(run: str, attempt: int) -> str:
@@ -143,14 +152,23 @@ def job_name(run: str, attempt: int) -> str:
 
 def owner_reference(run: RunRef | RunIdentity) -> Obj:
     """The Run owns what is made for it: deleting the Run deletes it."""
-    return {"apiVersion": RUN_API, "kind": "Run", "name": run.name, "uid": run.uid, "controller": True,
-            "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": RUN_API,
+        "kind": "Run",
+        "name": run.name,
+        "uid": run.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def credential_env(contract: ExecutionContract) -> list[Obj]:
     """Every credential the agent may use, by secretKeyRef: the values never enter the Job's spec."""
-    refs = [m.credential for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
-            if isinstance(m, ModelRef) and m.credential]  # fmt: skip
+    refs = [
+        m.credential
+        for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
+        if isinstance(m, ModelRef) and m.credential
+    ]
     if contract.agent.credential:
         refs.append(contract.agent.credential)
     env, seen = [], set()
@@ -164,12 +182,21 @@ def credential_env(contract: ExecutionContract) -> list[Obj]:
     return env
 
 
-def job_manifest(contract: ExecutionContract, policy: SandboxPolicy, settings: SandboxSettings,
-                 active_deadline_seconds: int) -> Obj:  # fmt: skip
+def job_manifest(
+    contract: ExecutionContract,
+    policy: SandboxPolicy,
+    settings: SandboxSettings,
+    active_deadline_seconds: int,
+) -> Obj:
     run = contract.run
     name = job_name(run.name, run.attempt)
-    labels = {LABEL_RUN: run.name, LABEL_RUN_UID: run.uid, LABEL_ATTEMPT: str(run.attempt),
-              "app.kubernetes.io/managed-by": "ksquad", "app.kubernetes.io/component": "sandbox"}  # fmt: skip
+    labels = {
+        LABEL_RUN: run.name,
+        LABEL_RUN_UID: run.uid,
+        LABEL_ATTEMPT: str(run.attempt),
+        "app.kubernetes.io/managed-by": "ksquad",
+        "app.kubernetes.io/component": "sandbox",
+    }
     volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
     mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"}]
     # Credentials are also mounted (the kubelet keeps mounted Secrets current): a rotated key reaches a
@@ -182,31 +209,50 @@ def job_manifest(contract: ExecutionContract, policy: SandboxPolicy, settings: S
     init_containers: list[Obj] = []
     skills_need = {t for s in contract.agent.skills for t in s.requires.toolchains}
     sidecars_need = {t for s in contract.agent.skills for t in s.requires.sidecars}
-    secure = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-              "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    secure = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     if skills_need:
         volumes.append({"name": "toolchains", "emptyDir": {}})
         mounts.append({"name": "toolchains", "mountPath": TOOLCHAINS_DIR, "readOnly": True})
         for toolchain in sorted(skills_need):
             spec = settings.toolchains.get(toolchain)
             if spec is None:
-                raise sandbox_failed(f"skill toolchain {toolchain!r} is not configured (sandbox toolchains: "
-                                     f"{', '.join(sorted(settings.toolchains)) or 'none'})")  # fmt: skip
-            init_containers.append({
-                "name": f"toolchain-{_dns(toolchain)}", "image": spec.image, "command": spec.command,
-                "args": spec.args, "env": [{"name": "KSQUAD_TOOLCHAIN_DIR", "value": f"{TOOLCHAINS_DIR}/{toolchain}"},
-                                           *[{"name": k, "value": v} for k, v in spec.env.items()]],
-                "volumeMounts": [{"name": "toolchains", "mountPath": TOOLCHAINS_DIR}], "securityContext": secure,
-            })  # fmt: skip
+                raise sandbox_failed(
+                    f"skill toolchain {toolchain!r} is not configured (sandbox toolchains: "
+                    f"{', '.join(sorted(settings.toolchains)) or 'none'})"
+                )
+            init_containers.append(
+                {
+                    "name": f"toolchain-{_dns(toolchain)}",
+                    "image": spec.image,
+                    "command": spec.command,
+                    "args": spec.args,
+                    "env": [
+                        {"name": "KSQUAD_TOOLCHAIN_DIR", "value": f"{TOOLCHAINS_DIR}/{toolchain}"},
+                        *[{"name": k, "value": v} for k, v in spec.env.items()],
+                    ],
+                    "volumeMounts": [{"name": "toolchains", "mountPath": TOOLCHAINS_DIR}],
+                    "securityContext": secure,
+                }
+            )
     for sidecar in sorted(sidecars_need):
         spec = settings.sidecars.get(sidecar)
         if spec is None:
             raise sandbox_failed(f"skill sidecar {sidecar!r} is not configured")
-        init_containers.append({  # a native sidecar: starts before the agent, runs beside it, ends with it
-            "name": f"sidecar-{_dns(sidecar)}", "image": spec.image, "command": spec.command, "args": spec.args,
-            "restartPolicy": "Always", "env": [{"name": k, "value": v} for k, v in spec.env.items()],
-            "securityContext": secure,
-        })  # fmt: skip
+        init_containers.append(
+            {  # a native sidecar: starts before the agent, runs beside it, ends with it
+                "name": f"sidecar-{_dns(sidecar)}",
+                "image": spec.image,
+                "command": spec.command,
+                "args": spec.args,
+                "restartPolicy": "Always",
+                "env": [{"name": k, "value": v} for k, v in spec.env.items()],
+                "securityContext": secure,
+            }
+        )
     agent = {
         "name": "agent",
         "image": contract.agent.image or settings.image,
@@ -336,12 +382,19 @@ class KubernetesSandboxes:
         random.shuffle(candidates)  # concurrent claimers spread over the pool instead of racing for one pod
         for pod in candidates:
             meta = pod["metadata"]
-            patch = {"metadata": {
-                "resourceVersion": meta["resourceVersion"],  # the guard: fails with 409 if anyone else got there
-                "labels": {LABEL_STATE: "bound", LABEL_RUN: contract.run.name, LABEL_RUN_UID: contract.run.uid,
-                           LABEL_ATTEMPT: str(contract.run.attempt)},
-                "ownerReferences": [owner_reference(contract.run)],
-            }}  # fmt: skip
+            patch = {
+                "metadata": {
+                    # the guard: fails with 409 if anyone else got there
+                    "resourceVersion": meta["resourceVersion"],
+                    "labels": {
+                        LABEL_STATE: "bound",
+                        LABEL_RUN: contract.run.name,
+                        LABEL_RUN_UID: contract.run.uid,
+                        LABEL_ATTEMPT: str(contract.run.attempt),
+                    },
+                    "ownerReferences": [owner_reference(contract.run)],
+                }
+            }
             try:
                 bound = await self.kube.patch(path("v1", "pods", contract.run.namespace, meta["name"]), patch)
             except ApiError as err:
@@ -411,8 +464,9 @@ class KubernetesSandboxes:
                 )
         if waited < min(1.0, self.settings.pod_creation_grace_seconds):
             return  # the Job controller makes the pod within milliseconds; look at events only when it did not
-        events = await self.kube.list(path("v1", "events", namespace),
-                                      fields=f"involvedObject.name={job},involvedObject.kind=Job")  # fmt: skip
+        events = await self.kube.list(
+            path("v1", "events", namespace), fields=f"involvedObject.name={job},involvedObject.kind=Job"
+        )
         refused = [e for e in events["items"] if e.get("reason") == "FailedCreate"]
         for event in refused:
             misconfigured = missing_runtime_class(policy, event.get("message", ""))
@@ -458,8 +512,10 @@ class KubernetesSandboxes:
                 return
             await asyncio.sleep(self.settings.poll_seconds)
         # Fail closed: a retry must not start while the old sandbox may still act.
-        raise ApplicationError(f"sandbox {ns}/{name} still exists after {self.settings.release_timeout_seconds:.0f}s",
-                               type="SandboxNotGone")  # fmt: skip
+        raise ApplicationError(
+            f"sandbox {ns}/{name} still exists after {self.settings.release_timeout_seconds:.0f}s",
+            type="SandboxNotGone",
+        )
 
     # --- outputs ------------------------------------------------------------------------------------------
 
@@ -467,16 +523,29 @@ class KubernetesSandboxes:
         """The full outputs in ConfigMap `<run>-outputs` (owned by the Run), a small map for status."""
         size = sum(len(k) + len(v.encode()) for k, v in req.outputs.items())
         if size > MAX_OUTPUTS_BYTES:
-            raise ApplicationError(f"outputs are {size} bytes, more than the {MAX_OUTPUTS_BYTES} allowed",
-                                   type="OutputsTooLarge", non_retryable=True)  # fmt: skip
+            raise ApplicationError(
+                f"outputs are {size} bytes, more than the {MAX_OUTPUTS_BYTES} allowed",
+                type="OutputsTooLarge",
+                non_retryable=True,
+            )
         name = f"{req.run.name}-outputs"
         ns = req.run.namespace
         owner = owner_reference(req.run)
-        body = {"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": ns, "ownerReferences": [owner],
-                             "labels": {LABEL_RUN: req.run.name, LABEL_RUN_UID: req.run.uid,
-                                        LABEL_ATTEMPT: str(req.attempt)}},
-                "data": {_config_key(k): v for k, v in req.outputs.items()}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "ownerReferences": [owner],
+                "labels": {
+                    LABEL_RUN: req.run.name,
+                    LABEL_RUN_UID: req.run.uid,
+                    LABEL_ATTEMPT: str(req.attempt),
+                },
+            },
+            "data": {_config_key(k): v for k, v in req.outputs.items()},
+        }
         try:
             await self.kube.create(path("v1", "configmaps", ns), body)
         except ApiError as err:
@@ -519,8 +588,19 @@ def _agent_pid(pid_file: Path) -> int | None:
 
 # What a local agent inherits from the process that starts it: how to run and reach TLS endpoints, nothing
 # else (no API key, cloud credential or token of the developer's environment).
-LOCAL_AGENT_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SSL_CERT_FILE",
-                   "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE")  # fmt: skip
+LOCAL_AGENT_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+)
 
 
 @dataclass(frozen=True)
@@ -537,8 +617,13 @@ class LocalSandboxes:
     environment: the local model's key goes to an agent only when every model of its contract that names that
     key is the local model itself (a ModelEndpoint pointing elsewhere never receives it)."""
 
-    def __init__(self, settings: SandboxSettings, local_model: LocalModel | None = None, log_dir: Path | None = None,
-                 heartbeat: Callable[..., None] = lambda *_: None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: SandboxSettings,
+        local_model: LocalModel | None = None,
+        log_dir: Path | None = None,
+        heartbeat: Callable[..., None] = lambda *_: None,
+    ) -> None:
         self.settings = settings
         self.local_model = local_model
         self.log_dir = log_dir or Path(".ksquad/sandboxes")
@@ -550,13 +635,19 @@ class LocalSandboxes:
         env["PYTHONUNBUFFERED"] = "1"
         local = self.local_model
         if local is not None:
-            models = [m for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
-                      if isinstance(m, ModelRef) and m.credential and m.credential.env == local.credential.env]  # fmt: skip
+            models = [
+                m
+                for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
+                if isinstance(m, ModelRef) and m.credential and m.credential.env == local.credential.env
+            ]
             if models and all((m.url or "").rstrip("/") == local.url.rstrip("/") for m in models):
                 env[local.credential.env] = local.api_key
             elif models:
-                log.warning("%s: the local model's key is not given to a model at %s", contract.run.name,
-                            ", ".join(sorted({m.url or "-" for m in models})))  # fmt: skip
+                log.warning(
+                    "%s: the local model's key is not given to a model at %s",
+                    contract.run.name,
+                    ", ".join(sorted({m.url or "-" for m in models})),
+                )
         return env
 
     async def acquire(self, req: SandboxRequest) -> Sandbox:
@@ -569,10 +660,18 @@ class LocalSandboxes:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with (self.log_dir / f"{contract.run.namespace}_{name}.log").open("ab") as log_file:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agent.server", "--host", host, "--port", str(port),
-                env=self.environment(contract), stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+                sys.executable,
+                "-m",
+                "agent.server",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                env=self.environment(contract),
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         self.processes[name] = process
         # The agent outlives this worker (as a Job outlives a worker pod): a restarted worker finds it by this
         # file to stop it at release, and the retried agent activity resubscribes to its task meanwhile.

@@ -111,26 +111,32 @@ class KsquadAgentExecutor(AgentExecutor):
             if original is not None:  # the same message again (a retried sender): never run it twice
                 self.stats.duplicates += 1
                 await updater.update_status(
-                    TaskState.TASK_STATE_REJECTED, self._text(updater, f"message {message.message_id} already runs"),
+                    TaskState.TASK_STATE_REJECTED,
+                    self._text(updater, f"message {message.message_id} already runs"),
                     metadata={DUPLICATE_OF: original},
-                )  # fmt: skip
+                )
                 return
             self._remember(message.message_id, context.task_id)
             self.stats.messages += 1
             try:
                 conversation = self._start(message)
             except ContractError as err:
-                await updater.update_status(TaskState.TASK_STATE_FAILED, self._text(updater, str(err)),
-                                            metadata={ERROR_KEY: "invalid_contract"})  # fmt: skip
+                await updater.update_status(
+                    TaskState.TASK_STATE_FAILED,
+                    self._text(updater, str(err)),
+                    metadata={ERROR_KEY: "invalid_contract"},
+                )
                 return
             self.conversations[context.task_id] = conversation
         else:
             self.stats.follow_ups += 1
             existing = self.conversations.get(context.task_id)
             if existing is None:
-                await updater.update_status(TaskState.TASK_STATE_FAILED,
-                                            self._text(updater, "this agent has no memory of the task (restarted?)"),
-                                            metadata={ERROR_KEY: "unknown_task"})  # fmt: skip
+                await updater.update_status(
+                    TaskState.TASK_STATE_FAILED,
+                    self._text(updater, "this agent has no memory of the task (restarted?)"),
+                    metadata={ERROR_KEY: "unknown_task"},
+                )
                 return
             conversation = existing
             self._resume(conversation, message)
@@ -188,8 +194,13 @@ class KsquadAgentExecutor(AgentExecutor):
         text = get_message_text(message).strip()
         conversation.model = self._model(conversation.contract, message, conversation.model)
         if conversation.pending_question is not None:  # the answer to the model's question
-            conversation.messages.append({"role": "tool", "tool_call_id": conversation.pending_question,
-                                          "content": text or "(no answer)"})  # fmt: skip
+            conversation.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": conversation.pending_question,
+                    "content": text or "(no answer)",
+                }
+            )
             conversation.pending_question = None
         # else: the credential was refreshed; the conversation goes on where it stopped
 
@@ -208,29 +219,44 @@ class KsquadAgentExecutor(AgentExecutor):
             definitions = [*tools.definitions(), ASK_USER_TOOL]
             for step in range(1, MAX_STEPS + 1):
                 model = conversation.model
-                await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                            self._text(updater, f"step {step}: asking {model.name}"),
-                                            metadata={"ksquad.io/step": step})  # fmt: skip
+                await updater.update_status(
+                    TaskState.TASK_STATE_WORKING,
+                    self._text(updater, f"step {step}: asking {model.name}"),
+                    metadata={"ksquad.io/step": step},
+                )
                 try:
                     turn = await self._keepalive(
                         complete(model, conversation.messages, definitions), updater, model
                     )
                 except RateLimited as err:
                     credential = model.credential.secret_name if model.credential else None
-                    await updater.update_status(TaskState.TASK_STATE_FAILED, self._text(updater, str(err)), metadata={
-                        ERROR_KEY: "rate_limited", "retryAfter": err.retry_after, "retryAfterMs": err.retry_after_ms,
-                        "date": err.date, "model": model.name,
-                        "credential": f"{contract.run.namespace}/{credential}" if credential else None,
-                    })  # fmt: skip
+                    await updater.update_status(
+                        TaskState.TASK_STATE_FAILED,
+                        self._text(updater, str(err)),
+                        metadata={
+                            ERROR_KEY: "rate_limited",
+                            "retryAfter": err.retry_after,
+                            "retryAfterMs": err.retry_after_ms,
+                            "date": err.date,
+                            "model": model.name,
+                            "credential": f"{contract.run.namespace}/{credential}" if credential else None,
+                        },
+                    )
                     return
                 except Unauthorized as err:
                     conversation.refused_key = _fingerprint(model)
-                    await updater.update_status(TaskState.TASK_STATE_AUTH_REQUIRED, self._text(updater, str(err)),
-                                                metadata={ERROR_KEY: "unauthorized", "model": model.name})  # fmt: skip
+                    await updater.update_status(
+                        TaskState.TASK_STATE_AUTH_REQUIRED,
+                        self._text(updater, str(err)),
+                        metadata={ERROR_KEY: "unauthorized", "model": model.name},
+                    )
                     return
                 except ModelFailed as err:
-                    await updater.update_status(TaskState.TASK_STATE_FAILED, self._text(updater, str(err)),
-                                                metadata={ERROR_KEY: "model_failed", "model": model.name})  # fmt: skip
+                    await updater.update_status(
+                        TaskState.TASK_STATE_FAILED,
+                        self._text(updater, str(err)),
+                        metadata={ERROR_KEY: "model_failed", "model": model.name},
+                    )
                     return
                 conversation.messages.append(turn.assistant_message())
                 if not turn.tool_calls:
@@ -242,32 +268,38 @@ class KsquadAgentExecutor(AgentExecutor):
                         question = _argument(call.arguments, "question") or "The agent needs input."
                         await updater.requires_input(self._text(updater, question))
                         return
-                    await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                                self._text(updater, f"calling tool {call.name}"),
-                                                metadata={"ksquad.io/tool": call.name})  # fmt: skip
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        self._text(updater, f"calling tool {call.name}"),
+                        metadata={"ksquad.io/tool": call.name},
+                    )
                     result = await tools.call(call.name, call.arguments)
                     conversation.messages.append(
                         {"role": "tool", "tool_call_id": call.id, "content": result.text}
                     )
-                    await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                                self._text(updater, f"{call.name}: {result.text[:200]}"),
-                                                metadata={"ksquad.io/tool": call.name,
-                                                          "ksquad.io/tool-error": result.is_error})  # fmt: skip
-            await updater.update_status(TaskState.TASK_STATE_FAILED,
-                                        self._text(updater, f"no answer after {MAX_STEPS} steps"),
-                                        metadata={ERROR_KEY: "too_many_steps"})  # fmt: skip
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        self._text(updater, f"{call.name}: {result.text[:200]}"),
+                        metadata={"ksquad.io/tool": call.name, "ksquad.io/tool-error": result.is_error},
+                    )
+            await updater.update_status(
+                TaskState.TASK_STATE_FAILED,
+                self._text(updater, f"no answer after {MAX_STEPS} steps"),
+                metadata={ERROR_KEY: "too_many_steps"},
+            )
 
     async def _await_rotation(self, conversation: Conversation, updater: TaskUpdater) -> None:
         """After AUTH_REQUIRED the orchestrator says the credential was rotated; a mounted Secret reaches the
         sandbox some time later (the kubelet syncs it). Wait, bounded, until the key differs from the refused
         one, so the retry does not spend itself on the old key."""
         refused, conversation.refused_key = conversation.refused_key, None
-        await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                    self._text(updater, "waiting for the rotated credential to reach the sandbox"))  # fmt: skip
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING,
+            self._text(updater, "waiting for the rotated credential to reach the sandbox"),
+        )
         deadline = asyncio.get_running_loop().time() + ROTATION_WAIT_SECONDS
-        while (
-            asyncio.get_running_loop().time() < deadline
-        ):  # a file changes with no event to wait on: poll it
+        # A file changes with no event to wait on: poll it.
+        while asyncio.get_running_loop().time() < deadline:
             if _fingerprint(conversation.model) != refused:
                 return
             await asyncio.sleep(0.5)
@@ -281,8 +313,11 @@ class KsquadAgentExecutor(AgentExecutor):
         # The outputs ride on the final message too: a caller that reconnects after the task ended reads the
         # task whole, and the artifacts of a task no one was streaming are not always in it.
         outputs = {"answer": text[:MAX_OUTPUT_CHARS]}
-        await updater.complete(updater.new_agent_message([new_text_part(text[:MAX_OUTPUT_CHARS])],
-                                                         metadata={OUTPUTS_ARTIFACT: outputs}))  # fmt: skip
+        await updater.complete(
+            updater.new_agent_message(
+                [new_text_part(text[:MAX_OUTPUT_CHARS])], metadata={OUTPUTS_ARTIFACT: outputs}
+            )
+        )
 
     async def _keepalive(self, work: Awaitable[T], updater: TaskUpdater, model: Model) -> T:
         """Await the model, reporting every KEEPALIVE_SECONDS that the agent is alive and waiting."""
@@ -292,8 +327,9 @@ class KsquadAgentExecutor(AgentExecutor):
                 done, _ = await asyncio.wait([task], timeout=KEEPALIVE_SECONDS)
                 if done:
                     return task.result()
-                await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                            self._text(updater, f"waiting for {model.name}"))  # fmt: skip
+                await updater.update_status(
+                    TaskState.TASK_STATE_WORKING, self._text(updater, f"waiting for {model.name}")
+                )
         finally:
             if not task.done():
                 task.cancel()  # a cancelled task abandons the model call: the HTTP request is dropped

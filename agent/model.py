@@ -99,9 +99,13 @@ def shared_http() -> httpx2.AsyncClient:
 async def complete(model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Turn:
     """One model turn, streamed; returns the text and the tool calls the model asked for."""
     client = openai.AsyncOpenAI(  # cheap with a given http_client; the key is read afresh for every call
-        base_url=model.url or os.environ.get("OPENAI_BASE_URL"), api_key=api_key(model.credential), max_retries=0,
-        timeout=REQUEST_TIMEOUT, _strict_response_validation=True, http_client=shared_http(),
-    )  # fmt: skip
+        base_url=model.url or os.environ.get("OPENAI_BASE_URL"),
+        api_key=api_key(model.credential),
+        max_retries=0,
+        timeout=REQUEST_TIMEOUT,
+        _strict_response_validation=True,
+        http_client=shared_http(),
+    )
     try:
         kwargs: dict[str, Any] = {"model": model.name, "messages": messages, "stream": True}
         if tools:
@@ -128,8 +132,9 @@ async def complete(model: Model, messages: list[dict[str, Any]], tools: list[dic
         return turn
     except openai.RateLimitError as err:
         headers = err.response.headers
-        raise RateLimited(model.name, headers.get("retry-after"), headers.get("retry-after-ms"),
-                          headers.get("date")) from None  # fmt: skip
+        raise RateLimited(
+            model.name, headers.get("retry-after"), headers.get("retry-after-ms"), headers.get("date")
+        ) from None
     except openai.AuthenticationError as err:
         raise Unauthorized(f"{model.name}: {err.message}") from None
     except openai.APIStatusError as err:

@@ -98,14 +98,23 @@ def build_app(state: ScriptedModel) -> Starlette:
         try:
             body = await request.json()
         except json.JSONDecodeError:
-            return JSONResponse({"error": {"message": "request body is not JSON", "type": "invalid_request_error"}},
-                                status_code=400)  # fmt: skip
+            return JSONResponse(
+                {"error": {"message": "request body is not JSON", "type": "invalid_request_error"}},
+                status_code=400,
+            )
         model = str(body.get("model", ""))
         stream = bool(body.get("stream"))
-        state.calls.append(Call(model, fingerprint(request.headers.get("authorization")), stream,
-                                len(body.get("messages") or []),
-                                [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
-                                time.time(), first_user_text(body.get("messages"))))  # fmt: skip
+        state.calls.append(
+            Call(
+                model,
+                fingerprint(request.headers.get("authorization")),
+                stream,
+                len(body.get("messages") or []),
+                [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
+                time.time(),
+                first_user_text(body.get("messages")),
+            )
+        )
         step = state.next_step(model)
         expected = step.get("expect_key")
         if expected is not None and request.headers.get("authorization") != f"Bearer {expected}":
@@ -122,8 +131,14 @@ def build_app(state: ScriptedModel) -> Starlette:
 
     async def models(_: Request) -> Response:
         names = sorted(n for n in state.script if n != "default")
-        return JSONResponse({"object": "list", "data": [{"id": n, "object": "model", "created": 0,
-                                                         "owned_by": "ksquad-scripted"} for n in names]})  # fmt: skip
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": n, "object": "model", "created": 0, "owned_by": "ksquad-scripted"} for n in names
+                ],
+            }
+        )
 
     async def set_script(request: Request) -> Response:
         try:
@@ -143,14 +158,16 @@ def build_app(state: ScriptedModel) -> Starlette:
     async def health(_: Request) -> Response:
         return JSONResponse({"ok": True})
 
-    return Starlette(routes=[
-        Route("/v1/chat/completions", completions, methods=["POST"]),
-        Route("/v1/models", models),
-        Route("/_script", set_script, methods=["POST"]),
-        Route("/_calls", calls),
-        Route("/_reset", reset, methods=["POST"]),
-        Route("/healthz", health),
-    ])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/_script", set_script, methods=["POST"]),
+            Route("/_calls", calls),
+            Route("/_reset", reset, methods=["POST"]),
+            Route("/healthz", health),
+        ]
+    )
 
 
 async def hung_up_within(request: Request, seconds: float) -> bool:
@@ -179,16 +196,22 @@ def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
             429: "Rate limit reached",
             401: "Incorrect API key provided",
         }.get(status, "The server had an error")
-        return JSONResponse({"error": {"message": explanation, "type": kind, "code": kind}}, status_code=status,
-                            headers=headers)  # fmt: skip
+        return JSONResponse(
+            {"error": {"message": explanation, "type": kind, "code": kind}},
+            status_code=status,
+            headers=headers,
+        )
     if step.get("malformed"):
         return Response("{this is not json", media_type="application/json")
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
     tool_calls = [
-        {"id": f"call_{uuid.uuid4().hex[:10]}", "type": "function",
-         "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}))}}
+        {
+            "id": f"call_{uuid.uuid4().hex[:10]}",
+            "type": "function",
+            "function": {"name": c["name"], "arguments": json.dumps(c.get("arguments", {}))},
+        }
         for c in step.get("tool_calls", [])
-    ]  # fmt: skip
+    ]
     text = step.get("text", "" if tool_calls else DEFAULT_TEXT)
     if stream:
         return StreamingResponse(
@@ -197,20 +220,41 @@ def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return JSONResponse({
-        "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": max(1, len(text.split())), "total_tokens": 10},
-    })  # fmt: skip
+    return JSONResponse(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": 10,
+                "completion_tokens": max(1, len(text.split())),
+                "total_tokens": 10,
+            },
+        }
+    )
 
 
 async def stream_chunks(
     completion_id: str, model: str, text: str, tool_calls: list[dict[str, Any]]
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        return "data: " + json.dumps({"id": completion_id, "object": "chat.completion.chunk", "created": 0,
-                                      "model": model, "choices": [{"index": 0, "delta": delta,
-                                                                   "finish_reason": finish}]}) + "\n\n"  # fmt: skip
+        return (
+            "data: "
+            + json.dumps(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+            + "\n\n"
+        )
 
     yield chunk({"role": "assistant", "content": ""})
     words = text.split(" ") if text else []
@@ -218,8 +262,18 @@ async def stream_chunks(
         yield chunk({"content": word + (" " if i < len(words) - 1 else "")})
         await asyncio.sleep(0)
     for index, call in enumerate(tool_calls):
-        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
-                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})  # fmt: skip
+        yield chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["function"]["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
         yield chunk(
             {"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]}
         )
@@ -228,8 +282,9 @@ async def stream_chunks(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="ksquad-model-server", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="ksquad-model-server", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--script", type=Path, help="YAML or JSON: {models: {name: [steps]}}")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8400)

@@ -72,8 +72,13 @@ def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
 
     async def stats(_: Request) -> JSONResponse:
         staged = await asyncio.to_thread(staged_toolchains)
-        return JSONResponse({**dataclasses.asdict(executor.stats), "toolchains": staged,
-                             "conversations": len(executor.conversations)})  # fmt: skip
+        return JSONResponse(
+            {
+                **dataclasses.asdict(executor.stats),
+                "toolchains": staged,
+                "conversations": len(executor.conversations),
+            }
+        )
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/ksquad/stats", stats)]
     return Starlette(
@@ -103,20 +108,25 @@ class AgentServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="ksquad-agent", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="ksquad-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--host", default=os.environ.get("KSQUAD_AGENT_HOST", "0.0.0.0"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("KSQUAD_AGENT_PORT", "8080")))
-    parser.add_argument("--url", default=os.environ.get("KSQUAD_AGENT_URL"),
-                        help="the URL the agent card advertises (default: http://<host>:<port>/)")  # fmt: skip
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("KSQUAD_AGENT_URL"),
+        help="the URL the agent card advertises (default: http://<host>:<port>/)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("a2a").setLevel(logging.WARNING)
     executor = KsquadAgentExecutor(contract_from_env())
     advertised = args.host if args.host not in ("0.0.0.0", "::") else os.environ.get("POD_IP", "127.0.0.1")
     url = args.url or f"http://{advertised}:{args.port}/"
-    config = uvicorn.Config(build_app(executor, url), host=args.host, port=args.port, log_level="warning",
-                            lifespan="off")  # fmt: skip
+    config = uvicorn.Config(
+        build_app(executor, url), host=args.host, port=args.port, log_level="warning", lifespan="off"
+    )
     log.info("ksquad-agent serving A2A at %s", url)
     asyncio.run(AgentServer(config, executor).serve())
 

@@ -14,8 +14,12 @@ from a2a.server.tasks import InMemoryTaskStore, TaskStore
 from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 
 TASK_RETENTION_SECONDS = 3600.0
-ENDED = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED, TaskState.TASK_STATE_CANCELED,
-         TaskState.TASK_STATE_REJECTED}  # fmt: skip
+ENDED = {
+    TaskState.TASK_STATE_COMPLETED,
+    TaskState.TASK_STATE_FAILED,
+    TaskState.TASK_STATE_CANCELED,
+    TaskState.TASK_STATE_REJECTED,
+}
 
 
 class RetainingTaskStore(TaskStore):

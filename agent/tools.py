@@ -34,8 +34,14 @@ class OfferedTool:
 
     def definition(self) -> dict[str, Any]:
         """The tool as the OpenAI chat API takes it."""
-        return {"type": "function", "function": {"name": self.tool.name, "description": self.description,
-                                                 "parameters": self.input_schema}}  # fmt: skip
+        return {
+            "type": "function",
+            "function": {
+                "name": self.tool.name,
+                "description": self.description,
+                "parameters": self.input_schema,
+            },
+        }
 
 
 @dataclass
@@ -105,8 +111,9 @@ class ToolBox:
             META_ATTEMPT: run.attempt,
         }
         try:
-            result = await offered.client.call_tool(offered.tool.tool_name, args, meta=meta,
-                                                    read_timeout_seconds=CALL_TIMEOUT_SECONDS)  # fmt: skip
+            result = await offered.client.call_tool(
+                offered.tool.tool_name, args, meta=meta, read_timeout_seconds=CALL_TIMEOUT_SECONDS
+            )
         except MCPError as err:
             return ToolResult(f"tool {name} failed: {err.error.message}", is_error=True)
         text = "".join(getattr(block, "text", "") for block in result.content)

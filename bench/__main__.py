@@ -42,30 +42,76 @@ def dig(doc: dict[str, Any], *keys: str) -> Any:
 # (benchmark, figure, how to read it, target, within target?)
 Row = tuple[str, str, Callable[[dict[str, Any]], Any], str, Callable[[Any], bool] | None]
 ROWS: list[Row] = [
-    ("overhead", "run latency ksquad / bare (p50)", lambda d: dig(d, "latency_one_at_a_time", "ratio_p50"),
-     "<= 1.25", lambda v: v <= 1.25),
-    ("overhead", "throughput ksquad / bare", lambda d: dig(d, "throughput_batches", "ksquad_share_of_bare"),
-     ">= 0.8", lambda v: v >= 0.8),
+    (
+        "overhead",
+        "run latency ksquad / bare (p50)",
+        lambda d: dig(d, "latency_one_at_a_time", "ratio_p50"),
+        "<= 1.25",
+        lambda v: v <= 1.25,
+    ),
+    (
+        "overhead",
+        "throughput ksquad / bare",
+        lambda d: dig(d, "throughput_batches", "ksquad_share_of_bare"),
+        ">= 0.8",
+        lambda v: v >= 0.8,
+    ),
     ("throughput", "runs/s, 1 worker process", lambda d: dig(d, "1_worker", "runs_per_second"), "", None),
     ("throughput", "runs/s, 2 worker processes", lambda d: dig(d, "2_workers", "runs_per_second"), "", None),
     ("paused", "runs paused at once", lambda d: d.get("runs"), "10000", lambda v: v >= 10_000),
-    ("paused", "model calls while paused", lambda d: d.get("model_calls_during_pause"), "0", lambda v: v == 0),
-    ("paused", "resume lateness p99 (ms)", lambda d: dig(d, "resume_lateness", "p99_ms"), "<= 1000",
-     lambda v: v <= 1000),
-    ("paused", "worker RSS while paused (MB)", lambda d: dig(d, "rss_mb_while_paused", "worker", "max"), "<= 300",
-     lambda v: v <= 300),
+    (
+        "paused",
+        "model calls while paused",
+        lambda d: d.get("model_calls_during_pause"),
+        "0",
+        lambda v: v == 0,
+    ),
+    (
+        "paused",
+        "resume lateness p99 (ms)",
+        lambda d: dig(d, "resume_lateness", "p99_ms"),
+        "<= 1000",
+        lambda v: v <= 1000,
+    ),
+    (
+        "paused",
+        "worker RSS while paused (MB)",
+        lambda d: dig(d, "rss_mb_while_paused", "worker", "max"),
+        "<= 300",
+        lambda v: v <= 300,
+    ),
     ("paused", "time to drain (s)", lambda d: d.get("seconds_to_drain"), "", None),
-    ("bridge", "apply -> status.phase p50 / p99 (ms), 4/s",
-     lambda d: _pair(dig(d, "4_runs_per_second", "create_to_phase")), "<= 100 / 500",
-     lambda v: v[0] <= 100 and v[1] <= 500),
-    ("bridge", "state change -> mirrored p99 (ms), 4/s",
-     lambda d: dig(d, "4_runs_per_second", "state_change_to_mirrored", "p99_ms"), "<= 500", lambda v: v <= 500),
-    ("sandboxes", "warm claim p50 / p99 (ms)", lambda d: _pair(d.get("warm_claim")), "<= 50 / 200",
-     lambda v: v[0] <= 50 and v[1] <= 200),
+    (
+        "bridge",
+        "apply -> status.phase p50 / p99 (ms), 4/s",
+        lambda d: _pair(dig(d, "4_runs_per_second", "create_to_phase")),
+        "<= 100 / 500",
+        lambda v: v[0] <= 100 and v[1] <= 500,
+    ),
+    (
+        "bridge",
+        "state change -> mirrored p99 (ms), 4/s",
+        lambda d: dig(d, "4_runs_per_second", "state_change_to_mirrored", "p99_ms"),
+        "<= 500",
+        lambda v: v <= 500,
+    ),
+    (
+        "sandboxes",
+        "warm claim p50 / p99 (ms)",
+        lambda d: _pair(d.get("warm_claim")),
+        "<= 50 / 200",
+        lambda v: v[0] <= 50 and v[1] <= 200,
+    ),
     ("sandboxes", "cold / warm (p50)", lambda d: d.get("cold_over_warm_p50"), ">= 10", lambda v: v >= 10),
-    ("claims", "claim+release / bare (p50), PostgreSQL", lambda d: dig(d, "postgresql", "ratio_p50"), "", None),
+    (
+        "claims",
+        "claim+release / bare (p50), PostgreSQL",
+        lambda d: dig(d, "postgresql", "ratio_p50"),
+        "",
+        None,
+    ),
     ("agent_roundtrip", "invoke_agent p50 (ms)", lambda d: dig(d, "invoke_agent", "p50_ms"), "", None),
-]  # fmt: skip
+]
 
 
 def _pair(stats: Any) -> tuple[float, float] | None:
@@ -92,16 +138,20 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         if doc is None:
             continue
         value = None if "error" in doc else read(doc)
-        shown = doc.get("error", "-") if value is None else (" / ".join(f"{v:g}" for v in value)
-                                                             if isinstance(value, tuple) else f"{value:g}")  # fmt: skip
+        shown = (
+            doc.get("error", "-")
+            if value is None
+            else (" / ".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}")
+        )
         verdict = "" if ok is None or value is None else ("yes" if ok(value) else "NO")
         lines.append(f"{name:<16} {figure:<44} {shown:>16} {target:>14}  {verdict}")
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of every benchmark")
     parser.add_argument("--only", help="comma-separated benchmark names")
     args = parser.parse_args()

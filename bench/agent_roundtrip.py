@@ -36,15 +36,23 @@ async def main(iterations: int) -> None:
             name="bench-model", url=f"{model_url}/v1", credential=CredentialRef(secret_name="bench")
         )
         agent = ResolvedAgent(name="bench", model=model)
-        base = ExecutionContract(run=RunIdentity(namespace="bench", name="r", uid="uid-bench", attempt=1, fence=1),
-                                 inputs={"task": "say done"}, agent=agent, model=model)  # fmt: skip
+        base = ExecutionContract(
+            run=RunIdentity(namespace="bench", name="r", uid="uid-bench", attempt=1, fence=1),
+            inputs={"task": "say done"},
+            agent=agent,
+            model=model,
+        )
         port = free_port()
         assert model.credential is not None
         key_env = model.credential.env
         env = {**os.environ, "KSQUAD_EXECUTION_CONTRACT": base.model_dump_json(), key_env: "sk-bench"}
         with tempfile.TemporaryDirectory() as tmp:
-            process = subprocess.Popen([sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
-                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            process = subprocess.Popen(
+                [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             try:
                 await wait_ready(f"http://127.0.0.1:{port}/readyz")
                 store = await Store.open(f"sqlite:///{Path(tmp) / 'bench.db'}")
@@ -59,8 +67,12 @@ async def main(iterations: int) -> None:
                     contract = base.model_copy(
                         update={"run": base.run.model_copy(update={"attempt": i + 1, "fence": i + 1})}
                     )
-                    inv = AgentInvocation(contract=contract, endpoint=f"http://127.0.0.1:{port}/",
-                                          message_id=f"uid-bench-a{i + 1}", context_id=f"uid-bench-a{i + 1}")  # fmt: skip
+                    inv = AgentInvocation(
+                        contract=contract,
+                        endpoint=f"http://127.0.0.1:{port}/",
+                        message_id=f"uid-bench-a{i + 1}",
+                        context_id=f"uid-bench-a{i + 1}",
+                    )
                     t0 = time.perf_counter()
                     await ActivityEnvironment().run(acts.invoke_agent, inv)
                     invoked_ms = (time.perf_counter() - t0) * 1000
@@ -72,14 +84,17 @@ async def main(iterations: int) -> None:
                 process.terminate()
                 process.wait(10)
     d, a = percentiles(direct), percentiles(invoked)
-    report("agent_roundtrip", {
-        "iterations": iterations,
-        "model_direct": d,
-        "invoke_agent": a,
-        "overhead_p50_ms": round(a["p50_ms"] - d["p50_ms"], 3),
-        "overhead_p99_ms": round(a["p99_ms"] - d["p99_ms"], 3),
-        "ratio_p50": round(a["p50_ms"] / d["p50_ms"], 2),
-    })  # fmt: skip
+    report(
+        "agent_roundtrip",
+        {
+            "iterations": iterations,
+            "model_direct": d,
+            "invoke_agent": a,
+            "overhead_p50_ms": round(a["p50_ms"] - d["p50_ms"], 3),
+            "overhead_p99_ms": round(a["p99_ms"] - d["p99_ms"], 3),
+            "ratio_p50": round(a["p50_ms"] / d["p50_ms"], 2),
+        },
+    )
 
 
 async def wait_ready(url: str) -> None:

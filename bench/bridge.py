@@ -60,43 +60,73 @@ async def main(runs: int, rates: list[float]) -> None:
                     plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
                 )
                 assert dev_server.process is not None
-                pids = {"worker": stack.processes["worker"].pid, "bridge": stack.processes["bridge"].pid,
-                        "temporal": dev_server.process.pid, "kube-apiserver": plane.processes["kube-apiserver"].pid,
-                        "etcd": plane.processes["etcd"].pid}  # fmt: skip
+                pids = {
+                    "worker": stack.processes["worker"].pid,
+                    "bridge": stack.processes["bridge"].pid,
+                    "temporal": dev_server.process.pid,
+                    "kube-apiserver": plane.processes["kube-apiserver"].pid,
+                    "etcd": plane.processes["etcd"].pid,
+                }
                 agent = start_remote_agent(stack)
                 try:
                     for rate in rates:
                         before, busy = {name: cpu_seconds(pid) for name, pid in pids.items()}, machine_ticks()
                         phase = await measure(stack, admin, f"r{rate:g}".replace(".", "-"), runs, rate)
                         phase["machine_busy"] = round(busy_fraction(busy, machine_ticks()), 2)
-                        phase["cpu_seconds"] = {name: round(cpu_seconds(pid) - before[name], 2)
-                                                for name, pid in pids.items()}  # fmt: skip
+                        phase["cpu_seconds"] = {
+                            name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()
+                        }
                         results[f"{rate:g}_runs_per_second"] = phase
                         if phase["phases"].get("Succeeded") != runs:
-                            print(f"bridge log:\n{stack.log('bridge')[-4000:]}\n"
-                                  f"worker log:\n{stack.log('worker')[-4000:]}", file=sys.stderr)  # fmt: skip
+                            print(
+                                f"bridge log:\n{stack.log('bridge')[-4000:]}\n"
+                                f"worker log:\n{stack.log('worker')[-4000:]}",
+                                file=sys.stderr,
+                            )
                 finally:
                     agent.terminate()
                     agent.wait(10)
                     stack.stop()
     finally:
         plane.stop()
-    report("bridge", {"runs_per_rate": runs, "targets_ms": {"create_to_phase": {"p50": 100, "p99": 500},
-                                                           "state_change_to_mirrored": {"p99": 500}},
-                      **results})  # fmt: skip
+    report(
+        "bridge",
+        {
+            "runs_per_rate": runs,
+            "targets_ms": {
+                "create_to_phase": {"p50": 100, "p99": 500},
+                "state_change_to_mirrored": {"p99": 500},
+            },
+            **results,
+        },
+    )
 
 
 def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
     """The agent server as a long-lived process, and an Agent `remote` that points at it."""
     port = free_port()
     # a remote agent reads its model key from its environment (a sandbox has it mounted)
-    agent = subprocess.Popen([sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
-                             env={**os.environ, "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     secret, endpoint, _ = stack.resources(stack.model)
-    stack.apply(secret, endpoint, {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": "remote"},
-                                   "spec": {"modelEndpointRef": "scripted", "credentialSecretRef": {"name": "model-key"},
-                                            "endpoint": f"http://127.0.0.1:{port}/"}})  # fmt: skip
+    stack.apply(
+        secret,
+        endpoint,
+        {
+            "apiVersion": RUN_API,
+            "kind": "Agent",
+            "metadata": {"name": "remote"},
+            "spec": {
+                "modelEndpointRef": "scripted",
+                "credentialSecretRef": {"name": "model-key"},
+                "endpoint": f"http://127.0.0.1:{port}/",
+            },
+        },
+    )
     return agent
 
 

@@ -74,10 +74,12 @@ async def shape_of_a_run(dev: DevStack) -> dict[str, int]:
         if name == "EVENT_TYPE_MARKER_RECORDED":
             name = event.marker_recorded_event_attributes.marker_name  # a local activity, a patch
         counts[name] = counts.get(name, 0) + 1
-    return {"activities": counts.get("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED", 0),
-            "local_activities": counts.get(LOCAL_ACTIVITY_MARKER, 0),
-            "workflow_tasks": counts.get("EVENT_TYPE_WORKFLOW_TASK_COMPLETED", 0),
-            "history_events": sum(counts.values())}  # fmt: skip
+    return {
+        "activities": counts.get("EVENT_TYPE_ACTIVITY_TASK_SCHEDULED", 0),
+        "local_activities": counts.get(LOCAL_ACTIVITY_MARKER, 0),
+        "workflow_tasks": counts.get("EVENT_TYPE_WORKFLOW_TASK_COMPLETED", 0),
+        "history_events": sum(counts.values()),
+    }
 
 
 async def main(runs: int, batch: int, rounds: int) -> dict[str, Any]:
@@ -101,12 +103,19 @@ async def main(runs: int, batch: int, rounds: int) -> dict[str, Any]:
     rate = {k: round(batch * rounds / v, 2) for k, v in wall.items()}
     return {
         "what_a_run_does": shape,
-        "latency_one_at_a_time": {**lat, "ratio_p50": round(lat["ksquad"]["p50_ms"] / lat["bare"]["p50_ms"], 2),
-                                  "ratio_p99": round(lat["ksquad"]["p99_ms"] / lat["bare"]["p99_ms"], 2)},
-        "throughput_batches": {"batch": batch, "rounds": rounds, "runs_per_second": rate,
-                               "ksquad_share_of_bare": round(rate["ksquad"] / rate["bare"], 2)},
+        "latency_one_at_a_time": {
+            **lat,
+            "ratio_p50": round(lat["ksquad"]["p50_ms"] / lat["bare"]["p50_ms"], 2),
+            "ratio_p99": round(lat["ksquad"]["p99_ms"] / lat["bare"]["p99_ms"], 2),
+        },
+        "throughput_batches": {
+            "batch": batch,
+            "rounds": rounds,
+            "runs_per_second": rate,
+            "ksquad_share_of_bare": round(rate["ksquad"] / rate["bare"], 2),
+        },
         "targets": {"overhead_ratio_max": 1.25, "throughput_share_min": 0.8},
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

@@ -74,14 +74,16 @@ async def main(runs: int, retry_after: str, resume_per_second: str) -> dict[str,
             assert dev.scripted is not None and dev.server.process is not None
             [worker] = start_workers(dev, 1)
             try:
-                return await measure(dev, worker.pid, dev.server.process.pid, runs, retry_after,
-                                     resume_per_second)  # fmt: skip
+                return await measure(
+                    dev, worker.pid, dev.server.process.pid, runs, retry_after, resume_per_second
+                )
             finally:
                 stop_workers([worker])
 
 
-async def measure(dev: DevStack, worker_pid: int, server_pid: int, runs: int, retry_after: str,
-                  resume_per_second: str) -> dict[str, Any]:  # fmt: skip
+async def measure(
+    dev: DevStack, worker_pid: int, server_pid: int, runs: int, retry_after: str, resume_per_second: str
+) -> dict[str, Any]:
     assert dev.scripted is not None
     t0 = time.perf_counter()
     probe = run_docs("probe", min(CHUNK, runs))  # before any 429: how fast this machine completes runs
@@ -92,16 +94,25 @@ async def measure(dev: DevStack, worker_pid: int, server_pid: int, runs: int, re
 
     await until(probed, "the probe runs")
     per_run = (time.perf_counter() - t0) / len(probe)
-    if (
-        retry_after == "auto"
-    ):  # at scale pausing costs about a whole run's work: leave 30% and 2 min of margin
+    # At scale pausing costs about a whole run's work: leave 30% and 2 min of margin.
+    if retry_after == "auto":
         seconds = min(3600, int(per_run * runs * 1.3) + 120)
         dev.scripted.script[LIMITED][0]["retry_after"] = str(seconds)
     rate = round(RAMP_SHARE / per_run, 2) if resume_per_second == "auto" else float(resume_per_second)
-    await dev.runs.apply([{"apiVersion": "ksquad.io/v1alpha1", "kind": "ModelEndpoint",
-                           "metadata": {"name": "local", "namespace": NAMESPACE},
-                           "spec": {"url": dev.model_url, "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET},
-                                    "resumePerSecond": rate}}])  # fmt: skip
+    await dev.runs.apply(
+        [
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "ModelEndpoint",
+                "metadata": {"name": "local", "namespace": NAMESPACE},
+                "spec": {
+                    "url": dev.model_url,
+                    "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET},
+                    "resumePerSecond": rate,
+                },
+            }
+        ]
+    )
     await dev.runs.apply(limited_docs("p", 1))
 
     async def first_paused() -> bool:

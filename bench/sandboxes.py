@@ -28,8 +28,11 @@ NS = "bench"
 
 def contract(i: int) -> ExecutionContract:
     model = ModelRef(name="m", url="http://127.0.0.1:9/v1")
-    return ExecutionContract(run=RunIdentity(namespace=NS, name=f"b{i}", uid=f"uid-b{i}", attempt=1, fence=1),
-                             agent=ResolvedAgent(name="a", model=model), model=model)  # fmt: skip
+    return ExecutionContract(
+        run=RunIdentity(namespace=NS, name=f"b{i}", uid=f"uid-b{i}", attempt=1, fence=1),
+        agent=ResolvedAgent(name="a", model=model),
+        model=model,
+    )
 
 
 async def main(runs: int) -> None:
@@ -46,15 +49,44 @@ async def main(runs: int) -> None:
             "-",
             input="apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: gvisor}\nhandler: runsc\n",
         )
-        pool = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "pool", "namespace": NS},
-                "spec": {"replicas": 3, "selector": {"matchLabels": {"ksquad.io/state": "warm", "ksquad.io/pool": "b"}},
-                         "template": {"metadata": {"labels": {"ksquad.io/state": "warm", "ksquad.io/pool": "b",
-                                                              "ksquad.io/runtime-class": "gvisor"}},
-                                      "spec": {"containers": [{
-                                          "name": "agent", "image": AGENT_IMAGE, "command": ["ksquad-agent"],
-                                          "args": ["--host", "$(POD_IP)", "--port", "8080"],
-                                          "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                                          "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1}}]}}}}  # fmt: skip
+        pool = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "pool", "namespace": NS},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"ksquad.io/state": "warm", "ksquad.io/pool": "b"}},
+                "template": {
+                    "metadata": {
+                        "labels": {
+                            "ksquad.io/state": "warm",
+                            "ksquad.io/pool": "b",
+                            "ksquad.io/runtime-class": "gvisor",
+                        }
+                    },
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "agent",
+                                "image": AGENT_IMAGE,
+                                "command": ["ksquad-agent"],
+                                "args": ["--host", "$(POD_IP)", "--port", "8080"],
+                                "env": [
+                                    {
+                                        "name": "POD_IP",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                                    }
+                                ],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/readyz", "port": 8080},
+                                    "periodSeconds": 1,
+                                },
+                            }
+                        ]
+                    },
+                },
+            },
+        }
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(pool))
         async with Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as kube:
             sandboxes = KubernetesSandboxes(
@@ -69,8 +101,11 @@ async def main(runs: int) -> None:
                 warm.append((time.perf_counter() - t0) * 1000)
                 assert bound is not None
                 t0 = time.perf_counter()
-                made = await sandboxes.start_cold(SandboxRequest(contract=contract(runs + i), policy=SandboxPolicy(class_="batch"),
-                                                                 timeout_seconds=60))  # fmt: skip
+                made = await sandboxes.start_cold(
+                    SandboxRequest(
+                        contract=contract(runs + i), policy=SandboxPolicy(class_="batch"), timeout_seconds=60
+                    )
+                )
                 cold.append((time.perf_counter() - t0) * 1000)
                 for sandbox, owner in ((bound, c), (made, contract(runs + i))):
                     run = RunRef(namespace=NS, name=owner.run.name, uid=owner.run.uid)
@@ -78,9 +113,16 @@ async def main(runs: int) -> None:
     finally:
         plane.stop()
     w, c_ = percentiles(warm), percentiles(cold)
-    report("sandboxes", {"runs": runs, "warm_claim": w, "cold_acquire": c_,
-                         "cold_over_warm_p50": round(c_["p50_ms"] / w["p50_ms"], 1),
-                         "cold_over_warm_p99": round(c_["p99_ms"] / w["p99_ms"], 1)})  # fmt: skip
+    report(
+        "sandboxes",
+        {
+            "runs": runs,
+            "warm_claim": w,
+            "cold_acquire": c_,
+            "cold_over_warm_p50": round(c_["p50_ms"] / w["p50_ms"], 1),
+            "cold_over_warm_p99": round(c_["p99_ms"] / w["p99_ms"], 1),
+        },
+    )
 
 
 async def wait_warm(kube: Kube, count: int) -> None:

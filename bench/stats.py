@@ -16,8 +16,13 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
     def pct(p: float) -> float:
         return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
-    return {"n": len(ordered), "p50_ms": round(pct(50), 3), "p99_ms": round(pct(99), 3),
-            "mean_ms": round(statistics.fmean(ordered), 3), "max_ms": round(ordered[-1], 3)}  # fmt: skip
+    return {
+        "n": len(ordered),
+        "p50_ms": round(pct(50), 3),
+        "p99_ms": round(pct(99), 3),
+        "mean_ms": round(statistics.fmean(ordered), 3),
+        "max_ms": round(ordered[-1], 3),
+    }
 
 
 def report(name: str, results: dict[str, Any]) -> None:

@@ -36,10 +36,12 @@ async def main(runs: int, worker_counts: list[int]) -> dict[str, Any]:
                     phases = await wait_terminal(dev, [d["metadata"]["name"] for d in docs], 900)
                     wall = time.perf_counter() - t0
                     results[f"{count}_worker{'s' if count > 1 else ''}"] = {
-                        "runs": runs, "wall_seconds": round(wall, 2), "runs_per_second": round(runs / wall, 2),
+                        "runs": runs,
+                        "wall_seconds": round(wall, 2),
+                        "runs_per_second": round(runs / wall, 2),
                         "worker_cpu_seconds": round(sum(cpu_seconds(w.pid) for w in workers) - cpu_before, 2),
                         "phases": dict(Counter(phases.values())),
-                    }  # fmt: skip
+                    }
                 finally:
                     stop_workers(workers)
     one, two = results.get("1_worker"), results.get("2_workers")

@@ -50,8 +50,15 @@ def age(timestamp: str | None) -> str:
 
 def run_row(run: dict[str, Any]) -> list[str]:
     meta, status = run["metadata"], run.get("status") or {}
-    return [meta["namespace"], meta["name"], status.get("phase") or "-", status.get("reason") or "-",
-            str(status.get("attempt") or 0), status.get("agent") or "-", age(meta.get("creationTimestamp"))]  # fmt: skip
+    return [
+        meta["namespace"],
+        meta["name"],
+        status.get("phase") or "-",
+        status.get("reason") or "-",
+        str(status.get("attempt") or 0),
+        status.get("agent") or "-",
+        age(meta.get("creationTimestamp")),
+    ]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -63,10 +70,19 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def describe(run: dict[str, Any]) -> str:
     meta, status = run["metadata"], run.get("status") or {}
-    lines = [f"Run {meta['namespace']}/{meta['name']} (uid {meta.get('uid')})",
-             f"  phase:    {status.get('phase') or 'Pending'}" + (f" ({status['reason']})" if status.get("reason") else "")]  # fmt: skip
-    for label, key in (("message", "message"), ("attempt", "attempt"), ("agent", "agent"), ("model", "model"),
-                       ("resumes", "resumeAt"), ("by", "triggeredBy")):  # fmt: skip
+    lines = [
+        f"Run {meta['namespace']}/{meta['name']} (uid {meta.get('uid')})",
+        f"  phase:    {status.get('phase') or 'Pending'}"
+        + (f" ({status['reason']})" if status.get("reason") else ""),
+    ]
+    for label, key in (
+        ("message", "message"),
+        ("attempt", "attempt"),
+        ("agent", "agent"),
+        ("model", "model"),
+        ("resumes", "resumeAt"),
+        ("by", "triggeredBy"),
+    ):
         if status.get(key):
             lines.append(f"  {label + ':':<10}{status[key]}")
     if status.get("workflow"):
@@ -175,8 +191,11 @@ async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int
 
 
 async def runs_command(args: argparse.Namespace) -> int:
-    target: Target = (ClusterTarget(args.kubeconfig) if args.kubeconfig
-                      else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API")))  # fmt: skip
+    target: Target = (
+        ClusterTarget(args.kubeconfig)
+        if args.kubeconfig
+        else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API"))
+    )
     as_json = args.output == "json"
     try:
         if args.command == "run":
@@ -200,8 +219,12 @@ async def runs_command(args: argparse.Namespace) -> int:
             elif not items:
                 print("No runs found.", file=sys.stderr)
             else:
-                print(table(["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"],
-                            [run_row(r) for r in items]))  # fmt: skip
+                print(
+                    table(
+                        ["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"],
+                        [run_row(r) for r in items],
+                    )
+                )
             return 0
         namespace, name = split_name(args.name, args.namespace)
         if action == "get":
@@ -226,8 +249,13 @@ async def runs_command(args: argparse.Namespace) -> int:
         else:
             await target.signal(namespace, name, RunSignal(action), getattr(args, "reason", None))
             result = {"run": f"{namespace}/{name}", "signal": action}
-        print(json.dumps(result) if as_json else f"run {namespace}/{name}: {action} sent"
-              if action != "delete" else f"run {namespace}/{name} deleted")  # fmt: skip
+        print(
+            json.dumps(result)
+            if as_json
+            else f"run {namespace}/{name}: {action} sent"
+            if action != "delete"
+            else f"run {namespace}/{name} deleted"
+        )
         return 0
     finally:
         await target.close()
@@ -315,10 +343,15 @@ def parser() -> argparse.ArgumentParser:
     ls.add_argument("-n", "--namespace", default="default")
     ls.add_argument("-A", "--all-namespaces", action="store_true")
     target_options(ls)
-    for action, help_text in (("get", "one Run"), ("describe", "one Run, its status in words"),
-                              ("watch", "follow a Run until it ends"), ("cancel", "cancel a Run"),
-                              ("pause", "pause a Run (it resumes with `resume`)"), ("resume", "resume a paused Run"),
-                              ("delete", "cancel and remove a Run")):  # fmt: skip
+    for action, help_text in (
+        ("get", "one Run"),
+        ("describe", "one Run, its status in words"),
+        ("watch", "follow a Run until it ends"),
+        ("cancel", "cancel a Run"),
+        ("pause", "pause a Run (it resumes with `resume`)"),
+        ("resume", "resume a paused Run"),
+        ("delete", "cancel and remove a Run"),
+    ):
         q = actions.add_parser(action, help=help_text)
         q.add_argument("name", help="NAME or NAMESPACE/NAME")
         q.add_argument("-n", "--namespace", default="default")

@@ -42,8 +42,11 @@ class Target(Protocol):
 class EmbeddedTarget:
     def __init__(self, api: str, token: str) -> None:
         self.where = f"the embedded stack at {api}"
-        self.http = httpx.AsyncClient(base_url=api, timeout=httpx.Timeout(60.0, connect=5.0),
-                                      headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        self.http = httpx.AsyncClient(
+            base_url=api,
+            timeout=httpx.Timeout(60.0, connect=5.0),
+            headers={"Authorization": f"Bearer {token}"},
+        )
 
     @classmethod
     def from_state(cls, state_dir: Path, api: str | None, token: str | None = None) -> "EmbeddedTarget":
@@ -52,8 +55,10 @@ class EmbeddedTarget:
         if api is None:
             info = state_dir / "dev.json"
             if not info.is_file():
-                raise CliError(f"no embedded stack: {info} is missing. Start one with `ksquad dev` "
-                               "(or pass --kubeconfig to use a cluster)")  # fmt: skip
+                raise CliError(
+                    f"no embedded stack: {info} is missing. Start one with `ksquad dev` "
+                    "(or pass --kubeconfig to use a cluster)"
+                )
             api = str(json.loads(info.read_text())["api"])
         token = token or os.environ.get("KSQUAD_API_TOKEN")
         if not token:
@@ -61,8 +66,10 @@ class EmbeddedTarget:
             try:
                 token = token_file.read_text().strip()
             except OSError as err:
-                raise CliError(f"cannot read the API's token {token_file} ({err.strerror}): run the command as "
-                               "the user of `ksquad dev`, or set KSQUAD_API_TOKEN") from None  # fmt: skip
+                raise CliError(
+                    f"cannot read the API's token {token_file} ({err.strerror}): run the command as "
+                    "the user of `ksquad dev`, or set KSQUAD_API_TOKEN"
+                ) from None
         return cls(api, token)
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
@@ -105,9 +112,12 @@ class EmbeddedTarget:
         """The run's events (server-sent), resuming after the last one seen if the connection drops."""
         while True:
             try:
-                async with self.http.stream("GET", f"/runs/{namespace}/{name}/events",
-                                            headers={"Last-Event-ID": str(after)},
-                                            timeout=httpx.Timeout(10.0, read=60.0)) as response:  # fmt: skip
+                async with self.http.stream(
+                    "GET",
+                    f"/runs/{namespace}/{name}/events",
+                    headers={"Last-Event-ID": str(after)},
+                    timeout=httpx.Timeout(10.0, read=60.0),
+                ) as response:
                     if response.status_code >= 400:
                         await response.aread()
                         raise CliError(response.json().get("error") or f"HTTP {response.status_code}")
@@ -206,10 +216,20 @@ class ClusterTarget:
             if revision > seen and status.get("phase"):
                 seen = revision
                 reason, message = status.get("reason"), status.get("message")
-                yield {"seq": revision, "kind": "phase",
-                       "message": f"{status['phase']}" + (f" ({reason})" if reason else "") + (f": {message}" if message else ""),
-                       "data": {"phase": status["phase"], "reason": reason, "message": message,
-                                "resumeAt": status.get("resumeAt"), "attempt": status.get("attempt")}}  # fmt: skip
+                yield {
+                    "seq": revision,
+                    "kind": "phase",
+                    "message": f"{status['phase']}"
+                    + (f" ({reason})" if reason else "")
+                    + (f": {message}" if message else ""),
+                    "data": {
+                        "phase": status["phase"],
+                        "reason": reason,
+                        "message": message,
+                        "resumeAt": status.get("resumeAt"),
+                        "attempt": status.get("attempt"),
+                    },
+                }
             if Phase(status.get("phase") or "Pending").terminal:
                 return
             await asyncio.sleep(1.0)

@@ -72,8 +72,14 @@ def _errors(handler: Handler) -> Handler:
     return wrapped
 
 
-def api_app(runs: EmbeddedRuns, store: Store, token: str, hosts: frozenset[str], codec: EncryptionCodec | None = None,
-            ui_origins: frozenset[str] = frozenset()) -> "Guard":  # fmt: skip
+def api_app(
+    runs: EmbeddedRuns,
+    store: Store,
+    token: str,
+    hosts: frozenset[str],
+    codec: EncryptionCodec | None = None,
+    ui_origins: frozenset[str] = frozenset(),
+) -> "Guard":
     """The API, behind its Guard: `token` for every caller, `hosts` the Host values it answers to, and the
     Temporal UI's `ui_origins` on the codec endpoint."""
 
@@ -191,14 +197,22 @@ class Guard:
             if refusal is None:
                 receive = _replay(body, receive)
         if refusal is not None:
-            log.warning("refused %s %s from origin %s: %s", request.method, request.url.path,
-                        request.headers.get("origin", "-"), refusal.status_code)  # fmt: skip
+            log.warning(
+                "refused %s %s from origin %s: %s",
+                request.method,
+                request.url.path,
+                request.headers.get("origin", "-"),
+                refusal.status_code,
+            )
         await (refusal or self.app)(scope, receive, send)
 
     def refuse(self, request: Request) -> Response | None:
         if request.headers.get("host") not in self.hosts:
-            return error(421, f"this API answers only as {', '.join(sorted(self.hosts))} (Host: "
-                              f"{request.headers.get('host')!r})")  # fmt: skip
+            return error(
+                421,
+                f"this API answers only as {', '.join(sorted(self.hosts))} (Host: "
+                f"{request.headers.get('host')!r})",
+            )
         if request.url.path == "/healthz":
             return None
         origin = request.headers.get("origin")
@@ -251,8 +265,9 @@ def sse(event_id: int | None, event: str, data: Any) -> bytes:
     return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-async def _stream(runs: EmbeddedRuns, store: Store, namespace: str, name: str, uid: str, after: int,
-                  request: Request) -> AsyncIterator[bytes]:  # fmt: skip
+async def _stream(
+    runs: EmbeddedRuns, store: Store, namespace: str, name: str, uid: str, after: int, request: Request
+) -> AsyncIterator[bytes]:
     """The run's events after `after`, then new ones as they come; `end` once the run finished and every
     event was sent (or the Run was deleted)."""
     loop = asyncio.get_running_loop()
@@ -261,9 +276,18 @@ async def _stream(runs: EmbeddedRuns, store: Store, namespace: str, name: str, u
         for event in await store.events(uid, after):
             after = event.seq
             last_sent = loop.time()
-            yield sse(event.seq, event.kind, {"seq": event.seq, "kind": event.kind, "message": event.message,
-                                              "data": event.data, "attempt": event.attempt,
-                                              "at": event.at.isoformat()})  # fmt: skip
+            yield sse(
+                event.seq,
+                event.kind,
+                {
+                    "seq": event.seq,
+                    "kind": event.kind,
+                    "message": event.message,
+                    "data": event.data,
+                    "attempt": event.attempt,
+                    "at": event.at.isoformat(),
+                },
+            )
         run = await runs.objects.get("Run", namespace, name)
         if run is None or run.uid != uid:
             yield sse(None, "end", {"reason": "deleted"})
@@ -286,9 +310,13 @@ def codec_app(codec: EncryptionCodec, origins: frozenset[str]) -> Starlette:
     def cors(request: Request) -> dict[str, str]:
         origin = request.headers.get("origin")
         if origin and origin in origins:
-            return {"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true",
-                    "Access-Control-Allow-Methods": "POST, OPTIONS",
-                    "Access-Control-Allow-Headers": "Content-Type, X-Namespace, Authorization", "Vary": "Origin"}  # fmt: skip
+            return {
+                "Access-Control-Allow-Origin": origin,
+                "Access-Control-Allow-Credentials": "true",
+                "Access-Control-Allow-Methods": "POST, OPTIONS",
+                "Access-Control-Allow-Headers": "Content-Type, X-Namespace, Authorization",
+                "Vary": "Origin",
+            }
         return {}
 
     def endpoint(transform: Callable[[list[Any]], Awaitable[list[Any]]]) -> Handler:
@@ -307,7 +335,9 @@ def codec_app(codec: EncryptionCodec, origins: frozenset[str]) -> Starlette:
 
         return handle
 
-    return Starlette(routes=[
-        Route("/encode", endpoint(codec.encode), methods=["POST", "OPTIONS"]),
-        Route("/decode", endpoint(codec.decode), methods=["POST", "OPTIONS"]),
-    ])  # fmt: skip
+    return Starlette(
+        routes=[
+            Route("/encode", endpoint(codec.encode), methods=["POST", "OPTIONS"]),
+            Route("/decode", endpoint(codec.decode), methods=["POST", "OPTIONS"]),
+        ]
+    )

@@ -42,15 +42,20 @@ class Timeline:
         for name, uid in runs.items():
             for event in await self.dev.store.events(uid, self.cursors.get(uid, 0)):
                 self.cursors[uid] = event.seq
-                print(f"  {time.monotonic() - self.t0:5.1f}s  {name:<22} {event.kind:<9} {event.message[:90]}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"  {time.monotonic() - self.t0:5.1f}s  {name:<22} {event.kind:<9} {event.message[:90]}",
+                    flush=True,
+                )
 
 
 async def run_demo(dev: DevStack) -> int:
     namespace = "ksquad-system"
     squad = EXAMPLES / "local-squad.yaml"
-    seed, limited, cancelled = (EXAMPLES / "fix-flaky-tests.yaml", EXAMPLES / "demo" / "rate-limited.yaml",
-                                EXAMPLES / "demo" / "cancelled.yaml")  # fmt: skip
+    seed, limited, cancelled = (
+        EXAMPLES / "fix-flaky-tests.yaml",
+        EXAMPLES / "demo" / "rate-limited.yaml",
+        EXAMPLES / "demo" / "cancelled.yaml",
+    )
     names = [doc["metadata"]["name"] for doc in load(seed, limited, cancelled)]
     for name in names:  # a previous demo's runs: start afresh
         if await dev.runs.objects.get("Run", namespace, name) is not None:
@@ -60,8 +65,11 @@ async def run_demo(dev: DevStack) -> int:
 
     async def apply(*files: Path) -> None:
         for result in await dev.runs.apply(load(*files)):
-            print(f"  {time.monotonic() - timeline.t0:5.1f}s  {result['kind']} {result['namespace']}/{result['name']} "
-                  f"{result['action']}", flush=True)  # fmt: skip
+            print(
+                f"  {time.monotonic() - timeline.t0:5.1f}s  {result['kind']} {result['namespace']}/{result['name']} "
+                f"{result['action']}",
+                flush=True,
+            )
             if result["kind"] == "Run":
                 uids[result["name"]] = (await dev.runs.get(namespace, result["name"])).uid
 
@@ -115,13 +123,17 @@ async def run_demo(dev: DevStack) -> int:
         duration = f"{(times[-1] - times[0]).total_seconds():.1f}s" if len(times) > 1 else "-"
         output = next(iter(status.get("outputs", {}).values()), status.get("message") or "")
         ok &= status.get("phase") == expected[name]
-        print(f"{name:<22} {status.get('phase', '?'):<10} {expected[name]:<10} {status.get('attempt', 0):<9} "
-              f"{paused or '-':<13} {duration:<9} {output[:60]}")  # fmt: skip
+        print(
+            f"{name:<22} {status.get('phase', '?'):<10} {expected[name]:<10} {status.get('attempt', 0):<9} "
+            f"{paused or '-':<13} {duration:<9} {output[:60]}"
+        )
     async with httpx.AsyncClient() as http:
         ui_status = (await http.get(dev.ui_url, timeout=10)).status_code
     ok &= ui_status == 200
-    print(f"\nTemporal UI: {dev.ui_url} (HTTP {ui_status}); the runs: "
-          f"{dev.ui_url}/namespaces/default/workflows?query=KsquadNamespace%3D%22{namespace}%22")  # fmt: skip
+    print(
+        f"\nTemporal UI: {dev.ui_url} (HTTP {ui_status}); the runs: "
+        f"{dev.ui_url}/namespaces/default/workflows?query=KsquadNamespace%3D%22{namespace}%22"
+    )
     print(
         f"Inputs and prompts in the history are encrypted; the UI decodes them through {dev.api_url}/codec."
     )

@@ -129,9 +129,12 @@ class DevServer:
             out = self._log = self.log_file.open("ab")
         log.info("starting Temporal dev server on %s", self.target)
         self.process = await asyncio.create_subprocess_exec(
-            *self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            *self.command(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=die_with_parent,
-        )  # fmt: skip
+        )
         await self._wait_ready()
 
     async def _wait_ready(self) -> None:

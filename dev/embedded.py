@@ -92,8 +92,11 @@ def validate_documents(docs: Iterable[Any]) -> list[Manifest]:
             problems += [f"{where}: {p}" for p in err.problems]
             continue
         except ValidationError as err:
-            prefix = "metadata" if any(e["loc"] and e["loc"][0] in ("name", "namespace") for e in err.errors()) \
-                else "spec"  # fmt: skip
+            prefix = (
+                "metadata"
+                if any(e["loc"] and e["loc"][0] in ("name", "namespace") for e in err.errors())
+                else "spec"
+            )
             problems += [f"{where}: {p}" for p in field_problems(err, prefix)]
             continue
         manifests.append(Manifest(kind, meta.namespace, meta.name, spec))
@@ -126,9 +129,8 @@ class EmbeddedBridge:
                 return obj.spec
             if kind == "ModelEndpoint" and name == LOCAL_MODEL_ENDPOINT:
                 return self.local_endpoint
-            if (
-                kind == "Secret" and name == LOCAL_CREDENTIAL_SECRET
-            ):  # the only credential here: the local key
+            # The only credential here: the local key.
+            if kind == "Secret" and name == LOCAL_CREDENTIAL_SECRET:
                 return {"labels": {CREDENTIAL_LABEL: "true"}}
             return None
 
@@ -140,16 +142,34 @@ class EmbeddedBridge:
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
         events = [
-            ("phase", f"{e.phase}" + (f" ({e.reason})" if e.reason else "") + (f": {e.message}" if e.message else ""),
-             {"phase": e.phase.value, "reason": e.reason, "message": e.message, "revision": e.revision,
-              "attempt": snapshot.status.attempt, "at": e.at.isoformat(),
-              "resumeAt": snapshot.status.resume_at.isoformat() if snapshot.status.resume_at and e.phase == Phase.PAUSED
-              else None})
+            (
+                "phase",
+                f"{e.phase}"
+                + (f" ({e.reason})" if e.reason else "")
+                + (f": {e.message}" if e.message else ""),
+                {
+                    "phase": e.phase.value,
+                    "reason": e.reason,
+                    "message": e.message,
+                    "revision": e.revision,
+                    "attempt": snapshot.status.attempt,
+                    "at": e.at.isoformat(),
+                    "resumeAt": snapshot.status.resume_at.isoformat()
+                    if snapshot.status.resume_at and e.phase == Phase.PAUSED
+                    else None,
+                },
+            )
             for e in snapshot.events
-        ]  # fmt: skip
+        ]
         try:
-            await self.objects.write_run_status(snapshot.namespace, snapshot.name, snapshot.uid,
-                                                snapshot.status.revision, status_body(snapshot), events)  # fmt: skip
+            await self.objects.write_run_status(
+                snapshot.namespace,
+                snapshot.name,
+                snapshot.uid,
+                snapshot.status.revision,
+                status_body(snapshot),
+                events,
+            )
         except StoreError as err:
             raise ApplicationError(str(err), type="StoreUnavailable") from None
 
@@ -191,8 +211,14 @@ class EmbeddedRuns:
         if await self.workflows.find(run.namespace, run.name, run.uid) is not None:
             return
         spec = parse_run_manifest(run.manifest()).spec
-        run_input = RunInput(namespace=run.namespace, name=run.name, uid=run.uid, generation=run.generation,
-                             triggered_by=self.user, spec=spec)  # fmt: skip
+        run_input = RunInput(
+            namespace=run.namespace,
+            name=run.name,
+            uid=run.uid,
+            generation=run.generation,
+            triggered_by=self.user,
+            spec=spec,
+        )
         await self.workflows.start(run_input)
         log.info("started the workflow of Run %s/%s", run.namespace, run.name)
 

@@ -52,14 +52,26 @@ TOKEN_FILE = "api.token"  # the API's and the codec endpoint's bearer token (060
 SCRIPTED_MODEL = "scripted"
 # What the scripted model answers, by model name (agent/scripted_model.py has the step format); the demo's
 # runs name the last two.
-MODEL_SCRIPT: dict[str, Any] = {"models": {
-    SCRIPTED_MODEL: [{"delay": 1.0, "text": "Fixed: the payment-retry test waited on the wall clock; it now "
-                                            "advances a fake clock, and passed 500 runs in a row."}],
-    "demo-rate-limited": [{"error": 429, "retry_after": "4"},
-                          {"delay": 0.5, "text": "Incident summary: the gateway's connection pool was exhausted "
-                                                 "for 12 minutes; retries doubled the load."}],
-    "demo-slow": [{"delay": 600, "text": "The ledger migration is done."}],
-}}  # fmt: skip
+MODEL_SCRIPT: dict[str, Any] = {
+    "models": {
+        SCRIPTED_MODEL: [
+            {
+                "delay": 1.0,
+                "text": "Fixed: the payment-retry test waited on the wall clock; it now "
+                "advances a fake clock, and passed 500 runs in a row.",
+            }
+        ],
+        "demo-rate-limited": [
+            {"error": 429, "retry_after": "4"},
+            {
+                "delay": 0.5,
+                "text": "Incident summary: the gateway's connection pool was exhausted "
+                "for 12 minutes; retries doubled the load.",
+            },
+        ],
+        "demo-slow": [{"delay": 600, "text": "The ledger migration is done."}],
+    }
+}
 
 
 @dataclass
@@ -93,10 +105,16 @@ class DevStack:
         return self.server.ui_url
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "api": self.api_url, "ui": self.ui_url, "temporal": self.server.target,
-                "model": self.model_url, "codecEndpoint": f"{self.api_url}/codec",
-                "codecKeyFile": str(self.state_dir / "codec.key"),
-                "tokenFile": str(self.state_dir / TOKEN_FILE)}  # fmt: skip
+        return {
+            "pid": os.getpid(),
+            "api": self.api_url,
+            "ui": self.ui_url,
+            "temporal": self.server.target,
+            "model": self.model_url,
+            "codecEndpoint": f"{self.api_url}/codec",
+            "codecKeyFile": str(self.state_dir / "codec.key"),
+            "tokenFile": str(self.state_dir / TOKEN_FILE),
+        }
 
 
 def private_state(state: Path) -> None:
@@ -144,9 +162,12 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     api_port = preferred_port(options.api_port)
     api_url = f"http://127.0.0.1:{api_port}"
     server = DevServer(
-        db_file=state / "temporal.db", log_file=state / "temporal.log", port=preferred_port(options.temporal_port),
-        ui_port=preferred_port(options.ui_port), extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
-    )  # fmt: skip
+        db_file=state / "temporal.db",
+        log_file=state / "temporal.log",
+        port=preferred_port(options.temporal_port),
+        ui_port=preferred_port(options.ui_port),
+        extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
+    )
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(server)
         client = await connect(server.target, codec=codec)
@@ -171,9 +192,16 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         stack.push_async_callback(agents.aclose)
         objects = ObjectStore(store)
         bridge = EmbeddedBridge(objects, model_url, model_name)
-        worker = build_worker(client, WORKER_TASK_QUEUE,
-                              [*ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(sandboxes).all(),
-                               ResumePlaces(store).reserve_resume_place])  # fmt: skip
+        worker = build_worker(
+            client,
+            WORKER_TASK_QUEUE,
+            [
+                *ClaimActivities(store).all(),
+                agents.invoke_agent,
+                *SandboxActivities(sandboxes).all(),
+                ResumePlaces(store).reserve_resume_place,
+            ],
+        )
         if options.serve_worker:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
@@ -197,8 +225,12 @@ async def serve(options: DevOptions) -> int:
     async with dev_stack(options) as dev:
         resumed = await dev.runs.resume_unfinished()
         print(f"ksquad dev is up in {time.monotonic() - t0:.1f}s (state in {dev.state_dir}/)")
-        for label, value in (("Temporal UI", dev.ui_url), ("Temporal", dev.server.target), ("API", dev.api_url),
-                             ("model", dev.model_url + ("" if dev.scripted is None else " (scripted)"))):  # fmt: skip
+        for label, value in (
+            ("Temporal UI", dev.ui_url),
+            ("Temporal", dev.server.target),
+            ("API", dev.api_url),
+            ("model", dev.model_url + ("" if dev.scripted is None else " (scripted)")),
+        ):
             print(f"  {label + ':':<13}{value}")
         if resumed:
             print(f"  {resumed} unfinished run(s) picked up where they were")

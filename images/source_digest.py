@@ -13,16 +13,42 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the wheel is built from, and how the images are put together.
-INPUTS = ["pyproject.toml", "README.md", "workflows", "temporal_client", "activities", "worker", "dev", "cli",
-          "crd-bridge", "agent", "kube", "images/Containerfile", "images/requirements.lock", "images/build-tools.lock"]  # fmt: skip
+INPUTS = [
+    "pyproject.toml",
+    "README.md",
+    "workflows",
+    "temporal_client",
+    "activities",
+    "worker",
+    "dev",
+    "cli",
+    "crd-bridge",
+    "agent",
+    "kube",
+    "images/Containerfile",
+    "images/requirements.lock",
+    "images/build-tools.lock",
+]
 
 
 def files() -> list[str]:
     """The inputs' files, tracked or not (but not ignored: no caches, no virtualenv)."""
     listed = subprocess.run(
-        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *INPUTS],
-        capture_output=True, check=True,
-    )  # fmt: skip
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "--",
+            *INPUTS,
+        ],
+        capture_output=True,
+        check=True,
+    )
     return sorted({name for name in listed.stdout.decode().split("\0") if name and (ROOT / name).is_file()})
 
 

@@ -45,8 +45,13 @@ class Unreachable(Exception):
     """The API server could not be reached (connection refused, timeout): retry later."""
 
 
-def path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None,
-         subresource: str | None = None) -> str:  # fmt: skip
+def path(
+    api_version: str,
+    plural: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
     """The REST path of a resource: ("batch/v1", "jobs", "ns", "x") -> /apis/batch/v1/namespaces/ns/jobs/x."""
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if namespace:
@@ -124,8 +129,12 @@ class Kube:
 
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
         self.config = config
-        self.http = httpx.AsyncClient(base_url=config.server, headers=config.headers, verify=config.ssl_context,
-                                      timeout=httpx.Timeout(timeout))  # fmt: skip
+        self.http = httpx.AsyncClient(
+            base_url=config.server,
+            headers=config.headers,
+            verify=config.ssl_context,
+            timeout=httpx.Timeout(timeout),
+        )
 
     async def __aenter__(self) -> "Kube":
         return self
@@ -149,8 +158,14 @@ class Kube:
     async def get(self, url: str) -> Obj:
         return await self._call("GET", url)
 
-    async def list(self, url: str, labels: dict[str, str] | str | None = None, fields: str | None = None,
-                   limit: int | None = None, metadata_only: bool = False) -> Obj:  # fmt: skip
+    async def list(
+        self,
+        url: str,
+        labels: dict[str, str] | str | None = None,
+        fields: str | None = None,
+        limit: int | None = None,
+        metadata_only: bool = False,
+    ) -> Obj:
         """`metadata_only` fetches PartialObjectMetadata: names, labels, versions; never a Secret's data."""
         params: dict[str, Any] = {}
         if labels:
@@ -170,16 +185,32 @@ class Kube:
     async def replace(self, url: str, body: Obj, field_manager: str = "ksquad") -> Obj:
         return await self._call("PUT", url, json=body, params={"fieldManager": field_manager})
 
-    async def patch(self, url: str, body: Obj | builtins.list[Obj], kind: PatchType = "merge", field_manager: str = "ksquad",
-                    force: bool = False) -> Obj:  # fmt: skip
+    async def patch(
+        self,
+        url: str,
+        body: Obj | builtins.list[Obj],
+        kind: PatchType = "merge",
+        field_manager: str = "ksquad",
+        force: bool = False,
+    ) -> Obj:
         params: dict[str, Any] = {"fieldManager": field_manager}
         if kind == "apply" and force:
             params["force"] = "true"
-        return await self._call("PATCH", url, content=json.dumps(body), params=params,
-                                headers={"Content-Type": _CONTENT_TYPES[kind]})  # fmt: skip
+        return await self._call(
+            "PATCH",
+            url,
+            content=json.dumps(body),
+            params=params,
+            headers={"Content-Type": _CONTENT_TYPES[kind]},
+        )
 
-    async def delete(self, url: str, propagation: Literal["Foreground", "Background", "Orphan"] | None = None,
-                     grace_seconds: int | None = None, missing_ok: bool = True) -> Obj | None:  # fmt: skip
+    async def delete(
+        self,
+        url: str,
+        propagation: Literal["Foreground", "Background", "Orphan"] | None = None,
+        grace_seconds: int | None = None,
+        missing_ok: bool = True,
+    ) -> Obj | None:
         options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if propagation:
             options["propagationPolicy"] = propagation
@@ -192,13 +223,22 @@ class Kube:
                 return None
             raise
 
-    async def watch(self, url: str, resource_version: str | None = None, labels: str | None = None,
-                    timeout_seconds: int = 300, bookmarks: bool = True,
-                    metadata_only: bool = False) -> AsyncIterator[Obj]:  # fmt: skip
+    async def watch(
+        self,
+        url: str,
+        resource_version: str | None = None,
+        labels: str | None = None,
+        timeout_seconds: int = 300,
+        bookmarks: bool = True,
+        metadata_only: bool = False,
+    ) -> AsyncIterator[Obj]:
         """Watch events ({"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": {...}}) until the server
         ends the stream. An ERROR event with code 410 means the resource version is gone: list again."""
-        params: dict[str, Any] = {"watch": "true", "timeoutSeconds": timeout_seconds,
-                                  "allowWatchBookmarks": "true" if bookmarks else "false"}  # fmt: skip
+        params: dict[str, Any] = {
+            "watch": "true",
+            "timeoutSeconds": timeout_seconds,
+            "allowWatchBookmarks": "true" if bookmarks else "false",
+        }
         if resource_version:
             params["resourceVersion"] = resource_version
         if labels:

@@ -34,14 +34,22 @@ def codec_from_env() -> EncryptionCodec | None:
     return EncryptionCodec(load_key(Path(path))) if path else None
 
 
-async def connect(target: str, namespace: str = "default", *, api_key: str | None = None, tls: bool = False,
-                  server_root_ca: bytes | None = None, codec: PayloadCodec | None = None) -> Client:  # fmt: skip
+async def connect(
+    target: str,
+    namespace: str = "default",
+    *,
+    api_key: str | None = None,
+    tls: bool = False,
+    server_root_ca: bytes | None = None,
+    codec: PayloadCodec | None = None,
+) -> Client:
     """A client with ksquad's data converter (and payload codec); `api_key` (Temporal Cloud) implies TLS."""
     tls_config: TLSConfig | bool = tls or api_key is not None
     if server_root_ca is not None:
         tls_config = TLSConfig(server_root_ca_cert=server_root_ca)
-    return await Client.connect(target, namespace=namespace, data_converter=data_converter(codec), api_key=api_key,
-                                tls=tls_config)  # fmt: skip
+    return await Client.connect(
+        target, namespace=namespace, data_converter=data_converter(codec), api_key=api_key, tls=tls_config
+    )
 
 
 @dataclass(frozen=True)

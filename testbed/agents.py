@@ -85,21 +85,47 @@ async def serving_tools() -> AsyncIterator[ToolServer]:
         yield record
 
 
-def contract(model: ModelEndpoint, tools: ToolServer | None = None, *, attempt: int = 1, fence: int = 1,
-             work_item_ref: str | None = "wi-1", uid: str = "uid-r", model_name: str = "dev-model",
-             namespace: str = "payments", name: str = "r", skills: list[SkillSpec] | None = None) -> ExecutionContract:  # fmt: skip
+def contract(
+    model: ModelEndpoint,
+    tools: ToolServer | None = None,
+    *,
+    attempt: int = 1,
+    fence: int = 1,
+    work_item_ref: str | None = "wi-1",
+    uid: str = "uid-r",
+    model_name: str = "dev-model",
+    namespace: str = "payments",
+    name: str = "r",
+    skills: list[SkillSpec] | None = None,
+) -> ExecutionContract:
     tool_specs = []
     if tools is not None:
         server = MCPServerRef(name="kb", url=tools.url)
-        tool_specs = [ToolSpec(name="notes", tool_name="add_note", mcp_server=server),
-                      ToolSpec(name="shell", tool_name="run_shell", mcp_server=server)]  # fmt: skip
+        tool_specs = [
+            ToolSpec(name="notes", tool_name="add_note", mcp_server=server),
+            ToolSpec(name="shell", tool_name="run_shell", mcp_server=server),
+        ]
     model_ref = ModelRef(name=model_name, url=model.url, credential=CredentialRef(secret_name="model-key"))
-    agent = ResolvedAgent(name="dev-1", model=model_ref, system_prompt="You fix flaky tests.", tools=tool_specs,
-                          allowed_tools=["notes"], skills=skills or [])  # fmt: skip
-    run = RunIdentity(namespace=namespace, name=name, uid=uid, attempt=attempt, fence=fence,
-                      triggered_by="alice@example.com", work_item_ref=work_item_ref)  # fmt: skip
-    return ExecutionContract(run=run, inputs={"task": "Stabilize the flaky payment-retry test."}, agent=agent,
-                             model=model_ref)  # fmt: skip
+    agent = ResolvedAgent(
+        name="dev-1",
+        model=model_ref,
+        system_prompt="You fix flaky tests.",
+        tools=tool_specs,
+        allowed_tools=["notes"],
+        skills=skills or [],
+    )
+    run = RunIdentity(
+        namespace=namespace,
+        name=name,
+        uid=uid,
+        attempt=attempt,
+        fence=fence,
+        triggered_by="alice@example.com",
+        work_item_ref=work_item_ref,
+    )
+    return ExecutionContract(
+        run=run, inputs={"task": "Stabilize the flaky payment-retry test."}, agent=agent, model=model_ref
+    )
 
 
 @dataclass
@@ -138,8 +164,11 @@ async def agent_starter(tmp_path: Path) -> AsyncIterator[AgentFactory]:
         log = tmp_path / f"agent-{port}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
-        )  # fmt: skip
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
         agent = AgentProcess(f"http://127.0.0.1:{port}/", process, log)
         started.append(agent)
         async with httpx.AsyncClient() as http:

@@ -18,14 +18,29 @@ KUBE_VERSION = "1.36.3"
 SERVED = ["admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
 
 
-def render(values: dict[str, Any], namespace: str = RELEASE_NAMESPACE, kube_version: str = KUBE_VERSION,
-           api_versions: list[str] = SERVED) -> list[dict[str, Any]]:  # fmt: skip
+def render(
+    values: dict[str, Any],
+    namespace: str = RELEASE_NAMESPACE,
+    kube_version: str = KUBE_VERSION,
+    api_versions: list[str] = SERVED,
+) -> list[dict[str, Any]]:
     flags = ["--kube-version", kube_version, *(f"--api-versions={v}" for v in api_versions)]
     done = subprocess.run(
-        [str(cached_binaries_dir() / "helm"), "template", "ksquad", str(CHART), "--namespace", namespace,
-         "--values", "-", *flags],
-        input=yaml.safe_dump(values), capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(cached_binaries_dir() / "helm"),
+            "template",
+            "ksquad",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--values",
+            "-",
+            *flags,
+        ],
+        input=yaml.safe_dump(values),
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr}")
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]

@@ -198,9 +198,18 @@ class ControlPlane:
         # Service's endpoint, for pods); outside them, loopback only.
         bind = "0.0.0.0" if isolated() else "127.0.0.1"
         advertise = NODE_ADDRESS if isolated() else "127.0.0.1"
-        serving = self.pki.issue("apiserver", "kube-apiserver", server=True, addresses=("10.0.0.1", advertise),
-                                 dns_names=("kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                                            "kubernetes.default.svc.cluster.local"))  # fmt: skip
+        serving = self.pki.issue(
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            addresses=("10.0.0.1", advertise),
+            dns_names=(
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+        )
         admin = self.admin = self.pki.issue("admin", "ksquad-test-admin", ("system:masters",))
         kcm = self.pki.issue("controller-manager", "system:kube-controller-manager")
         to_kubelet = self.pki.issue(
@@ -212,56 +221,138 @@ class ControlPlane:
         etcd_url = f"http://127.0.0.1:{self.etcd_port}"
         self._spawn(
             "etcd",
-            [str(bins / "etcd"), "--data-dir", str(self.root / "etcd"), "--name", "default",
-             "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-             "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-             "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-             "--unsafe-no-fsync", "--quota-backend-bytes", str(4 << 30), "--log-level", "warn"],
-        )  # fmt: skip
+            [
+                str(bins / "etcd"),
+                "--data-dir",
+                str(self.root / "etcd"),
+                "--name",
+                "default",
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer_port}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes",
+                str(4 << 30),
+                "--log-level",
+                "warn",
+            ],
+        )
         self._spawn(
             "kube-apiserver",
-            [str(bins / "kube-apiserver"), "--etcd-servers", etcd_url,
-             "--bind-address", bind, "--advertise-address", advertise,
-             "--secure-port", str(self.apiserver_port),
-             "--tls-cert-file", str(serving.cert), "--tls-private-key-file", str(serving.key),
-             "--client-ca-file", str(self.pki.ca),
-             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-             "--service-account-key-file", str(self.pki.service_account_pub),
-             "--service-account-signing-key-file", str(self.pki.service_account_key),
-             "--service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE,
-             "--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
-             "--kubelet-client-certificate", str(to_kubelet.cert), "--kubelet-client-key", str(to_kubelet.key),
-             "--kubelet-preferred-address-types", "InternalIP", "--allow-privileged=true",
-             "--cert-dir", str(self.root / "apiserver-certs"), "--profiling=false", "-v=1",
-             "--audit-policy-file", str(self._audit_policy()), "--audit-log-path", str(self.audit_log),
-             "--audit-log-format", "json"],
-        )  # fmt: skip
+            [
+                str(bins / "kube-apiserver"),
+                "--etcd-servers",
+                etcd_url,
+                "--bind-address",
+                bind,
+                "--advertise-address",
+                advertise,
+                "--secure-port",
+                str(self.apiserver_port),
+                "--tls-cert-file",
+                str(serving.cert),
+                "--tls-private-key-file",
+                str(serving.key),
+                "--client-ca-file",
+                str(self.pki.ca),
+                "--service-account-issuer",
+                "https://kubernetes.default.svc.cluster.local",
+                "--service-account-key-file",
+                str(self.pki.service_account_pub),
+                "--service-account-signing-key-file",
+                str(self.pki.service_account_key),
+                "--service-cluster-ip-range",
+                SERVICE_CLUSTER_IP_RANGE,
+                "--authorization-mode",
+                "Node,RBAC",
+                "--enable-admission-plugins",
+                "NodeRestriction",
+                "--kubelet-client-certificate",
+                str(to_kubelet.cert),
+                "--kubelet-client-key",
+                str(to_kubelet.key),
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--allow-privileged=true",
+                "--cert-dir",
+                str(self.root / "apiserver-certs"),
+                "--profiling=false",
+                "-v=1",
+                "--audit-policy-file",
+                str(self._audit_policy()),
+                "--audit-log-path",
+                str(self.audit_log),
+                "--audit-log-format",
+                "json",
+            ],
+        )
         write_kubeconfig(self.admin_kubeconfig, self.server, self.pki.ca, _client_cert_user(admin))
         self._wait_ready("kube-apiserver", f"{self.server}/readyz", admin, timeout=90)
 
         kcm_kubeconfig = self.certificate_kubeconfig("controller-manager", kcm)
         self._spawn(
             "kube-controller-manager",
-            [str(bins / "kube-controller-manager"), "--kubeconfig", str(kcm_kubeconfig),
-             "--authentication-kubeconfig", str(kcm_kubeconfig), "--authorization-kubeconfig", str(kcm_kubeconfig),
-             "--authentication-skip-lookup",
-             "--controllers", CONTROLLERS, "--use-service-account-credentials=true",
-             "--service-account-private-key-file", str(self.pki.service_account_key),
-             "--root-ca-file", str(self.pki.ca), "--leader-elect=false",
-             "--bind-address", "127.0.0.1", "--secure-port", str(free_port(LOOPBACK)),
-             "--concurrent-job-syncs", "10", "--concurrent-replicaset-syncs", "10",
-             "--concurrent-gc-syncs", "10", "--profiling=false", "-v=1"],
-        )  # fmt: skip
+            [
+                str(bins / "kube-controller-manager"),
+                "--kubeconfig",
+                str(kcm_kubeconfig),
+                "--authentication-kubeconfig",
+                str(kcm_kubeconfig),
+                "--authorization-kubeconfig",
+                str(kcm_kubeconfig),
+                "--authentication-skip-lookup",
+                "--controllers",
+                CONTROLLERS,
+                "--use-service-account-credentials=true",
+                "--service-account-private-key-file",
+                str(self.pki.service_account_key),
+                "--root-ca-file",
+                str(self.pki.ca),
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port(LOOPBACK)),
+                "--concurrent-job-syncs",
+                "10",
+                "--concurrent-replicaset-syncs",
+                "10",
+                "--concurrent-gc-syncs",
+                "10",
+                "--profiling=false",
+                "-v=1",
+            ],
+        )
         scheduler = self.certificate_kubeconfig(
             "scheduler", self.pki.issue("scheduler", "system:kube-scheduler")
         )
         self._spawn(
             "kube-scheduler",
-            [str(bins / "kube-scheduler"), "--kubeconfig", str(scheduler), "--authentication-kubeconfig", str(scheduler),
-             "--authorization-kubeconfig", str(scheduler), "--authentication-skip-lookup", "--leader-elect=false", "--bind-address", "127.0.0.1",
-             "--secure-port", str(free_port(LOOPBACK)), "--profiling=false", "-v=1"],
-        )  # fmt: skip
+            [
+                str(bins / "kube-scheduler"),
+                "--kubeconfig",
+                str(scheduler),
+                "--authentication-kubeconfig",
+                str(scheduler),
+                "--authorization-kubeconfig",
+                str(scheduler),
+                "--authentication-skip-lookup",
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                str(free_port(LOOPBACK)),
+                "--profiling=false",
+                "-v=1",
+            ],
+        )
         self.wait_for_default_service_account("default", timeout=60)
         log.info("control plane ready on %s in %.1fs", self.server, time.monotonic() - t0)
 

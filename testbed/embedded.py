@@ -27,11 +27,19 @@ MODEL = "instant"
 
 
 @contextlib.asynccontextmanager
-async def bench_stack(state_dir: Path, script: dict[str, list[dict[str, Any]]] | None = None,
-                      serve_worker: bool = True) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:  # fmt: skip
-    options = DevOptions(state_dir=state_dir, temporal_port=0, ui_port=0, api_port=0, model_port=0,
-                         model_script={"models": script or {MODEL: [{"text": "ok"}]}}, scripted_model=True,
-                         serve_worker=serve_worker)  # fmt: skip
+async def bench_stack(
+    state_dir: Path, script: dict[str, list[dict[str, Any]]] | None = None, serve_worker: bool = True
+) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:
+    options = DevOptions(
+        state_dir=state_dir,
+        temporal_port=0,
+        ui_port=0,
+        api_port=0,
+        model_port=0,
+        model_script={"models": script or {MODEL: [{"text": "ok"}]}},
+        scripted_model=True,
+        serve_worker=serve_worker,
+    )
     async with dev_stack(options) as dev:
         agent = await start_agent(dev)
         try:
@@ -44,25 +52,46 @@ async def bench_stack(state_dir: Path, script: dict[str, list[dict[str, Any]]] |
 async def start_agent(dev: DevStack) -> subprocess.Popen[bytes]:
     port = free_port()
     env = {**os.environ, CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey").env: "ksquad-dev"}
-    agent = subprocess.Popen([sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
-                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=die_with_parent)  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
+    )
     async with httpx.AsyncClient() as http:
         for _ in range(200):
             with contextlib.suppress(httpx.TransportError):
                 if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
                     break
             await asyncio.sleep(0.05)
-    await dev.runs.apply([{"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent",
-                           "metadata": {"name": AGENT, "namespace": NAMESPACE},
-                           "spec": {"modelEndpointRef": "local", "model": MODEL,
-                                    "endpoint": f"http://127.0.0.1:{port}/"}}])  # fmt: skip
+    await dev.runs.apply(
+        [
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Agent",
+                "metadata": {"name": AGENT, "namespace": NAMESPACE},
+                "spec": {
+                    "modelEndpointRef": "local",
+                    "model": MODEL,
+                    "endpoint": f"http://127.0.0.1:{port}/",
+                },
+            }
+        ]
+    )
     return agent
 
 
 def run_docs(prefix: str, count: int, start: int = 0) -> list[dict[str, Any]]:
-    return [{"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": f"{prefix}-{i:05d}", "namespace": NAMESPACE},
-             "spec": {"agents": [AGENT]}} for i in range(start, start + count)]  # fmt: skip
+    return [
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": f"{prefix}-{i:05d}", "namespace": NAMESPACE},
+            "spec": {"agents": [AGENT]},
+        }
+        for i in range(start, start + count)
+    ]
 
 
 async def wait_terminal(dev: DevStack, names: list[str], within: float) -> dict[str, str]:
@@ -70,8 +99,11 @@ async def wait_terminal(dev: DevStack, names: list[str], within: float) -> dict[
     deadline = time.monotonic() + within
     wanted = set(names)
     while True:
-        phases = {r.name: (r.status or {}).get("phase", "") for r in await dev.runs.objects.of_kind("Run", NAMESPACE)
-                  if r.name in wanted}  # fmt: skip
+        phases = {
+            r.name: (r.status or {}).get("phase", "")
+            for r in await dev.runs.objects.of_kind("Run", NAMESPACE)
+            if r.name in wanted
+        }
         if (
             all(Phase(p).terminal for p in phases.values() if p)
             and len(phases) == len(wanted)
@@ -90,12 +122,23 @@ def start_workers(
     itself serves no worker."""
     workers = []
     for _ in range(count):
-        env = {**os.environ, "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
-               "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
-               "KSQUAD_SANDBOX_BACKEND": "local",
-               "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"), "KSQUAD_HEALTH_PORT": str(free_port())}  # fmt: skip
-        workers.append(subprocess.Popen([sys.executable, "-m", "worker.main"], env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL, preexec_fn=die_with_parent))  # fmt: skip
+        env = {
+            **os.environ,
+            "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
+            "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
+            "KSQUAD_SANDBOX_BACKEND": "local",
+            "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"),
+            "KSQUAD_HEALTH_PORT": str(free_port()),
+        }
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "worker.main"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+            )
+        )
     return workers
 
 

@@ -263,8 +263,11 @@ class Node:
         )
         self.plane.spawn("kube-proxy", [str(bins / "kube-proxy"), "--config", str(proxy_config), "-v=1"])
         self._wait(f"node {NODE_NAME} to be Ready", self._ready, timeout)
-        log.info("node ready: images imported in %.1fs, kubelet ready %.1fs later", t_images - t0,
-                 time.monotonic() - t_images)  # fmt: skip
+        log.info(
+            "node ready: images imported in %.1fs, kubelet ready %.1fs later",
+            t_images - t0,
+            time.monotonic() - t_images,
+        )
 
     def _ready(self) -> bool:
         done = self.plane.kubectl(

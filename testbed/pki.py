@@ -66,9 +66,14 @@ class Pki:
         )
 
     def issue(
-        self, name: str, common_name: str, organizations: tuple[str, ...] = (), server: bool = False,
-        addresses: tuple[str, ...] = (), dns_names: tuple[str, ...] = (),
-    ) -> KeyPair:  # fmt: skip
+        self,
+        name: str,
+        common_name: str,
+        organizations: tuple[str, ...] = (),
+        server: bool = False,
+        addresses: tuple[str, ...] = (),
+        dns_names: tuple[str, ...] = (),
+    ) -> KeyPair:
         """A client certificate, or with `server` a serving one for localhost, 127.0.0.1 and `addresses`."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)

@@ -53,9 +53,24 @@ class PostgresServer:
         return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
 
     def _server_args(self) -> list[str]:
-        return ["-D", str(self.root / "data"), "-h", self.host, "-p", str(self.port), "-k", str(self.root),
-                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                "-c", "max_connections=300"]  # fmt: skip
+        return [
+            "-D",
+            str(self.root / "data"),
+            "-h",
+            self.host,
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.root),
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=300",
+        ]
 
     def _as_server_user(self) -> list[str]:
         if os.geteuid() != 0:
@@ -75,10 +90,22 @@ class PostgresServer:
         if prefix:
             shutil.chown(self.root, "postgres", "postgres")
         subprocess.run(
-            [*prefix, str(bindir / "initdb"), "-D", str(data), "-U", self.user, "--auth=trust", "-E", "UTF8",
-             "--no-sync", "--no-instructions"],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                *prefix,
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                self.user,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            check=True,
+            capture_output=True,
+        )
         # Trust on the node's network too: the cluster's pods (the chart's worker) connect from there.
         with (data / "pg_hba.conf").open("a") as hba:
             hba.write("host all all samenet trust\n")
@@ -109,8 +136,9 @@ class PostgresServer:
         """A fresh database on this server; returns its SQLAlchemy URL."""
         subprocess.run(
             [str(find_bindir() / "createdb"), "-h", self.host, "-p", str(self.port), "-U", self.user, name],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            check=True,
+            capture_output=True,
+        )
         return self.url_of(name)
 
     def halt(self) -> None:
@@ -124,8 +152,10 @@ class PostgresServer:
         log = (self.root / "postgres.log").open("ab")
         self.process = subprocess.Popen(
             [*self._as_server_user(), str(bindir / "postgres"), *self._server_args()],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._wait_ready(bindir)
 
     def log_tail(self) -> str:

@@ -29,8 +29,16 @@ from testbed.images import AGENT_IMAGE
 from testbed.isolate import free_port
 
 ROOT = Path(__file__).parents[1]
-STACK_KINDS = {"ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "MutatingAdmissionPolicy",
-               "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+STACK_KINDS = {
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "NetworkPolicy",
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionPolicyBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 RUN_API = "ksquad.io/v1alpha1"
 
 
@@ -64,15 +72,24 @@ class Stack:
         return self.cluster.token_kubeconfig(f"{name}-{self.namespace}", token)
 
     def env(self, component: str) -> dict[str, str]:
-        return {**os.environ, "KUBECONFIG": str(self.kubeconfigs[component]),
-                "KSQUAD_TEMPORAL_ADDRESS": self.dev_server.target, "KSQUAD_TASK_QUEUE": self.task_queue,
-                "KSQUAD_HEALTH_PORT": str(free_port())}  # fmt: skip
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfigs[component]),
+            "KSQUAD_TEMPORAL_ADDRESS": self.dev_server.target,
+            "KSQUAD_TASK_QUEUE": self.task_queue,
+            "KSQUAD_HEALTH_PORT": str(free_port()),
+        }
 
     async def start(self, component: str) -> subprocess.Popen[bytes]:
         if component == "bridge":
-            env = {**self.env("bridge"), "KSQUAD_WATCH_NAMESPACES": self.namespace,
-                   "KSQUAD_LEASE_NAMESPACE": chart.RELEASE_NAMESPACE, "KSQUAD_LEASE_NAME": f"bridge-{self.namespace}",
-                   "POD_NAME": f"bridge-{uuid.uuid4().hex[:6]}", "KSQUAD_CANCEL_WAIT_SECONDS": "30"}  # fmt: skip
+            env = {
+                **self.env("bridge"),
+                "KSQUAD_WATCH_NAMESPACES": self.namespace,
+                "KSQUAD_LEASE_NAMESPACE": chart.RELEASE_NAMESPACE,
+                "KSQUAD_LEASE_NAME": f"bridge-{self.namespace}",
+                "POD_NAME": f"bridge-{uuid.uuid4().hex[:6]}",
+                "KSQUAD_CANCEL_WAIT_SECONDS": "30",
+            }
             module = "crd_bridge.main"
         else:
             config = self.root / "sandbox.yaml"
@@ -86,12 +103,21 @@ class Stack:
                     }
                 )
             )
-            env = {**self.env("worker"), "KSQUAD_DATABASE_URL": f"sqlite:///{self.root / 'ksquad.db'}",
-                   "KSQUAD_SANDBOX_CONFIG": str(config)}  # fmt: skip
+            env = {
+                **self.env("worker"),
+                "KSQUAD_DATABASE_URL": f"sqlite:///{self.root / 'ksquad.db'}",
+                "KSQUAD_SANDBOX_CONFIG": str(config),
+            }
             module = "worker.main"
         log = (self.root / f"{component}.log").open("ab")
-        process = subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   cwd=ROOT, preexec_fn=die_with_parent)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", module],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            preexec_fn=die_with_parent,
+        )
         self.processes[component] = process
         port = env["KSQUAD_HEALTH_PORT"]
         async with httpx.AsyncClient() as http:
@@ -135,34 +161,67 @@ class Stack:
             if run.get("status", {}).get("phase") in phases:
                 return run
             await asyncio.sleep(0.1)
-        raise AssertionError(f"{name} never reached {phases}: {json.dumps(run.get('status'))[:2000]}\n"
-                             f"bridge: {self.log('bridge')[-2000:]}\nworker: {self.log('worker')[-2000:]}")  # fmt: skip
+        raise AssertionError(
+            f"{name} never reached {phases}: {json.dumps(run.get('status'))[:2000]}\n"
+            f"bridge: {self.log('bridge')[-2000:]}\nworker: {self.log('worker')[-2000:]}"
+        )
 
     def resources(
         self, model: ModelEndpoint, agent: str = "dev-1", **agent_spec: Any
     ) -> list[dict[str, Any]]:
         """An Agent, its ModelEndpoint (the scripted model) and the labelled credential Secret."""
         return [
-            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "model-key", "labels": {"ksquad.io/credential": "true"}},
-             "stringData": {"apiKey": MODEL_KEY}},
-            {"apiVersion": RUN_API, "kind": "ModelEndpoint", "metadata": {"name": "scripted"},
-             "spec": {"url": model.url, "model": "dev-model"}},
-            {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": agent},
-             "spec": {"modelEndpointRef": "scripted", "credentialSecretRef": {"name": "model-key"},
-                      "systemPrompt": "You fix flaky tests.", **agent_spec}},
-        ]  # fmt: skip
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "model-key", "labels": {"ksquad.io/credential": "true"}},
+                "stringData": {"apiKey": MODEL_KEY},
+            },
+            {
+                "apiVersion": RUN_API,
+                "kind": "ModelEndpoint",
+                "metadata": {"name": "scripted"},
+                "spec": {"url": model.url, "model": "dev-model"},
+            },
+            {
+                "apiVersion": RUN_API,
+                "kind": "Agent",
+                "metadata": {"name": agent},
+                "spec": {
+                    "modelEndpointRef": "scripted",
+                    "credentialSecretRef": {"name": "model-key"},
+                    "systemPrompt": "You fix flaky tests.",
+                    **agent_spec,
+                },
+            },
+        ]
 
 
-async def build_stack(cluster: ControlPlane, dev_server: DevServer, model: ModelEndpoint, admin: Kube, root: Path,
-                      namespace: str | None = None, bridge: bool = True) -> Stack:  # fmt: skip
+async def build_stack(
+    cluster: ControlPlane,
+    dev_server: DevServer,
+    model: ModelEndpoint,
+    admin: Kube,
+    root: Path,
+    namespace: str | None = None,
+    bridge: bool = True,
+) -> Stack:
     """The chart's RBAC applied for `namespace` (a fresh one by default), then the worker and the bridge."""
     ns = namespace or f"t-{uuid.uuid4().hex[:10]}"
     if cluster.kubectl("get", "namespace", ns, check=False).returncode != 0:
         cluster.kubectl("create", "namespace", ns)
     cluster.wait_for_default_service_account(ns)
     chart.apply(cluster, chart.render({"namespaces": [ns]}), STACK_KINDS)
-    stack = Stack(cluster, ns, await connect(dev_server.target), admin, f"e2e-{uuid.uuid4().hex[:8]}", root / ns,
-                  dev_server, model)  # fmt: skip
+    stack = Stack(
+        cluster,
+        ns,
+        await connect(dev_server.target),
+        admin,
+        f"e2e-{uuid.uuid4().hex[:8]}",
+        root / ns,
+        dev_server,
+        model,
+    )
     stack.root.mkdir(parents=True, exist_ok=True)
     for component in ("bridge", "worker"):
         stack.kubeconfigs[component] = stack.service_account_kubeconfig(f"ksquad-{component}")

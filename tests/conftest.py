@@ -49,8 +49,13 @@ async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
         yield server
         histories = await scan_histories(await Client.connect(server.target))
         logs = scan_logs(tmp_path_factory.getbasetemp())
-        record_counts({"secret_scan.histories": histories.scanned, "secret_scan.log_files": logs.scanned,
-                       "secret_scan.leaks_in_histories_and_logs": len(histories.leaks) + len(logs.leaks)})  # fmt: skip
+        record_counts(
+            {
+                "secret_scan.histories": histories.scanned,
+                "secret_scan.log_files": logs.scanned,
+                "secret_scan.leaks_in_histories_and_logs": len(histories.leaks) + len(logs.leaks),
+            }
+        )
         assert not histories.leaks + logs.leaks, f"credentials copied: {histories.leaks + logs.leaks}"
 
 
@@ -123,11 +128,16 @@ def cluster() -> Iterator[ControlPlane]:
         yield plane
         # After the suite: nothing written to the apiserver holds a credential; every sandbox pod was locked down.
         audit = scan_audit_log(plane.audit_log)
-        record_counts({"secret_scan.apiserver_writes": audit.scanned, "secret_scan.sandbox_pods": audit.sandbox_pods,
-                       "secret_scan.leaks_in_apiserver_writes": len(audit.leaks),
-                       "secret_scan.insecure_sandbox_pods": len(audit.insecure_pods),
-                       "secret_scan.run_texts_looked_for": audit.private_texts,
-                       "secret_scan.run_texts_in_jobs_or_pods": len(audit.texts_in_pods)})  # fmt: skip
+        record_counts(
+            {
+                "secret_scan.apiserver_writes": audit.scanned,
+                "secret_scan.sandbox_pods": audit.sandbox_pods,
+                "secret_scan.leaks_in_apiserver_writes": len(audit.leaks),
+                "secret_scan.insecure_sandbox_pods": len(audit.insecure_pods),
+                "secret_scan.run_texts_looked_for": audit.private_texts,
+                "secret_scan.run_texts_in_jobs_or_pods": len(audit.texts_in_pods),
+            }
+        )
         assert not audit.leaks, f"credentials copied into objects: {audit.leaks[:20]}"
         assert not audit.texts_in_pods, f"prompts or inputs in Job or Pod specs: {audit.texts_in_pods[:20]}"
         assert not audit.insecure_pods, f"sandbox pods not locked down: {audit.insecure_pods[:20]}"
@@ -155,6 +165,11 @@ def ksquad_cluster(cluster: ControlPlane) -> ControlPlane:
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
     cluster.wait_for_resource("runs.ksquad.io")
     for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
-        cluster.kubectl("apply", "-f", "-", input=f"apiVersion: node.k8s.io/v1\nkind: RuntimeClass\n"
-                                                 f"metadata: {{name: {name}}}\nhandler: {handler}\n")  # fmt: skip
+        cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=f"apiVersion: node.k8s.io/v1\nkind: RuntimeClass\n"
+            f"metadata: {{name: {name}}}\nhandler: {handler}\n",
+        )
     return cluster

@@ -57,9 +57,11 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
         activities: list[Callable[..., Any]] = [
-            *ClaimActivities(store).all(), agents.invoke_agent, *SandboxActivities(backend).all(),
+            *ClaimActivities(store).all(),
+            agents.invoke_agent,
+            *SandboxActivities(backend).all(),
             ResumePlaces(store).reserve_resume_place,
-        ]  # fmt: skip
+        ]
         worker = build_worker(
             client, settings.task_queue, activities, max_cached_workflows=settings.max_cached_workflows
         )
@@ -67,9 +69,14 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        log.info("serving task queue %s on %s (namespace %s), store %s, %s sandboxes", settings.task_queue,
-                 settings.temporal.address, settings.temporal.namespace, store.engine.url.render_as_string(),
-                 sandbox_settings.backend)  # fmt: skip
+        log.info(
+            "serving task queue %s on %s (namespace %s), store %s, %s sandboxes",
+            settings.task_queue,
+            settings.temporal.address,
+            settings.temporal.namespace,
+            store.engine.url.render_as_string(),
+            sandbox_settings.backend,
+        )
         readiness = Readiness(store, client)
         checking = asyncio.create_task(readiness.watch())
         async with worker, Probes(settings.health_port, lambda: readiness.ready, readiness.details):
@@ -103,8 +110,9 @@ class Readiness:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(prog="ksquad-worker", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)  # fmt: skip
+    argparse.ArgumentParser(
+        prog="ksquad-worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(Settings.from_env(), SandboxSettings.from_env()))
 

@@ -28,9 +28,21 @@ HEARTBEAT_THROTTLE = timedelta(seconds=1)
 # costs every run's first workflow task (README, "Benchmarks"). The data modules and pydantic are side-effect free (pure models
 # and functions that take `now` as an argument), so they pass through and are imported once per process. The
 # workflow modules themselves (run, entities) stay sandboxed, so a non-deterministic call there still fails.
-PASSTHROUGH_MODULES = ("pydantic", "pydantic_core", "annotated_types", "workflows.model", "workflows.spec",
-                       "workflows.status", "workflows.contract", "workflows.run.state", "workflows.signals", "workflows.activity_types", "workflows.entity_types",
-                       "workflows.policies", "workflows.search_attributes")  # fmt: skip
+PASSTHROUGH_MODULES = (
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "workflows.model",
+    "workflows.spec",
+    "workflows.status",
+    "workflows.contract",
+    "workflows.run.state",
+    "workflows.signals",
+    "workflows.activity_types",
+    "workflows.entity_types",
+    "workflows.policies",
+    "workflows.search_attributes",
+)
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
 )

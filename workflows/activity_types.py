@@ -19,9 +19,8 @@ from workflows.status import Artifact, SandboxStatus, StatusSnapshot
 
 WORKER_TASK_QUEUE = "ksquad"
 BRIDGE_TASK_QUEUE = "ksquad-bridge"
-CLAIM_LEASE_SECONDS = (
-    120  # a claim's lease; the Running activity renews it, a pause extends it to cover itself
-)
+# A claim's lease; the Running activity renews it, a pause extends it to cover itself.
+CLAIM_LEASE_SECONDS = 120
 
 
 class Activity(StrEnum):
@@ -276,6 +275,18 @@ async def reserve_resume_place(req: ResumePlaceRequest) -> datetime:
     raise NotImplementedError("activities.entities")
 
 
-STUBS = (resolve_references, mirror_status, claim_work_item, fence_work_item, renew_claim, release_work_item,
-         acquire_sandbox, release_sandbox, publish_outputs, invoke_agent, signal_with_start, find_closed_workflows,
-         reserve_resume_place)  # fmt: skip
+STUBS = (
+    resolve_references,
+    mirror_status,
+    claim_work_item,
+    fence_work_item,
+    renew_claim,
+    release_work_item,
+    acquire_sandbox,
+    release_sandbox,
+    publish_outputs,
+    invoke_agent,
+    signal_with_start,
+    find_closed_workflows,
+    reserve_resume_place,
+)

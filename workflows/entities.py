@@ -175,9 +175,8 @@ class ConcurrencyGateWorkflow:
         self._signals += 1
         self.state.limit = request.limit
         if request.run_id in self.state.holders:
-            self._granted.append(
-                request.run_id
-            )  # a repeated request (a retried activity) gets the same answer
+            # A repeated request (a retried activity) gets the same answer.
+            self._granted.append(request.run_id)
         elif request.run_id not in self.state.waiting:
             self.state.waiting.append(request.run_id)
             self._admit()

@@ -22,9 +22,8 @@ def gate_workflow_id(scope: str) -> str:
     return f"gate/{scope}"
 
 
-THROTTLED_UNTIL_MEMO = (
-    "throttledUntil"  # on a CredentialThrottle workflow: until when its credential is limited
-)
+# On a CredentialThrottle workflow: until when its credential is limited.
+THROTTLED_UNTIL_MEMO = "throttledUntil"
 
 
 # Paused runs leave a rate limit at most this many per second per credential, unless the ModelEndpoint says

@@ -183,9 +183,13 @@ def set_condition(
         existing.reason, existing.message, existing.observed_generation = reason, message, generation
         return
     condition = Condition(
-        type=kind, status=value, reason=reason, message=message, last_transition_time=now,
+        type=kind,
+        status=value,
+        reason=reason,
+        message=message,
+        last_transition_time=now,
         observed_generation=generation,
-    )  # fmt: skip
+    )
     status.conditions = [c for c in status.conditions if c.type != kind] + [condition]
 
 

@@ -52,9 +52,8 @@ class Timeouts(KsquadModel):
 
     claim_seconds: int = Field(default=300, ge=1, le=7 * 86400)  # Pending (references) and each Claiming
     run_seconds: int = Field(default=3600, ge=1, le=7 * 86400)  # each attempt's Running
-    paused_seconds: int = Field(
-        default=86400, ge=1, le=30 * 86400
-    )  # each CredentialExpired/Input/Manual pause
+    # each CredentialExpired/Input/Manual pause
+    paused_seconds: int = Field(default=86400, ge=1, le=30 * 86400)
     queued_seconds: int = Field(default=86400, ge=1, le=30 * 86400)  # waiting for a concurrency slot
     # Paused(RateLimited), over all of a run's pauses (each is capped at an hour): a credential that always
     # answers 429 ends the run instead of keeping it alive.
@@ -99,9 +98,8 @@ def parse_run_spec(data: Any, where: str = "spec") -> RunSpec:
 
 
 class ObjectMeta(KsquadModel):
-    model_config = KsquadModel.model_config | ConfigDict(
-        extra="allow"
-    )  # labels, annotations, uid... pass through
+    # Labels, annotations, uid... pass through.
+    model_config = KsquadModel.model_config | ConfigDict(extra="allow")
     name: K8sName
     namespace: K8sName = "default"
 

@@ -109,8 +109,11 @@ def _utc(value: datetime) -> datetime:
 
 def async_url(url: str) -> str:
     """Accept the plain forms operators write (postgresql://, sqlite:///) and pick the async drivers."""
-    for prefix, driver in (("postgresql://", "postgresql+psycopg://"), ("postgres://", "postgresql+psycopg://"),
-                           ("sqlite:///", "sqlite+aiosqlite:///")):  # fmt: skip
+    for prefix, driver in (
+        ("postgresql://", "postgresql+psycopg://"),
+        ("postgres://", "postgresql+psycopg://"),
+        ("sqlite:///", "sqlite+aiosqlite:///"),
+    ):
         if url.startswith(prefix):
             return driver + url[len(prefix) :]
     return url
@@ -154,9 +157,15 @@ class Store:
         else:
             # Bounded: a database that stops answering fails the call (StoreUnavailable, retried by Temporal)
             # instead of holding an activity until its timeout; no statement of ours runs for seconds.
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_timeout=CONNECT_TIMEOUT_SECONDS,
-                          connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS,
-                                        "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"})  # fmt: skip
+            kwargs.update(
+                pool_size=pool_size,
+                max_overflow=pool_size,
+                pool_timeout=CONNECT_TIMEOUT_SECONDS,
+                connect_args={
+                    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                    "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                },
+            )
         self.engine: AsyncEngine = create_async_engine(self.url, **kwargs)
         self.dialect = self.engine.dialect.name
         if self.dialect == "sqlite":
@@ -214,9 +223,14 @@ class Store:
             until = now + timedelta(seconds=lease_seconds)
             # One statement: insert a new claim, or take the existing row when it is free, expired or ours.
             upsert = self._insert(claims).values(
-                work_item_ref=work_item_ref, holder_uid=holder.uid, holder_run=holder.run, fence=1,
-                lease_expires_at=until, triggered_by=holder.triggered_by, updated_at=now,
-            )  # fmt: skip
+                work_item_ref=work_item_ref,
+                holder_uid=holder.uid,
+                holder_run=holder.run,
+                fence=1,
+                lease_expires_at=until,
+                triggered_by=holder.triggered_by,
+                updated_at=now,
+            )
             row = (
                 await c.execute(
                     upsert.on_conflict_do_update(
@@ -248,8 +262,15 @@ class Store:
                     _utc(current.lease_expires_at) if current and current.lease_expires_at else None,
                 )
             took_over = row.previous_holder_uid if row.previous_holder_uid not in (None, holder.uid) else None
-            await self._history(c, work_item_ref, "took-over" if took_over else "claimed", holder, row.fence, now,
-                                previous=row.previous_holder_uid)  # fmt: skip
+            await self._history(
+                c,
+                work_item_ref,
+                "took-over" if took_over else "claimed",
+                holder,
+                row.fence,
+                now,
+                previous=row.previous_holder_uid,
+            )
             return ClaimResult(fence=row.fence, lease_expires_at=until, took_over_from=took_over)
 
         return await self._in(conn, work)
@@ -292,8 +313,9 @@ class Store:
 
         async def work(c: AsyncConnection) -> int:
             now = self.clock()
-            row = await self._guarded_update(c, work_item_ref, holder, fence,
-                                             {"fence": claims.c.fence + 1, "updated_at": now})  # fmt: skip
+            row = await self._guarded_update(
+                c, work_item_ref, holder, fence, {"fence": claims.c.fence + 1, "updated_at": now}
+            )
             await self._history(c, work_item_ref, "fenced", holder, row.fence, now)
             return int(row.fence)
 
@@ -304,15 +326,31 @@ class Store:
         """Give the item up; refused (StaleFence) when `fence` is not the current fence of this holder."""
         async with self.engine.begin() as c:
             now = self.clock()
-            await self._guarded_update(c, work_item_ref, holder, fence,
-                                       {"holder_uid": None, "holder_run": None, "lease_expires_at": None,
-                                        "previous_holder_uid": holder.uid, "updated_at": now})  # fmt: skip
+            await self._guarded_update(
+                c,
+                work_item_ref,
+                holder,
+                fence,
+                {
+                    "holder_uid": None,
+                    "holder_run": None,
+                    "lease_expires_at": None,
+                    "previous_holder_uid": holder.uid,
+                    "updated_at": now,
+                },
+            )
             await self._history(c, work_item_ref, "released", holder, fence, now)
 
     async def _history(
-        self, c: AsyncConnection, ref: str, action: str, holder: Holder, fence: int, now: datetime,
+        self,
+        c: AsyncConnection,
+        ref: str,
+        action: str,
+        holder: Holder,
+        fence: int,
+        now: datetime,
         previous: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await c.execute(
             sa.insert(claim_history).values(
                 work_item_ref=ref,
@@ -361,14 +399,26 @@ class Store:
         return sa.exists(guard)
 
     async def _fenced_insert(
-        self, c: AsyncConnection, table: sa.Table, values: dict[str, Any], holder: Holder, fence: int,
-        work_item_ref: str | None, replace_on: list[str] | None = None,
-    ) -> Any:  # fmt: skip
+        self,
+        c: AsyncConnection,
+        table: sa.Table,
+        values: dict[str, Any],
+        holder: Holder,
+        fence: int,
+        work_item_ref: str | None,
+        replace_on: list[str] | None = None,
+    ) -> Any:
         """Insert the row only while `fence` is current. With `replace_on`, a row with the same key is
         replaced (a later attempt's artifact supersedes the earlier one's)."""
         columns = list(values)
-        select = sa.select(*[sa.literal(v, type_=table.c[k].type).label(k) if not isinstance(v, sa.ColumnElement)
-                             else v.label(k) for k, v in values.items()])  # fmt: skip
+        select = sa.select(
+            *[
+                sa.literal(v, type_=table.c[k].type).label(k)
+                if not isinstance(v, sa.ColumnElement)
+                else v.label(k)
+                for k, v in values.items()
+            ]
+        )
         select = select.where(self._fence_holds(holder, fence, work_item_ref))
         statement = self._insert(table).from_select(columns, select)
         if replace_on:
@@ -384,20 +434,40 @@ class Store:
 
     @_unavailable
     async def append_event(
-        self, holder: Holder, fence: int, attempt: int, kind: str, message: str = "", data: Any = None,
-        work_item_ref: str | None = None, conn: AsyncConnection | None = None,
-    ) -> int:  # fmt: skip
+        self,
+        holder: Holder,
+        fence: int,
+        attempt: int,
+        kind: str,
+        message: str = "",
+        data: Any = None,
+        work_item_ref: str | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> int:
         """Append to the run's ordered event log; returns its sequence number (the streaming cursor)."""
 
         async def work(c: AsyncConnection) -> int:
             seq = await self.next_seq(c, holder.uid)
             await self._fenced_insert(
-                c, run_events,
-                {"run_uid": holder.uid, "run": holder.run, "seq": seq, "work_item_ref": work_item_ref,
-                 "fence": fence, "attempt": attempt, "kind": kind, "message": message, "data": data,
-                 "triggered_by": holder.triggered_by, "at": self.clock()},
-                holder, fence, work_item_ref,
-            )  # fmt: skip
+                c,
+                run_events,
+                {
+                    "run_uid": holder.uid,
+                    "run": holder.run,
+                    "seq": seq,
+                    "work_item_ref": work_item_ref,
+                    "fence": fence,
+                    "attempt": attempt,
+                    "kind": kind,
+                    "message": message,
+                    "data": data,
+                    "triggered_by": holder.triggered_by,
+                    "at": self.clock(),
+                },
+                holder,
+                fence,
+                work_item_ref,
+            )
             return int(seq)
 
         return await self._in(conn, work)
@@ -424,18 +494,38 @@ class Store:
 
     @_unavailable
     async def put_artifact(
-        self, holder: Holder, fence: int, name: str, *, uri: str | None = None, media_type: str | None = None,
-        content: bytes | None = None, work_item_ref: str | None = None,
-    ) -> int:  # fmt: skip
+        self,
+        holder: Holder,
+        fence: int,
+        name: str,
+        *,
+        uri: str | None = None,
+        media_type: str | None = None,
+        content: bytes | None = None,
+        work_item_ref: str | None = None,
+    ) -> int:
         async with self.engine.begin() as c:
             row = await self._fenced_insert(
-                c, artifacts,
-                {"run_uid": holder.uid, "run": holder.run, "work_item_ref": work_item_ref, "fence": fence,
-                 "name": name, "uri": uri, "media_type": media_type,
-                 "size": len(content) if content is not None else None, "content": content,
-                 "triggered_by": holder.triggered_by, "at": self.clock()},
-                holder, fence, work_item_ref, replace_on=["run_uid", "name"],
-            )  # fmt: skip
+                c,
+                artifacts,
+                {
+                    "run_uid": holder.uid,
+                    "run": holder.run,
+                    "work_item_ref": work_item_ref,
+                    "fence": fence,
+                    "name": name,
+                    "uri": uri,
+                    "media_type": media_type,
+                    "size": len(content) if content is not None else None,
+                    "content": content,
+                    "triggered_by": holder.triggered_by,
+                    "at": self.clock(),
+                },
+                holder,
+                fence,
+                work_item_ref,
+                replace_on=["run_uid", "name"],
+            )
             return int(row.id)
 
     # --- reads --------------------------------------------------------------------------------------------
@@ -451,10 +541,18 @@ class Store:
                 .limit(limit)
             )
             return [
-                Event(seq=r.seq, kind=r.kind, message=r.message, data=r.data,
-                      fence=r.fence, attempt=r.attempt, triggered_by=r.triggered_by, at=_utc(r.at))
+                Event(
+                    seq=r.seq,
+                    kind=r.kind,
+                    message=r.message,
+                    data=r.data,
+                    fence=r.fence,
+                    attempt=r.attempt,
+                    triggered_by=r.triggered_by,
+                    at=_utc(r.at),
+                )
                 for r in rows
-            ]  # fmt: skip
+            ]
 
     @_unavailable
     async def claim_history(self, work_item_ref: str) -> list[HistoryEntry]:
@@ -465,10 +563,17 @@ class Store:
                 .order_by(claim_history.c.id)
             )
             return [
-                HistoryEntry(action=r.action, holder_uid=r.holder_uid, holder_run=r.holder_run, fence=r.fence,
-                             previous_holder_uid=r.previous_holder_uid, triggered_by=r.triggered_by, at=_utc(r.at))
+                HistoryEntry(
+                    action=r.action,
+                    holder_uid=r.holder_uid,
+                    holder_run=r.holder_run,
+                    fence=r.fence,
+                    previous_holder_uid=r.previous_holder_uid,
+                    triggered_by=r.triggered_by,
+                    at=_utc(r.at),
+                )
                 for r in rows
-            ]  # fmt: skip
+            ]
 
     @_unavailable
     async def holder_of(self, work_item_ref: str) -> tuple[str | None, int]:

@@ -35,20 +35,33 @@ class StoredObject:
     def manifest(self) -> dict[str, Any]:
         """The object as the API server would return it."""
         obj: dict[str, Any] = {
-            "apiVersion": API_VERSION, "kind": self.kind,
-            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid,
-                         "generation": self.generation,
-                         "creationTimestamp": self.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            "apiVersion": API_VERSION,
+            "kind": self.kind,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "uid": self.uid,
+                "generation": self.generation,
+                "creationTimestamp": self.created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            },
             "spec": self.spec,
-        }  # fmt: skip
+        }
         if self.status is not None:
             obj["status"] = self.status
         return obj
 
 
 def _stored(row: Any) -> StoredObject:
-    return StoredObject(row.kind, row.namespace, row.name, row.uid, int(row.generation), row.spec, row.status,
-                        _utc(row.created_at))  # fmt: skip
+    return StoredObject(
+        row.kind,
+        row.namespace,
+        row.name,
+        row.uid,
+        int(row.generation),
+        row.spec,
+        row.status,
+        _utc(row.created_at),
+    )
 
 
 class ObjectStore:
@@ -64,15 +77,26 @@ class ObjectStore:
             row = (await c.execute(sa.select(objects).where(key))).first()
             now = self.store.clock()
             if row is None:
-                values = {"kind": kind, "namespace": namespace, "name": name, "uid": str(uuid.uuid4()),
-                          "generation": 1, "spec": spec, "created_at": now, "updated_at": now}  # fmt: skip
+                values = {
+                    "kind": kind,
+                    "namespace": namespace,
+                    "name": name,
+                    "uid": str(uuid.uuid4()),
+                    "generation": 1,
+                    "spec": spec,
+                    "created_at": now,
+                    "updated_at": now,
+                }
                 await c.execute(sa.insert(objects).values(**values))
                 action: Applied = "created"
             elif row.spec == spec:
                 return _stored(row), "unchanged"
             else:
-                await c.execute(sa.update(objects).where(key).values(spec=spec, generation=objects.c.generation + 1,
-                                                                     updated_at=now))  # fmt: skip
+                await c.execute(
+                    sa.update(objects)
+                    .where(key)
+                    .values(spec=spec, generation=objects.c.generation + 1, updated_at=now)
+                )
                 action = "configured"
             stored = (await c.execute(sa.select(objects).where(key))).one()
             return _stored(stored), action
@@ -80,8 +104,13 @@ class ObjectStore:
     @_unavailable
     async def get(self, kind: str, namespace: str, name: str) -> StoredObject | None:
         async with self.store.engine.connect() as c:
-            row = (await c.execute(sa.select(objects).where(
-                objects.c.kind == kind, objects.c.namespace == namespace, objects.c.name == name))).first()  # fmt: skip
+            row = (
+                await c.execute(
+                    sa.select(objects).where(
+                        objects.c.kind == kind, objects.c.namespace == namespace, objects.c.name == name
+                    )
+                )
+            ).first()
             return _stored(row) if row else None
 
     @_unavailable
@@ -95,30 +124,53 @@ class ObjectStore:
 
     @_unavailable
     async def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
-        query = sa.delete(objects).where(objects.c.kind == kind, objects.c.namespace == namespace,
-                                         objects.c.name == name)  # fmt: skip
+        query = sa.delete(objects).where(
+            objects.c.kind == kind, objects.c.namespace == namespace, objects.c.name == name
+        )
         if uid is not None:
             query = query.where(objects.c.uid == uid)
         async with self.store.transaction() as c:
             return bool((await c.execute(query)).rowcount)
 
     @_unavailable
-    async def write_run_status(self, namespace: str, name: str, uid: str, revision: int, status: dict[str, Any],
-                               events: list[tuple[str, str, dict[str, Any]]]) -> bool:  # fmt: skip
+    async def write_run_status(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        revision: int,
+        status: dict[str, Any],
+        events: list[tuple[str, str, dict[str, Any]]],
+    ) -> bool:
         """Store the status unless the Run has a newer one or is another Run (or gone); then append `events`
         ((kind, message, data) each) to the run's log. True when written."""
         async with self.store.transaction() as c:
             written = await c.execute(
                 sa.update(objects)
-                .where(objects.c.kind == "Run", objects.c.namespace == namespace, objects.c.name == name,
-                       objects.c.uid == uid, objects.c.revision < revision)
+                .where(
+                    objects.c.kind == "Run",
+                    objects.c.namespace == namespace,
+                    objects.c.name == name,
+                    objects.c.uid == uid,
+                    objects.c.revision < revision,
+                )
                 .values(status=status, revision=revision, updated_at=self.store.clock())
-            )  # fmt: skip
+            )
             if not written.rowcount:
                 return False
             for kind, message, data in events:
                 seq = await self.store.next_seq(c, uid)
-                await c.execute(sa.insert(run_events).values(
-                    run_uid=uid, run=f"{namespace}/{name}", seq=seq, fence=0, attempt=int(data.get("attempt") or 0),
-                    kind=kind, message=message, data=data, at=self.store.clock()))  # fmt: skip
+                await c.execute(
+                    sa.insert(run_events).values(
+                        run_uid=uid,
+                        run=f"{namespace}/{name}",
+                        seq=seq,
+                        fence=0,
+                        attempt=int(data.get("attempt") or 0),
+                        kind=kind,
+                        message=message,
+                        data=data,
+                        at=self.store.clock(),
+                    )
+                )
             return True

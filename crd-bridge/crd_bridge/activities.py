@@ -46,8 +46,9 @@ class SeenRun:
 
 
 class BridgeActivities:
-    def __init__(self, kube: Kube, instance: str, namespace_limit: int | None = None,
-                 allow: AllowLists = ANYTHING) -> None:  # fmt: skip
+    def __init__(
+        self, kube: Kube, instance: str, namespace_limit: int | None = None, allow: AllowLists = ANYTHING
+    ) -> None:
         self.kube = kube
         self.events = EventRecorder(kube, instance)
         self.namespace_limit = namespace_limit
@@ -69,8 +70,9 @@ class BridgeActivities:
 
         async def lookup(kind: str, name: str) -> dict[str, Any] | None:
             if kind == "Secret":  # its labels only, by a metadata-only list: never its data
-                found = await self.kube.list(path("v1", "secrets", namespace), fields=f"metadata.name={name}",
-                                             metadata_only=True)  # fmt: skip
+                found = await self.kube.list(
+                    path("v1", "secrets", namespace), fields=f"metadata.name={name}", metadata_only=True
+                )
                 items = found.get("items") or []
                 return {"labels": items[0]["metadata"].get("labels") or {}} if items else None
             assert kind in KINDS
@@ -115,8 +117,13 @@ class BridgeActivities:
                 if seen.uid != snapshot.uid:
                     return False
             if snapshot.status.revision <= seen.revision:
-                log.debug("%s/%s: dropped r%d (have r%d)", snapshot.namespace, snapshot.name,
-                          snapshot.status.revision, seen.revision)  # fmt: skip
+                log.debug(
+                    "%s/%s: dropped r%d (have r%d)",
+                    snapshot.namespace,
+                    snapshot.name,
+                    snapshot.status.revision,
+                    seen.revision,
+                )
                 return False
             body = {"metadata": {"resourceVersion": seen.resource_version}, "status": status_body(snapshot)}
             try:
@@ -127,8 +134,9 @@ class BridgeActivities:
                     continue  # someone wrote meanwhile: read again
                 if err.status == 404:
                     return False
-                raise ApplicationError(f"writing status of {snapshot.namespace}/{snapshot.name}: {err}",
-                                       type="KubernetesError") from None  # fmt: skip
+                raise ApplicationError(
+                    f"writing status of {snapshot.namespace}/{snapshot.name}: {err}", type="KubernetesError"
+                ) from None
         raise ApplicationError(
             f"status of {snapshot.namespace}/{snapshot.name}: too many conflicts", type="Conflict"
         )

@@ -100,7 +100,11 @@ AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 RESOURCES = [
     Resource(
-        "Run", "runs", ["kr"], RunSpec, RunStatus,
+        "Run",
+        "runs",
+        ["kr"],
+        RunSpec,
+        RunStatus,
         columns=[
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Agent", "type": "string", "jsonPath": ".status.agent"},
@@ -110,30 +114,78 @@ RESOURCES = [
             {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
             {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
         ],
-        spec_rules=[{"rule": "(has(self.agents) && size(self.agents) > 0) || has(self.teamRef)",
-                     "message": "name at least one agent in spec.agents, or a spec.teamRef whose agents run it"}],
-        rules_at={"retryPolicy": [{
-            "rule": "!has(self.maxBackoffSeconds) || (has(self.backoffSeconds) ? self.backoffSeconds : 10)"
+        spec_rules=[
+            {
+                "rule": "(has(self.agents) && size(self.agents) > 0) || has(self.teamRef)",
+                "message": "name at least one agent in spec.agents, or a spec.teamRef whose agents run it",
+            }
+        ],
+        rules_at={
+            "retryPolicy": [
+                {
+                    "rule": "!has(self.maxBackoffSeconds) || (has(self.backoffSeconds) ? self.backoffSeconds : 10)"
                     " <= self.maxBackoffSeconds",
-            "message": "maxBackoffSeconds must not be below backoffSeconds"}]},
+                    "message": "maxBackoffSeconds must not be below backoffSeconds",
+                }
+            ]
+        },
     ),
-    Resource("Agent", "agents", ["kagent"], AgentSpec, columns=[
-        {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
-        {"name": "Endpoint", "type": "string", "jsonPath": ".spec.modelEndpointRef"}, AGE]),
-    Resource("ModelEndpoint", "modelendpoints", ["kme"], ModelEndpointSpec, columns=[
-        {"name": "URL", "type": "string", "jsonPath": ".spec.url"},
-        {"name": "Model", "type": "string", "jsonPath": ".spec.model"}, AGE]),
-    Resource("Tool", "tools", ["ktool"], ToolResourceSpec, columns=[
-        {"name": "MCP-Server", "type": "string", "jsonPath": ".spec.mcpServerRef"},
-        {"name": "Tool", "type": "string", "jsonPath": ".spec.toolName"}, AGE]),
-    Resource("MCPServer", "mcpservers", ["kmcp"], MCPServerSpec, columns=[
-        {"name": "URL", "type": "string", "jsonPath": ".spec.url"}, AGE]),
+    Resource(
+        "Agent",
+        "agents",
+        ["kagent"],
+        AgentSpec,
+        columns=[
+            {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+            {"name": "Endpoint", "type": "string", "jsonPath": ".spec.modelEndpointRef"},
+            AGE,
+        ],
+    ),
+    Resource(
+        "ModelEndpoint",
+        "modelendpoints",
+        ["kme"],
+        ModelEndpointSpec,
+        columns=[
+            {"name": "URL", "type": "string", "jsonPath": ".spec.url"},
+            {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+            AGE,
+        ],
+    ),
+    Resource(
+        "Tool",
+        "tools",
+        ["ktool"],
+        ToolResourceSpec,
+        columns=[
+            {"name": "MCP-Server", "type": "string", "jsonPath": ".spec.mcpServerRef"},
+            {"name": "Tool", "type": "string", "jsonPath": ".spec.toolName"},
+            AGE,
+        ],
+    ),
+    Resource(
+        "MCPServer",
+        "mcpservers",
+        ["kmcp"],
+        MCPServerSpec,
+        columns=[{"name": "URL", "type": "string", "jsonPath": ".spec.url"}, AGE],
+    ),
     Resource("Skill", "skills", ["kskill"], SkillSpec, columns=[AGE]),
-    Resource("Team", "teams", ["kteam"], TeamSpec, columns=[
-        {"name": "Max-Runs", "type": "integer", "jsonPath": ".spec.maxConcurrentRuns"}, AGE]),
-    Resource("Project", "projects", ["kproj"], ProjectSpec, columns=[
-        {"name": "Max-Runs", "type": "integer", "jsonPath": ".spec.maxConcurrentRuns"}, AGE]),
-]  # fmt: skip
+    Resource(
+        "Team",
+        "teams",
+        ["kteam"],
+        TeamSpec,
+        columns=[{"name": "Max-Runs", "type": "integer", "jsonPath": ".spec.maxConcurrentRuns"}, AGE],
+    ),
+    Resource(
+        "Project",
+        "projects",
+        ["kproj"],
+        ProjectSpec,
+        columns=[{"name": "Max-Runs", "type": "integer", "jsonPath": ".spec.maxConcurrentRuns"}, AGE],
+    ),
+]
 
 
 def crd(resource: Resource) -> Schema:
@@ -148,12 +200,19 @@ def crd(resource: Resource) -> Schema:
         properties["status"] = structural(resource.status)
         version["subresources"] = {"status": {}}
     version["additionalPrinterColumns"] = resource.columns
-    version["schema"] = {"openAPIV3Schema": {
-        "type": "object", "description": (resource.spec.__doc__ or resource.kind).strip().splitlines()[0],
-        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
-                       **properties},
-        "required": ["spec"],
-    }}  # fmt: skip
+    version["schema"] = {
+        "openAPIV3Schema": {
+            "type": "object",
+            "description": (resource.spec.__doc__ or resource.kind).strip().splitlines()[0],
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                **properties,
+            },
+            "required": ["spec"],
+        }
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

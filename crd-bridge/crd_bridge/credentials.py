@@ -22,9 +22,8 @@ class CredentialWatcher:
     def __init__(self, kube: Kube, temporal: Client, namespaces: list[str]) -> None:
         self.kube = kube
         self.temporal = temporal
-        self.namespaces = (
-            namespaces  # empty: every namespace (needs a ClusterRole; the chart grants per namespace)
-        )
+        # Empty: every namespace (needs a ClusterRole; the chart grants per namespace).
+        self.namespaces = namespaces
         self.versions: dict[str, str] = {}  # secret -> the resourceVersion last seen
         self.signalled = 0
 

@@ -10,9 +10,8 @@ from workflows.status import Phase, PhaseEvent
 
 log = logging.getLogger(__name__)
 RUN_API = "ksquad.io/v1alpha1"
-REVISION_ANNOTATION = (
-    "ksquad.io/revision"  # the newest revision counted: a retried snapshot is not counted twice
-)
+# The newest revision counted: a retried snapshot is not counted twice.
+REVISION_ANNOTATION = "ksquad.io/revision"
 
 
 def _time(at: datetime) -> str:
@@ -30,16 +29,30 @@ class EventRecorder:
         digest = hashlib.sha256(f"{uid}|{reason}|{message}".encode()).hexdigest()[:16]
         name = f"{run[:200]}.{digest}"
         body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": name, "namespace": namespace,
-                         "annotations": {REVISION_ANNOTATION: str(event.revision)}},
-            "involvedObject": {"apiVersion": RUN_API, "kind": "Run", "name": run, "namespace": namespace, "uid": uid},
-            "reason": reason, "message": message,
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "annotations": {REVISION_ANNOTATION: str(event.revision)},
+            },
+            "involvedObject": {
+                "apiVersion": RUN_API,
+                "kind": "Run",
+                "name": run,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": reason,
+            "message": message,
             "type": "Warning" if event.phase == Phase.FAILED else "Normal",
             "source": {"component": "ksquad-bridge"},
-            "reportingComponent": "ksquad.io/bridge", "reportingInstance": self.instance,
-            "firstTimestamp": _time(event.at), "lastTimestamp": _time(event.at), "count": 1,
-        }  # fmt: skip
+            "reportingComponent": "ksquad.io/bridge",
+            "reportingInstance": self.instance,
+            "firstTimestamp": _time(event.at),
+            "lastTimestamp": _time(event.at),
+            "count": 1,
+        }
         url = path("v1", "events", namespace)
         try:
             await self.kube.create(url, body)
@@ -52,8 +65,14 @@ class EventRecorder:
         counted = int(existing["metadata"].get("annotations", {}).get(REVISION_ANNOTATION, "0"))
         if event.revision <= counted:
             return
-        await self.kube.patch(path("v1", "events", namespace, name), {
-            "metadata": {"resourceVersion": existing["metadata"]["resourceVersion"],
-                         "annotations": {REVISION_ANNOTATION: str(event.revision)}},
-            "count": int(existing.get("count") or 1) + 1, "lastTimestamp": _time(event.at),
-        })  # fmt: skip
+        await self.kube.patch(
+            path("v1", "events", namespace, name),
+            {
+                "metadata": {
+                    "resourceVersion": existing["metadata"]["resourceVersion"],
+                    "annotations": {REVISION_ANNOTATION: str(event.revision)},
+                },
+                "count": int(existing.get("count") or 1) + 1,
+                "lastTimestamp": _time(event.at),
+            },
+        )

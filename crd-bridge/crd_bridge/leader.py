@@ -28,8 +28,16 @@ def _parse(value: str | None) -> datetime | None:
 
 
 class LeaderElector:
-    def __init__(self, kube: Kube, namespace: str, name: str, identity: str, lease_seconds: int = 15,
-                 renew_seconds: float = 5.0, retry_seconds: float = 2.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_seconds: int = 15,
+        renew_seconds: float = 5.0,
+        retry_seconds: float = 2.0,
+    ) -> None:
         self.kube = kube
         self.url = path("coordination.k8s.io/v1", "leases", namespace, name)
         self.collection = path("coordination.k8s.io/v1", "leases", namespace)
@@ -65,16 +73,22 @@ class LeaderElector:
 
     async def _try(self) -> bool:
         now = datetime.now(UTC)
-        spec: dict[str, Any] = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,
-                                "renewTime": _micro(now)}  # fmt: skip
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.lease_seconds,
+            "renewTime": _micro(now),
+        }
         try:
             lease = await self.kube.get(self.url)
         except ApiError as err:
             if err.status != 404:
                 raise
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace},
-                    "spec": {**spec, "acquireTime": _micro(now), "leaseTransitions": 0}}  # fmt: skip
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {**spec, "acquireTime": _micro(now), "leaseTransitions": 0},
+            }
             try:
                 await self.kube.create(self.collection, body)
             except ApiError as conflict:

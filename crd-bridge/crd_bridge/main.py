@@ -106,8 +106,9 @@ async def _stop_worker(worker: Worker, serving: "asyncio.Task[None]", code: int)
 
 
 def main(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(prog="ksquad-bridge", description=__doc__,
-                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)  # fmt: skip
+    argparse.ArgumentParser(
+        prog="ksquad-bridge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "temporalio.activity"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

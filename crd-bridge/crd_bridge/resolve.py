@@ -58,9 +58,14 @@ CREDENTIAL_LABEL = "ksquad.io/credential"
 M = TypeVar("M", bound=BaseModel)
 
 KINDS: dict[str, type[BaseModel]] = {
-    "Agent": AgentSpec, "ModelEndpoint": ModelEndpointSpec, "Tool": ToolResourceSpec, "MCPServer": MCPServerSpec,
-    "Skill": SkillSpec, "Team": TeamSpec, "Project": ProjectSpec,
-}  # fmt: skip
+    "Agent": AgentSpec,
+    "ModelEndpoint": ModelEndpointSpec,
+    "Tool": ToolResourceSpec,
+    "MCPServer": MCPServerSpec,
+    "Skill": SkillSpec,
+    "Team": TeamSpec,
+    "Project": ProjectSpec,
+}
 
 
 class Invalid(Exception):
@@ -99,8 +104,9 @@ ANYTHING = AllowLists()
 
 
 class Resolver:
-    def __init__(self, namespace: str, lookup: Lookup, namespace_limit: int | None = None,
-                 allow: AllowLists = ANYTHING) -> None:  # fmt: skip
+    def __init__(
+        self, namespace: str, lookup: Lookup, namespace_limit: int | None = None, allow: AllowLists = ANYTHING
+    ) -> None:
         self.namespace = namespace
         self.lookup = lookup
         self.namespace_limit = namespace_limit
@@ -132,8 +138,10 @@ class Resolver:
     async def _resolve(self, spec: RunSpec) -> Resolution:
         runtime_class = spec.sandbox_policy.runtime_class
         if self.allow.runtime_classes is not None and runtime_class not in self.allow.runtime_classes:
-            raise Invalid(f"spec.sandboxPolicy.runtimeClass {runtime_class} is not allowed here (chart value "
-                          f"sandbox.allowedRuntimeClasses: {', '.join(sorted(self.allow.runtime_classes))})")  # fmt: skip
+            raise Invalid(
+                f"spec.sandboxPolicy.runtimeClass {runtime_class} is not allowed here (chart value "
+                f"sandbox.allowedRuntimeClasses: {', '.join(sorted(self.allow.runtime_classes))})"
+            )
         scopes = []
         if self.namespace_limit:
             scopes.append(ConcurrencyScope(key=f"namespace/{self.namespace}", limit=self.namespace_limit))
@@ -144,8 +152,11 @@ class Resolver:
             )
         project = await self.get("Project", spec.project_ref, ProjectSpec) if spec.project_ref else None
         if project and project.max_concurrent_runs:
-            scopes.append(ConcurrencyScope(key=f"project/{self.namespace}/{spec.project_ref}",
-                                           limit=project.max_concurrent_runs))  # fmt: skip
+            scopes.append(
+                ConcurrencyScope(
+                    key=f"project/{self.namespace}/{spec.project_ref}", limit=project.max_concurrent_runs
+                )
+            )
         names = spec.agents or (team.agents if team else [])
         if not names and team is not None:
             raise Invalid(f"the Run names no agents and Team {self.namespace}/{spec.team_ref} has none")
@@ -161,11 +172,15 @@ class Resolver:
         if agent is None:
             return None
         if agent.image and self.allow.images is not None and agent.image not in self.allow.images:
-            raise Invalid(f"Agent {self.namespace}/{name}: image {agent.image} is not allowed here (chart value "
-                          f"sandbox.allowedImages: {', '.join(sorted(self.allow.images))})")  # fmt: skip
+            raise Invalid(
+                f"Agent {self.namespace}/{name}: image {agent.image} is not allowed here (chart value "
+                f"sandbox.allowedImages: {', '.join(sorted(self.allow.images))})"
+            )
         if agent.endpoint and not self.allow.endpoint_allowed(str(agent.endpoint)):
-            raise Invalid(f"Agent {self.namespace}/{name}: endpoint {agent.endpoint} is not allowed here (chart "
-                          f"value agents.allowedEndpoints: {', '.join(sorted(self.allow.endpoints or [])) or 'none'})")  # fmt: skip
+            raise Invalid(
+                f"Agent {self.namespace}/{name}: endpoint {agent.endpoint} is not allowed here (chart "
+                f"value agents.allowedEndpoints: {', '.join(sorted(self.allow.endpoints or [])) or 'none'})"
+            )
         endpoint_ref = spec.model_endpoint_ref or agent.model_endpoint_ref
         endpoint = await self.get("ModelEndpoint", endpoint_ref, ModelEndpointSpec) if endpoint_ref else None
         if endpoint_ref is None and agent.endpoint is None:
@@ -174,8 +189,10 @@ class Resolver:
             return None  # named as missing and waited for: its model may come with it
         model_name = spec.model or agent.model or (endpoint.model if endpoint else None)
         if model_name is None and agent.endpoint is None:
-            raise Invalid(f"no model for Agent {self.namespace}/{name}: set spec.model on the Run, the Agent or "
-                          f"ModelEndpoint {self.namespace}/{endpoint_ref}")  # fmt: skip
+            raise Invalid(
+                f"no model for Agent {self.namespace}/{name}: set spec.model on the Run, the Agent or "
+                f"ModelEndpoint {self.namespace}/{endpoint_ref}"
+            )
         model = _model(model_name or "default", endpoint_ref, endpoint, agent.credential_secret_ref)
         fallback = None
         if agent.fallback_model is not None:
@@ -190,14 +207,22 @@ class Resolver:
         for skill_name in agent.skill_refs:
             skill = await self.get("Skill", skill_name, SkillSpec)
             if skill is not None:
-                skills.append(ContractSkill(name=skill_name, description=skill.description,
-                                            instructions=skill.instructions, tool_refs=skill.tool_refs,
-                                            requires=SkillRequirements(**skill.requires.model_dump())))  # fmt: skip
+                skills.append(
+                    ContractSkill(
+                        name=skill_name,
+                        description=skill.description,
+                        instructions=skill.instructions,
+                        tool_refs=skill.tool_refs,
+                        requires=SkillRequirements(**skill.requires.model_dump()),
+                    )
+                )
         wanted = list(dict.fromkeys([*agent.tools, *(t for s in skills for t in s.tool_refs)]))
         outside = [t for t in wanted if t not in agent.allowed_tools]
         if outside:
-            raise Invalid(f"Agent {self.namespace}/{name} uses tool(s) {', '.join(outside)} outside its allowedTools "
-                          f"({', '.join(agent.allowed_tools) or 'none'})")  # fmt: skip
+            raise Invalid(
+                f"Agent {self.namespace}/{name} uses tool(s) {', '.join(outside)} outside its allowedTools "
+                f"({', '.join(agent.allowed_tools) or 'none'})"
+            )
         tools = []
         for tool_name in wanted:
             tool = await self.get("Tool", tool_name, ToolResourceSpec)
@@ -205,19 +230,33 @@ class Resolver:
                 continue
             server = await self.get("MCPServer", tool.mcp_server_ref, MCPServerSpec)
             if server is not None:
-                tools.append(ToolSpec(name=tool_name, tool_name=tool.tool_name, description=tool.description,
-                                      mcp_server=MCPServerRef(name=tool.mcp_server_ref, url=server.url,
-                                                              transport=server.transport)))  # fmt: skip
+                tools.append(
+                    ToolSpec(
+                        name=tool_name,
+                        tool_name=tool.tool_name,
+                        description=tool.description,
+                        mcp_server=MCPServerRef(
+                            name=tool.mcp_server_ref, url=server.url, transport=server.transport
+                        ),
+                    )
+                )
         credential = _credential(agent.credential_secret_ref)
         for secret in sorted(
             {c.secret_name for c in (model.credential, fallback and fallback.credential, credential) if c}
         ):
             await self._credential_secret(secret)
         return ResolvedAgent(
-            name=name, model=model, fallback_model=fallback, system_prompt=agent.system_prompt, image=agent.image,
-            endpoint=agent.endpoint, tools=tools, allowed_tools=agent.allowed_tools, skills=skills,
+            name=name,
+            model=model,
+            fallback_model=fallback,
+            system_prompt=agent.system_prompt,
+            image=agent.image,
+            endpoint=agent.endpoint,
+            tools=tools,
+            allowed_tools=agent.allowed_tools,
+            skills=skills,
             credential=credential,
-        )  # fmt: skip
+        )
 
     async def _credential_secret(self, name: str) -> None:
         """Only a Secret labelled as a credential may reach a sandbox: a Run author could otherwise have any
@@ -229,22 +268,33 @@ class Resolver:
                 self.missing.append(label)
             return
         if (secret.get("labels") or {}).get(CREDENTIAL_LABEL) != "true":
-            raise Invalid(f"Secret {self.namespace}/{name} is not labelled {CREDENTIAL_LABEL}=true: only labelled "
-                          f"Secrets may be credentials (kubectl label secret {name} {CREDENTIAL_LABEL}=true)")  # fmt: skip
+            raise Invalid(
+                f"Secret {self.namespace}/{name} is not labelled {CREDENTIAL_LABEL}=true: only labelled "
+                f"Secrets may be credentials (kubectl label secret {name} {CREDENTIAL_LABEL}=true)"
+            )
 
 
 def _credential(ref: SecretKeyRef | None) -> CredentialRef | None:
     return CredentialRef(secret_name=ref.name, key=ref.key) if ref else None
 
 
-def _model(name: str, endpoint_ref: str | None, endpoint: ModelEndpointSpec | None,
-           agent_credential: SecretKeyRef | None) -> ModelRef:  # fmt: skip
+def _model(
+    name: str,
+    endpoint_ref: str | None,
+    endpoint: ModelEndpointSpec | None,
+    agent_credential: SecretKeyRef | None,
+) -> ModelRef:
     credential = _credential(agent_credential) or _credential(
         endpoint.credential_secret_ref if endpoint else None
     )
-    return ModelRef(name=name, url=endpoint.url if endpoint else None, provider=endpoint.provider if endpoint else None,
-                    endpoint_ref=endpoint_ref, credential=credential,
-                    resume_per_second=endpoint.resume_per_second if endpoint else None)  # fmt: skip
+    return ModelRef(
+        name=name,
+        url=endpoint.url if endpoint else None,
+        provider=endpoint.provider if endpoint else None,
+        endpoint_ref=endpoint_ref,
+        credential=credential,
+        resume_per_second=endpoint.resume_per_second if endpoint else None,
+    )
 
 
 async def resolve(

@@ -10,8 +10,16 @@ from workflows.model import KsquadModel
 from workflows.spec import K8sName
 
 # The plural (URL) name of each kind.
-PLURALS = {"Run": "runs", "Agent": "agents", "ModelEndpoint": "modelendpoints", "Tool": "tools",
-           "MCPServer": "mcpservers", "Skill": "skills", "Team": "teams", "Project": "projects"}  # fmt: skip
+PLURALS = {
+    "Run": "runs",
+    "Agent": "agents",
+    "ModelEndpoint": "modelendpoints",
+    "Tool": "tools",
+    "MCPServer": "mcpservers",
+    "Skill": "skills",
+    "Team": "teams",
+    "Project": "projects",
+}
 # Annotations on a Run that the bridge acts on.
 CANCEL_ANNOTATION = "ksquad.io/cancel-requested"  # the `cancel` signal, with its value as the reason
 PAUSE_ANNOTATION = "ksquad.io/pause-requested"  # set: the `pause` signal; removed: `resume`
@@ -41,9 +49,8 @@ class AgentSpec(KsquadModel):
     allowed_tools: list[K8sName] = Field(default_factory=list, max_length=64)
     skill_refs: list[K8sName] = Field(default_factory=list, max_length=32)
     credential_secret_ref: SecretKeyRef | None = None
-    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = (
-        None  # default: chart values
-    )
+    # Default: the chart's values.
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
     endpoint: Url | None = None  # an already-running A2A agent: no sandbox is made
 
 

@@ -140,9 +140,15 @@ class RunReconciler:
             return await self.finalize(run)
         if FINALIZER not in meta.get("finalizers", []):
             try:
-                run = await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
-                    "finalizers": [*meta.get("finalizers", []), FINALIZER],
-                    "resourceVersion": meta["resourceVersion"]}})  # fmt: skip
+                run = await self.kube.patch(
+                    run_path(meta["namespace"], meta["name"]),
+                    {
+                        "metadata": {
+                            "finalizers": [*meta.get("finalizers", []), FINALIZER],
+                            "resourceVersion": meta["resourceVersion"],
+                        }
+                    },
+                )
             except ApiError as err:
                 if err.status in (404, 409):
                     return err.status == 409  # changed meanwhile: the watch brings the new version
@@ -188,8 +194,14 @@ class RunReconciler:
             self.started.add(uid)
             return False
         triggered_by = meta.get("annotations", {}).get(TRIGGERED_BY_ANNOTATION)
-        run_input = RunInput(namespace=namespace, name=name, uid=uid, generation=meta.get("generation", 1),
-                             triggered_by=triggered_by, spec=spec)  # fmt: skip
+        run_input = RunInput(
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            generation=meta.get("generation", 1),
+            triggered_by=triggered_by,
+            spec=spec,
+        )
         handle = await self.workflows.start(run_input)
         self.started.add(uid)
         log.info("started workflow %s for Run uid %s", handle.id, uid)
@@ -202,8 +214,13 @@ class RunReconciler:
         own first status (revision 1) replaces it. Written only over the version just seen without a status;
         if anything changed meanwhile, the workflow's status is on its way and this one is not needed."""
         meta = run["metadata"]
-        status = RunStatus(phase=Phase.PENDING, reason="WorkflowStarted", message=f"workflow {workflow.id} started",
-                           workflow=workflow, observed_generation=meta.get("generation"))  # fmt: skip
+        status = RunStatus(
+            phase=Phase.PENDING,
+            reason="WorkflowStarted",
+            message=f"workflow {workflow.id} started",
+            workflow=workflow,
+            observed_generation=meta.get("generation"),
+        )
         snapshot = StatusSnapshot(
             namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status
         )
@@ -217,10 +234,16 @@ class RunReconciler:
     async def reject(self, run: dict[str, Any], err: InvalidObject) -> None:
         """A spec the API server let through but the workflow cannot take: Failed at once, with the fields."""
         meta = run["metadata"]
-        status = RunStatus(phase=Phase.FAILED, reason="InvalidSpec", message=str(err), revision=1,
-                           observed_generation=meta.get("generation"))  # fmt: skip
-        await self.bridge.write_status(StatusSnapshot(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"],
-                                                      status=status))  # fmt: skip
+        status = RunStatus(
+            phase=Phase.FAILED,
+            reason="InvalidSpec",
+            message=str(err),
+            revision=1,
+            observed_generation=meta.get("generation"),
+        )
+        await self.bridge.write_status(
+            StatusSnapshot(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status)
+        )
 
     async def reconcile_closed(self, run: dict[str, Any], handle: WorkflowHandle[Any, Any]) -> None:
         """The workflow ended but its last status did not reach the Run: write it now."""
@@ -231,9 +254,21 @@ class RunReconciler:
             log.warning("cannot read the final state of %s: %s", handle.id, err)
             return
         status.workflow = status.workflow or WorkflowRef(id=handle.id)
-        snapshot = StatusSnapshot(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status,
-                                  events=[PhaseEvent(revision=status.revision, phase=status.phase, reason=status.reason,
-                                                     message=status.message, at=datetime.now(UTC))])  # fmt: skip
+        snapshot = StatusSnapshot(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            status=status,
+            events=[
+                PhaseEvent(
+                    revision=status.revision,
+                    phase=status.phase,
+                    reason=status.reason,
+                    message=status.message,
+                    at=datetime.now(UTC),
+                )
+            ],
+        )
         await self.bridge.mirror_status(snapshot)
 
     async def finalize(self, run: dict[str, Any]) -> bool:
@@ -246,9 +281,15 @@ class RunReconciler:
             workflow_id = run_workflow_id(meta["namespace"], meta["name"])
             log.warning("%s did not end within %.0fs; removing the finalizer anyway", workflow_id, wait)
         try:
-            await self.kube.patch(run_path(meta["namespace"], meta["name"]), {"metadata": {
-                "finalizers": [f for f in meta.get("finalizers", []) if f != FINALIZER],
-                "resourceVersion": meta["resourceVersion"]}})  # fmt: skip
+            await self.kube.patch(
+                run_path(meta["namespace"], meta["name"]),
+                {
+                    "metadata": {
+                        "finalizers": [f for f in meta.get("finalizers", []) if f != FINALIZER],
+                        "resourceVersion": meta["resourceVersion"],
+                    }
+                },
+            )
         except ApiError as err:
             if err.status == 409:
                 return True

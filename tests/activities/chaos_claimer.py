@@ -37,7 +37,9 @@ async def main(url: str, uid: str, log: TextIO) -> None:
             for i in range(rng.randint(1, 4)):
                 if rng.random() < 0.05:
                     await asyncio.sleep(1.3)  # stall past the lease: someone may take the item over
-                written = await store.put_artifact(holder, fence, f"fence-{fence}-{i}", content=uid.encode(), work_item_ref=ITEM)
+                written = await store.put_artifact(
+                    holder, fence, f"fence-{fence}-{i}", content=uid.encode(), work_item_ref=ITEM
+                )
                 note(f"wrote {fence} {written}")
                 await asyncio.sleep(rng.uniform(0, 0.02))
             await store.release(ITEM, holder, fence)

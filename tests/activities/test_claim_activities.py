@@ -41,8 +41,9 @@ async def test_activities_map_store_outcomes_to_retryable_and_final_errors(store
     with pytest.raises(ApplicationError) as stale:
         await env.run(acts.release_work_item, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=claim.fence))
     assert (stale.value.type, stale.value.non_retryable) == ("StaleFence", True)
-    renewed = await env.run(acts.renew_claim, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=fenced.fence,
-                                                          lease_seconds=600))  # fmt: skip
+    renewed = await env.run(
+        acts.renew_claim, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=fenced.fence, lease_seconds=600)
+    )
     assert renewed.lease_expires_at is not None
     await env.run(acts.release_work_item, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=fenced.fence))
     assert await store.holder_of("wi-1") == (None, fenced.fence)

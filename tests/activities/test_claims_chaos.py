@@ -40,8 +40,9 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
         logs.setdefault(uid, tmp_path / f"{uid}.log")
         procs[slot] = subprocess.Popen(
             [sys.executable, "-m", "tests.activities.chaos_claimer", url, uid, str(logs[uid])],
-            cwd=Path(__file__).parents[2], stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            cwd=Path(__file__).parents[2],
+            stderr=subprocess.DEVNULL,
+        )
 
     for slot in range(WORKERS):
         spawn(slot)
@@ -88,8 +89,10 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
                 assert (uid, int(rest[1])) in stored, f"{uid}: acknowledged artifact {rest[1]} lost"
 
     takeovers = sum(h.action == "took-over" for h in history)
-    print(f"\nchaos: {kills} kills, {len(logs)} holders, {told['claimed']} claims, {takeovers} takeovers of expired "
-          f"leases, {told['released']} releases, {len(written)} fenced writes, {told['stale']} stale holders refused")  # fmt: skip
+    print(
+        f"\nchaos: {kills} kills, {len(logs)} holders, {told['claimed']} claims, {takeovers} takeovers of expired "
+        f"leases, {told['released']} releases, {len(written)} fenced writes, {told['stale']} stale holders refused"
+    )
     assert kills >= 60, "enough chaos to mean something"
     assert takeovers >= 5, "killed holders' leases expired and were taken over"
     assert told["released"] >= 30, "enough releases to mean something (48-70 seen on 2 busy cores)"

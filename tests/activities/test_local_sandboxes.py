@@ -18,8 +18,11 @@ async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
     model.script("dev-model", {"text": "done locally"})
     c = contract(model, work_item_ref=None)
     assert c.model.credential is not None
-    backend = LocalSandboxes(SandboxSettings(backend="local"), LocalModel(model.url, c.model.credential, MODEL_KEY),
-                             log_dir=tmp_path)  # fmt: skip
+    backend = LocalSandboxes(
+        SandboxSettings(backend="local"),
+        LocalModel(model.url, c.model.credential, MODEL_KEY),
+        log_dir=tmp_path,
+    )
     acts = SandboxActivities(backend)
     sandbox = await ActivityEnvironment().run(
         acts.acquire_sandbox, SandboxRequest(contract=c, policy=SandboxPolicy(), timeout_seconds=30)
@@ -36,7 +39,11 @@ async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
         await store.close()
     assert result.outputs == {"answer": "done locally"}
     process = backend.processes[sandbox.name]
-    await ActivityEnvironment().run(acts.release_sandbox, SandboxRelease(
-        run=RunRef(namespace="payments", name="r", uid="uid-r"), sandbox=sandbox, confirm=True))  # fmt: skip
+    await ActivityEnvironment().run(
+        acts.release_sandbox,
+        SandboxRelease(
+            run=RunRef(namespace="payments", name="r", uid="uid-r"), sandbox=sandbox, confirm=True
+        ),
+    )
     assert process.returncode is not None, "the agent process ended"
     assert (tmp_path / "payments_r-exec-1.log").is_file()

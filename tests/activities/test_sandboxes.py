@@ -33,8 +33,12 @@ from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
 from workflows.spec import SandboxPolicy
 
 # A toolchain's init container: stages a `jq` into the shared volume (from the ksquad image, which has Python).
-STAGE_JQ = ["python3", "-c", "import os; d = os.environ['KSQUAD_TOOLCHAIN_DIR'] + '/bin'; os.makedirs(d); "
-            "open(d + '/jq', 'w').write('#!/bin/sh\\necho jq')"]  # fmt: skip
+STAGE_JQ = [
+    "python3",
+    "-c",
+    "import os; d = os.environ['KSQUAD_TOOLCHAIN_DIR'] + '/bin'; os.makedirs(d); "
+    "open(d + '/jq', 'w').write('#!/bin/sh\\necho jq')",
+]
 
 
 # The test node has 2 CPUs: sandboxes ask for little, so twenty fit beside each other.
@@ -42,8 +46,12 @@ SMALL = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi
 
 
 def settings(**overrides: Any) -> SandboxSettings:
-    base: dict[str, Any] = {"image": AGENT_IMAGE, "poll_seconds": 0.1, "resources": SMALL,
-                            "toolchains": {"jq": ContainerSpec(image=KSQUAD_IMAGE, command=STAGE_JQ)}}  # fmt: skip
+    base: dict[str, Any] = {
+        "image": AGENT_IMAGE,
+        "poll_seconds": 0.1,
+        "resources": SMALL,
+        "toolchains": {"jq": ContainerSpec(image=KSQUAD_IMAGE, command=STAGE_JQ)},
+    }
     return SandboxSettings(**{**base, **overrides})
 
 
@@ -73,8 +81,12 @@ def run_ns(ksquad_cluster: ControlPlane, namespace: str) -> str:
 
 
 def create_run(cluster: ControlPlane, namespace: str, name: str) -> str:
-    doc = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": namespace},
-           "spec": {"agents": ["dev-1"]}}  # fmt: skip
+    doc = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"agents": ["dev-1"]},
+    }
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(doc))
     created = json.loads(cluster.kubectl("get", "kr", name, "-n", namespace, "-o", "json").stdout)
     return str(created["metadata"]["uid"])
@@ -94,8 +106,9 @@ async def release(
     backend: KubernetesSandboxes, c: ExecutionContract, sandbox: Any, confirm: bool = True
 ) -> None:
     run = RunRef(namespace=c.run.namespace, name=c.run.name, uid=c.run.uid)
-    await ActivityEnvironment().run(SandboxActivities(backend).release_sandbox,
-                                    SandboxRelease(run=run, sandbox=sandbox, confirm=confirm))  # fmt: skip
+    await ActivityEnvironment().run(
+        SandboxActivities(backend).release_sandbox, SandboxRelease(run=run, sandbox=sandbox, confirm=confirm)
+    )
 
 
 async def gone(kube: Kube, url: str, within: float = 60) -> bool:
@@ -135,9 +148,13 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
 
     published = await ActivityEnvironment().run(
         SandboxActivities(backend).publish_outputs,
-        OutputsRequest(run=RunRef(namespace=run_ns, name="fix-flaky-tests", uid=uid), attempt=1, fence=1,
-                       outputs=result.outputs),
-    )  # fmt: skip
+        OutputsRequest(
+            run=RunRef(namespace=run_ns, name="fix-flaky-tests", uid=uid),
+            attempt=1,
+            fence=1,
+            outputs=result.outputs,
+        ),
+    )
     assert published.config_map == "fix-flaky-tests-outputs"
     config_map = await kube.get(path("v1", "configmaps", run_ns, "fix-flaky-tests-outputs"))
     assert config_map["data"] == {"answer": "The flaky test is fixed."}
@@ -172,8 +189,15 @@ async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
     contracts = []
     for i in range(20):
         name = f"race-{i}"
-        contracts.append(contract(model, namespace=run_ns, name=name, uid=create_run(ksquad_cluster, run_ns, name),
-                                  work_item_ref=None))  # fmt: skip
+        contracts.append(
+            contract(
+                model,
+                namespace=run_ns,
+                name=name,
+                uid=create_run(ksquad_cluster, run_ns, name),
+                work_item_ref=None,
+            )
+        )
     sandboxes = await asyncio.gather(*(acquire(backend, request(c, timeout=120)) for c in contracts))
 
     warm = [s for s in sandboxes if s.kind == "warm"]
@@ -185,9 +209,16 @@ async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
             pod = await kube.get(path("v1", "pods", run_ns, s.name))
             assert pod["metadata"]["labels"]["ksquad.io/run"] == c.run.name
             assert pod["metadata"]["labels"]["ksquad.io/state"] == "bound"
-            assert pod["metadata"]["ownerReferences"] == [{"apiVersion": "ksquad.io/v1alpha1", "kind": "Run",
-                                                           "name": c.run.name, "uid": c.run.uid, "controller": True,
-                                                           "blockOwnerDeletion": True}]  # fmt: skip
+            assert pod["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "ksquad.io/v1alpha1",
+                    "kind": "Run",
+                    "name": c.run.name,
+                    "uid": c.run.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
     await ready_warm(kube, run_ns, 5)  # the ReplicaSet replenished the pool
 
     await asyncio.gather(*(release(backend, c, s) for c, s in zip(contracts, sandboxes, strict=True)))
@@ -267,9 +298,13 @@ async def test_no_spec_holds_a_secret_and_sandboxes_run_non_root_without_a_token
     ],
 )
 async def test_a_pod_that_cannot_start_fails_the_acquisition_with_its_reason(
-    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint, overrides: dict[str, Any],
+    ksquad_cluster: ControlPlane,
+    run_ns: str,
+    kube: Kube,
+    model: ModelEndpoint,
+    overrides: dict[str, Any],
     words: str,
-) -> None:  # fmt: skip
+) -> None:
     name = f"broken-{uuid.uuid4().hex[:6]}"
     c = contract(
         model, namespace=run_ns, name=name, uid=create_run(ksquad_cluster, run_ns, name), work_item_ref=None
@@ -301,12 +336,20 @@ async def test_the_run_workflow_completes_on_a_cold_sandbox(
     world = World()
     world.agents["dev-1"] = contract(model, namespace=run_ns, name="whole-run", uid=uid).agent
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
-    real = [*ClaimActivities(store).all(), AgentActivities(store).invoke_agent,
-            *SandboxActivities(KubernetesSandboxes(kube, settings())).all()]  # fmt: skip
+    real = [
+        *ClaimActivities(store).all(),
+        AgentActivities(store).invoke_agent,
+        *SandboxActivities(KubernetesSandboxes(kube, settings())).all(),
+    ]
     try:
         async with running_world_on(dev_server.target, world, real) as client:
-            inp = run_input("whole-run", namespace=run_ns, uid=uid, work_item_ref="wi-whole",
-                            sandboxPolicy={"class": "batch"})  # fmt: skip
+            inp = run_input(
+                "whole-run",
+                namespace=run_ns,
+                uid=uid,
+                work_item_ref="wi-whole",
+                sandboxPolicy={"class": "batch"},
+            )
             status = await (await start_run(client, inp)).result()
     finally:
         await store.close()

@@ -29,14 +29,19 @@ def orchestrator_contract() -> ExecutionContract:
         ),
     ]
     agent = ResolvedAgent(
-        name="dev-1", model=ModelRef(name="gpt-x", url="http://127.0.0.1:3/v1", credential=CredentialRef(secret_name="k")),
-        system_prompt="You fix flaky tests.", tools=tools, allowed_tools=["notes"],
+        name="dev-1",
+        model=ModelRef(name="gpt-x", url="http://127.0.0.1:3/v1", credential=CredentialRef(secret_name="k")),
+        system_prompt="You fix flaky tests.",
+        tools=tools,
+        allowed_tools=["notes"],
         skills=[SkillSpec(name="pytest", instructions="Run the tests three times.")],
-    )  # fmt: skip
+    )
     return ExecutionContract(
         run=RunIdentity(namespace="ns", name="r", uid="uid-1", attempt=2, fence=7, work_item_ref="wi-1"),
-        inputs={"task": "Stabilize the flaky payment-retry test.", "repo": "payments"}, agent=agent, model=agent.model,
-    )  # fmt: skip
+        inputs={"task": "Stabilize the flaky payment-retry test.", "repo": "payments"},
+        agent=agent,
+        model=agent.model,
+    )
 
 
 def test_the_agent_reads_what_the_orchestrator_writes() -> None:
@@ -61,9 +66,13 @@ def test_prompt_has_system_prompt_skill_instructions_and_inputs() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "words"),
-    [("{not json", "not JSON"), ("[]", "JSON object"), ('{"apiVersion": "ksquad.io/contract-v9"}', "unsupported"),
-     ('{"apiVersion": "ksquad.io/contract-v1"}', "invalid execution contract")],
-)  # fmt: skip
+    [
+        ("{not json", "not JSON"),
+        ("[]", "JSON object"),
+        ('{"apiVersion": "ksquad.io/contract-v9"}', "unsupported"),
+        ('{"apiVersion": "ksquad.io/contract-v1"}', "invalid execution contract"),
+    ],
+)
 def test_bad_contracts_are_refused_with_a_reason(raw: str, words: str) -> None:
     with pytest.raises(ContractError, match=words):
         parse_contract(raw)

@@ -42,12 +42,25 @@ async def claimed(store: Store) -> int:
     return (await store.claim("wi-1", HOLDER, 120)).fence
 
 
-def invocation(endpoint: str, model: ModelEndpoint, tools: ToolServer | None = None, *, fence: int = 1,
-               turn: int = 0, follow_up: ContinueTask | None = None, **kw: Any) -> AgentInvocation:  # fmt: skip
+def invocation(
+    endpoint: str,
+    model: ModelEndpoint,
+    tools: ToolServer | None = None,
+    *,
+    fence: int = 1,
+    turn: int = 0,
+    follow_up: ContinueTask | None = None,
+    **kw: Any,
+) -> AgentInvocation:
     c = contract(model, tools, fence=fence, **kw)
     suffix = f"-t{turn}" if turn else ""
-    return AgentInvocation(contract=c, endpoint=endpoint, message_id=f"{c.run.uid}-a{c.run.attempt}{suffix}",
-                           context_id=f"{c.run.uid}-a{c.run.attempt}", continue_task=follow_up)  # fmt: skip
+    return AgentInvocation(
+        contract=c,
+        endpoint=endpoint,
+        message_id=f"{c.run.uid}-a{c.run.attempt}{suffix}",
+        context_id=f"{c.run.uid}-a{c.run.attempt}",
+        continue_task=follow_up,
+    )
 
 
 async def invoke(store: Store, inv: AgentInvocation, env: ActivityEnvironment | None = None) -> Any:
@@ -57,8 +70,11 @@ async def invoke(store: Store, inv: AgentInvocation, env: ActivityEnvironment | 
 async def test_the_agent_calls_an_allowed_mcp_tool_then_answers_and_everything_is_recorded_with_the_fence(
     store: Store, model: ModelEndpoint, tool_server: ToolServer, start_agent: AgentFactory
 ) -> None:
-    model.script("dev-model", {"tool_calls": [{"name": "notes", "arguments": {"text": "retry test is flaky"}}]},
-                 {"text": "Fixed: the retry test waits for the clock now."})  # fmt: skip
+    model.script(
+        "dev-model",
+        {"tool_calls": [{"name": "notes", "arguments": {"text": "retry test is flaky"}}]},
+        {"text": "Fixed: the retry test waits for the clock now."},
+    )
     fence = await claimed(store)
     agent = await start_agent(contract(model, tool_server, fence=fence))
     result = await invoke(store, invocation(agent.url, model, tool_server, fence=fence))
@@ -156,8 +172,11 @@ async def test_other_model_errors_map_to_their_outcomes(
 async def test_input_required_pauses_and_a_follow_up_continues_the_same_task(
     store: Store, model: ModelEndpoint, start_agent: AgentFactory
 ) -> None:
-    model.script("dev-model", {"tool_calls": [{"name": "ksquad_request_input", "arguments": {"question": "Which test?"}}]},
-                 {"text": "Fixed test_payment_retry."})  # fmt: skip
+    model.script(
+        "dev-model",
+        {"tool_calls": [{"name": "ksquad_request_input", "arguments": {"question": "Which test?"}}]},
+        {"text": "Fixed test_payment_retry."},
+    )
     fence = await claimed(store)
     agent = await start_agent(contract(model, fence=fence))
     with pytest.raises(ApplicationError) as caught:

@@ -9,9 +9,17 @@ from testbed.agents import ModelEndpoint
 
 async def test_models_text_and_tool_calls_streamed_and_not(model: ModelEndpoint) -> None:
     async with httpx.AsyncClient() as http:
-        response = await http.post(model.url.removesuffix("/v1") + "/_script", json={"models": {
-            "m1": [{"text": "hello there"}, {"tool_calls": [{"name": "add_note", "arguments": {"text": "x"}}]}],
-        }})  # fmt: skip
+        response = await http.post(
+            model.url.removesuffix("/v1") + "/_script",
+            json={
+                "models": {
+                    "m1": [
+                        {"text": "hello there"},
+                        {"tool_calls": [{"name": "add_note", "arguments": {"text": "x"}}]},
+                    ],
+                }
+            },
+        )
         assert response.json() == {"models": ["m1"]}
     client = openai.AsyncOpenAI(base_url=model.url, api_key="sk-1", max_retries=0)
     assert [m.id async for m in client.models.list()] == ["m1"]

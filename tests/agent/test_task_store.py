@@ -15,8 +15,11 @@ async def test_ended_tasks_are_forgotten_after_the_retention_paused_and_working_
     store = RetainingTaskStore(retention_seconds=0.0)
     await store.save(task("working", TaskState.TASK_STATE_WORKING), context)
     await store.save(task("paused", TaskState.TASK_STATE_INPUT_REQUIRED), context)
-    ended = {"completed": TaskState.TASK_STATE_COMPLETED, "failed": TaskState.TASK_STATE_FAILED,
-             "canceled": TaskState.TASK_STATE_CANCELED}  # fmt: skip
+    ended = {
+        "completed": TaskState.TASK_STATE_COMPLETED,
+        "failed": TaskState.TASK_STATE_FAILED,
+        "canceled": TaskState.TASK_STATE_CANCELED,
+    }
     for task_id, state in ended.items():
         await store.save(task(task_id, state), context)
     await store.save(task("working", TaskState.TASK_STATE_WORKING), context)  # any later save sweeps

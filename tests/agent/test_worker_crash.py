@@ -20,8 +20,10 @@ from workflows.activity_types import AgentInvocation
 def start_worker(dev_server: DevServer, task_queue: str, db: str, log: Path) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.agent.invoke_worker", dev_server.target, task_queue, db],
-        stdout=subprocess.PIPE, stderr=log.open("ab"), cwd=Path(__file__).parents[2],
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=log.open("ab"),
+        cwd=Path(__file__).parents[2],
+    )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == b"worker ready", log.read_text()[-2000:]
     return process
@@ -42,8 +44,9 @@ async def test_a_killed_worker_does_not_make_the_agent_run_twice(
 
     first = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log)
     client = await connect(dev_server.target)
-    handle = await client.start_workflow(InvokeAgentOnce.run, invocation, id=f"crash-{uuid.uuid4()}",
-                                         task_queue=task_queue)  # fmt: skip
+    handle = await client.start_workflow(
+        InvokeAgentOnce.run, invocation, id=f"crash-{uuid.uuid4()}", task_queue=task_queue
+    )
     for _ in range(400):  # until the agent is mid-task (its model call in flight)
         if model.state.in_flight == 1:
             break

@@ -88,8 +88,12 @@ def diagnose(cluster: ControlPlane) -> str:
     """What a user would look at when an install does not come up: pods, events, each container's log."""
     parts = []
     for namespace in (HOME, NS):
-        parts += [cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout,
-                  cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout[-3000:]]  # fmt: skip
+        parts += [
+            cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout,
+            cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout[
+                -3000:
+            ],
+        ]
         for pod in cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.split():
             logs = cluster.kubectl("logs", "-n", namespace, pod, "--tail=40", check=False)
             parts.append(f"--- {pod}\n{logs.stdout}{logs.stderr}")
@@ -143,13 +147,17 @@ async def release(
     key = base64.b64encode(secrets.token_bytes(32)).decode()
     cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-codec", f"--from-literal=key={key}")
     values = [
-        "--set", f"namespaces={{{NS}}}",
-        "--set", f"temporal.address={NODE_ADDRESS}:{dev_server.port}",
-        "--set", "codec.keySecret.name=ksquad-codec",
-    ]  # fmt: skip
+        "--set",
+        f"namespaces={{{NS}}}",
+        "--set",
+        f"temporal.address={NODE_ADDRESS}:{dev_server.port}",
+        "--set",
+        "codec.keySecret.name=ksquad-codec",
+    ]
     started = time.monotonic()
-    installed = helm(cluster, "install", RELEASE, str(CHART), "-n", HOME, *values, "--wait", "--timeout", "5m",
-                     check=False)  # fmt: skip
+    installed = helm(
+        cluster, "install", RELEASE, str(CHART), "-n", HOME, *values, "--wait", "--timeout", "5m", check=False
+    )
     if installed.returncode != 0:
         raise AssertionError(f"helm install failed: {installed.stderr}\n{diagnose(cluster)}")
     print(f"[helm install --wait] {time.monotonic() - started:.1f}s\n{installed.stdout}", flush=True)
@@ -186,15 +194,26 @@ def test_the_chart_runs_from_its_images_as_its_service_accounts(release: Release
             assert pod["spec"]["serviceAccountName"] == f"ksquad-{component}"
             assert pod["status"]["podIP"] != NODE_ADDRESS, "each pod on its own address"
             # The kubelet projected the ServiceAccount's token into the container: read it from inside.
-            listed = release.kubectl("exec", "-n", HOME, pod["metadata"]["name"], "--", "sh", "-c",
-                                     "id -u; ls /var/run/secrets/kubernetes.io/serviceaccount").stdout.split()  # fmt: skip
+            listed = release.kubectl(
+                "exec",
+                "-n",
+                HOME,
+                pod["metadata"]["name"],
+                "--",
+                "sh",
+                "-c",
+                "id -u; ls /var/run/secrets/kubernetes.io/serviceaccount",
+            ).stdout.split()
             assert listed == ["65532", "ca.crt", "namespace", "token"]
     # And the API server saw each ServiceAccount's identity: the bridge writes the Lease it leads through (and
     # Runs' status), the worker nothing yet; every replica asks for its Lease.
     lease = release.get("lease", "ksquad-bridge", "-n", HOME)
     assert lease["spec"]["holderIdentity"] in {p["metadata"]["name"] for p in by_component["bridge"]}
-    users = {json.loads(line)["user"]["username"] for line in release.cluster.audit_log.read_text().splitlines()
-             if line.strip()}  # fmt: skip
+    users = {
+        json.loads(line)["user"]["username"]
+        for line in release.cluster.audit_log.read_text().splitlines()
+        if line.strip()
+    }
     assert f"system:serviceaccount:{HOME}:ksquad-bridge" in users
 
 
@@ -225,8 +244,11 @@ async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
     assert pod["status"]["containerStatuses"][0]["imageID"], "it ran, from the agent image"
     assert pod["spec"]["runtimeClassName"] == "gvisor"
     assert [c.task for c in model.state.calls] == [SEED_TASK], "one model call, from the sandbox"
-    users = {json.loads(line)["user"]["username"] for line in release.cluster.audit_log.read_text().splitlines()
-             if '"jobs"' in line}  # fmt: skip
+    users = {
+        json.loads(line)["user"]["username"]
+        for line in release.cluster.audit_log.read_text().splitlines()
+        if '"jobs"' in line
+    }
     assert f"system:serviceaccount:{HOME}:ksquad-worker" in users, (
         "the worker made the Job as its ServiceAccount"
     )
@@ -240,9 +262,19 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
     model.script("dev-model", {"delay": 40, "text": "Done across an upgrade."})
     release.squad(model)
     task = "Survive a helm upgrade."
-    release.kubectl("apply", "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": "across-upgrade", "namespace": NS},
-        "spec": {"agents": ["dev-1"], "inputs": {"task": task}, "workItemRef": "wi-upgrade"}}))  # fmt: skip
+    release.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Run",
+                "metadata": {"name": "across-upgrade", "namespace": NS},
+                "spec": {"agents": ["dev-1"], "inputs": {"task": task}, "workItemRef": "wi-upgrade"},
+            }
+        ),
+    )
     await wait_for("the model to be called", lambda: any(c.task == task for c in model.state.calls), 120)
     selector = f"app.kubernetes.io/instance={RELEASE}"
     before = {p["metadata"]["name"] for p in release.get("pods", "-n", HOME, "-l", selector)["items"]}
@@ -288,9 +320,19 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
 
 async def test_a_runtime_class_the_cluster_lacks_fails_the_run_once_with_the_reason(release: Release) -> None:
     # The upgrade mapped runtimeClass kata to a RuntimeClass nobody installed.
-    release.kubectl("apply", "-f", "-", input=yaml.safe_dump({
-        "apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": "needs-kata", "namespace": NS},
-        "spec": {"agents": ["dev-1"], "sandboxPolicy": {"runtimeClass": "kata"}}}))  # fmt: skip
+    release.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Run",
+                "metadata": {"name": "needs-kata", "namespace": NS},
+                "spec": {"agents": ["dev-1"], "sandboxPolicy": {"runtimeClass": "kata"}},
+            }
+        ),
+    )
     status = (await phase_of(release, "needs-kata", {"Succeeded", "Failed"}, timeout=60))["status"]
     assert (status["phase"], status["reason"], status["attempt"]) == ("Failed", "SandboxMisconfigured", 1)
     assert 'RuntimeClass "kata-not-installed" does not exist' in status["message"]
@@ -307,13 +349,21 @@ def refused(release: Release, doc: dict[str, Any], kubeconfig: Path | None = Non
 
 
 def agent(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": name, "namespace": NS},
-            "spec": {"modelEndpointRef": "openai", "systemPrompt": "You help.", **spec}}  # fmt: skip
+    return {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"modelEndpointRef": "openai", "systemPrompt": "You help.", **spec},
+    }
 
 
 def run(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": NS},
-            "spec": {"agents": ["dev-1"], **spec}}  # fmt: skip
+    return {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"agents": ["dev-1"], **spec},
+    }
 
 
 async def test_a_run_author_reads_no_secret_and_leaves_no_sandbox_runtime_or_image(release: Release) -> None:
@@ -350,30 +400,47 @@ def test_the_workers_service_account_makes_only_sandbox_shaped_jobs(release: Rel
         "image": AGENT_IMAGE,
         "securityContext": {"allowPrivilegeEscalation": False},
     }
-    pod: dict[str, Any] = {"serviceAccountName": "ksquad-sandbox", "automountServiceAccountToken": False, "runtimeClassName": "gvisor",
-           "restartPolicy": "Never", "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-           "containers": [container]}  # fmt: skip
+    pod: dict[str, Any] = {
+        "serviceAccountName": "ksquad-sandbox",
+        "automountServiceAccountToken": False,
+        "runtimeClassName": "gvisor",
+        "restartPolicy": "Never",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+        "containers": [container],
+    }
 
     def job(name: str, **changes: Any) -> dict[str, Any]:
         spec = json.loads(json.dumps(pod))
         for key, value in changes.items():
             spec[key] = value
-        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": NS},
-                "spec": {"backoffLimit": 0, "template": {"spec": spec}}}  # fmt: skip
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"backoffLimit": 0, "template": {"spec": spec}},
+        }
 
     for name, changes, words in (
-        ("other-account", {"serviceAccountName": "default"}, "a sandbox runs as ServiceAccount ksquad-sandbox"),
+        (
+            "other-account",
+            {"serviceAccountName": "default"},
+            "a sandbox runs as ServiceAccount ksquad-sandbox",
+        ),
         ("host-path", {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "no hostPath"),
-        ("foreign", {"containers": [{**container, "image": "docker.io/attacker/miner:1"}]},
-         "image docker.io/attacker/miner:1 is not a sandbox image"),
+        (
+            "foreign",
+            {"containers": [{**container, "image": "docker.io/attacker/miner:1"}]},
+            "image docker.io/attacker/miner:1 is not a sandbox image",
+        ),
         ("with-token", {"automountServiceAccountToken": True}, "no ServiceAccount token"),
         ("as-root", {"securityContext": {"runAsUser": 0}}, "runs as non-root"),
-    ):  # fmt: skip
+    ):
         message = refused(release, job(name, **changes), as_worker)
         assert "ksquad-worker-makes-sandboxes" in message and words in message, message
     # The same Job, sandbox-shaped, is admitted (dry run: nothing is started).
-    done = release.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(job("shaped")),
-                                   kubeconfig=as_worker)  # fmt: skip
+    done = release.cluster.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(job("shaped")), kubeconfig=as_worker
+    )
     assert "created (server dry run)" in done.stdout
 
 
@@ -410,9 +477,8 @@ async def test_killing_the_leading_bridge_hands_the_lease_to_the_other_within_it
 
 
 async def test_helm_uninstall_removes_everything_it_made_but_the_crds(release: Release) -> None:
-    release.kubectl(
-        "delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s"
-    )  # as the docs say: first
+    # As the docs say: first the Runs.
+    release.kubectl("delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s")
     release.helm("uninstall", RELEASE, "-n", HOME, "--wait")
     selector = f"app.kubernetes.io/instance={RELEASE}"
     namespaced = "deployments,replicasets,pods,serviceaccounts,roles,rolebindings,configmaps,poddisruptionbudgets,networkpolicies,leases"

@@ -14,16 +14,29 @@ from testbed.controlplane import cached_binaries_dir
 ROOT = Path(__file__).parents[2]
 VALUES = {
     "namespaces": ["payments", "search"],
-    "temporal": {"address": "ksquad.a2b3c.tmprl.cloud:7233", "namespace": "ksquad.a2b3c",
-                 "apiKeySecret": {"name": "temporal-cloud", "key": "apiKey"}},
+    "temporal": {
+        "address": "ksquad.a2b3c.tmprl.cloud:7233",
+        "namespace": "ksquad.a2b3c",
+        "apiKeySecret": {"name": "temporal-cloud", "key": "apiKey"},
+    },
     "pools": [{"name": "default", "namespace": "payments", "replicas": 3, "credentials": ["openai-key"]}],
     "sandbox": {"network": {"egress": [{"cidr": "203.0.113.0/24", "ports": [443]}]}},
-}  # fmt: skip
+}
 
 
 def test_helm_lint_is_clean() -> None:
-    done = subprocess.run([str(cached_binaries_dir() / "helm"), "lint", "--strict", str(chart.CHART),
-                           "--set", "namespaces={payments}"], capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            str(cached_binaries_dir() / "helm"),
+            "lint",
+            "--strict",
+            str(chart.CHART),
+            "--set",
+            "namespaces={payments}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[WARNING]" not in done.stdout
     assert "[ERROR]" not in done.stdout
@@ -40,8 +53,11 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert container["resources"]["requests"]
         assert pod["securityContext"]["runAsNonRoot"] is True
-        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                                "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
         env = {e["name"]: e for e in container["env"]}
         assert env["KSQUAD_TEMPORAL_API_KEY"]["valueFrom"]["secretKeyRef"] == {
             "name": "temporal-cloud",
@@ -51,8 +67,14 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
         e["name"]: e for e in deployments["ksquad-worker"]["spec"]["template"]["spec"]["containers"][0]["env"]
     }
     assert "secretKeyRef" in worker_env["KSQUAD_DATABASE_URL"]["valueFrom"], "the DSN comes from a Secret"
-    assert {(d["kind"], d["metadata"].get("namespace")) for d in docs if d["kind"] in ("Role", "NetworkPolicy")} >= {
-        ("Role", "payments"), ("Role", "search"), ("NetworkPolicy", "payments"), ("NetworkPolicy", "search")}  # fmt: skip
+    assert {
+        (d["kind"], d["metadata"].get("namespace")) for d in docs if d["kind"] in ("Role", "NetworkPolicy")
+    } >= {
+        ("Role", "payments"),
+        ("Role", "search"),
+        ("NetworkPolicy", "payments"),
+        ("NetworkPolicy", "search"),
+    }
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], "nothing cluster-wide"
 
 
@@ -133,8 +155,13 @@ def test_the_release_namespace_is_never_a_run_namespace() -> None:
 
 
 def test_the_allow_lists_reach_the_bridge_and_the_admission_policies() -> None:
-    docs = chart.render({**VALUES, "agents": {"allowedEndpoints": ["agents.example.com", "10.20.0.0/16"]},
-                         "sandbox": {"allowedImages": ["registry.example.com/agent:2"]}})  # fmt: skip
+    docs = chart.render(
+        {
+            **VALUES,
+            "agents": {"allowedEndpoints": ["agents.example.com", "10.20.0.0/16"]},
+            "sandbox": {"allowedImages": ["registry.example.com/agent:2"]},
+        }
+    )
     (bridge,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-bridge"]
     env = {e["name"]: e.get("value") for e in bridge["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KSQUAD_ALLOWED_IMAGES"] == "ghcr.io/ksquad/ksquad-agent:0.1.0,registry.example.com/agent:2"
@@ -142,8 +169,12 @@ def test_the_allow_lists_reach_the_bridge_and_the_admission_policies() -> None:
     assert env["KSQUAD_ALLOWED_AGENT_ENDPOINTS"] == "agents.example.com,10.20.0.0/16"
     policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     assert {"ksquad-allowed-sandboxes", "ksquad-worker-makes-sandboxes"} <= set(policies)
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
-                  and d["metadata"]["name"] == "ksquad-allowed-sandboxes"]  # fmt: skip
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"] == "ksquad-allowed-sandboxes"
+    ]
     assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [
         "payments",
         "search",

@@ -15,13 +15,21 @@ from temporalio.client import Client
 from temporal_client.codec import ENCODING
 from tests.support.dev import DevProcess, ksquad
 
-AGENT = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "cli-agent"},
-         "spec": {"modelEndpointRef": "local", "systemPrompt": "You answer tersely."}}  # fmt: skip
+AGENT = {
+    "apiVersion": "ksquad.io/v1alpha1",
+    "kind": "Agent",
+    "metadata": {"name": "cli-agent"},
+    "spec": {"modelEndpointRef": "local", "systemPrompt": "You answer tersely."},
+}
 
 
 def run_doc(name: str, model: str, **spec: object) -> dict[str, object]:
-    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name},
-            "spec": {"agents": ["cli-agent"], "model": model, "inputs": {"task": f"task of {name}"}, **spec}}  # fmt: skip
+    return {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {"agents": ["cli-agent"], "model": model, "inputs": {"task": f"task of {name}"}, **spec},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +38,15 @@ async def dev(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevProc
     await stack.start()
     model = stack.info["model"].removesuffix("/v1")
     async with httpx.AsyncClient() as http:
-        response = await http.post(f"{model}/_script", json={"models": {
-            "quick": [{"delay": 0.3, "text": "quick answer"}],
-            "slow": [{"delay": 600, "text": "never"}],
-        }})  # fmt: skip
+        response = await http.post(
+            f"{model}/_script",
+            json={
+                "models": {
+                    "quick": [{"delay": 0.3, "text": "quick answer"}],
+                    "slow": [{"delay": 600, "text": "never"}],
+                }
+            },
+        )
         response.raise_for_status()
     try:
         yield stack

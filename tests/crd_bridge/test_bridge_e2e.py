@@ -52,9 +52,16 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
     model.script("dev-model", {"delay": 1, "text": "Stabilized the payment-retry test."})
     stack = await start_stack()
     ns = stack.namespace
-    stack.apply(*stack.resources(model),
-                {"apiVersion": RUN_API, "kind": "Team", "metadata": {"name": "payments-squad"}, "spec": {"agents": ["dev-1"]}},
-                {"apiVersion": RUN_API, "kind": "Project", "metadata": {"name": "payments-api"}, "spec": {}})  # fmt: skip
+    stack.apply(
+        *stack.resources(model),
+        {
+            "apiVersion": RUN_API,
+            "kind": "Team",
+            "metadata": {"name": "payments-squad"},
+            "spec": {"agents": ["dev-1"]},
+        },
+        {"apiVersion": RUN_API, "kind": "Project", "metadata": {"name": "payments-api"}, "spec": {}},
+    )
     seed = yaml.safe_load(SEED.read_text())
     seed["metadata"]["namespace"] = ns
     stack.apply(seed)
@@ -72,8 +79,11 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
 
     table = stack.kubectl("get", "runs", "-n", ns, "fix-flaky-tests", "--no-headers").stdout.split()
     assert table[1:4] == ["Succeeded", "dev-1", "1"]
-    events = json.loads(stack.kubectl("get", "events", "-n", ns, "--field-selector",
-                                      "involvedObject.name=fix-flaky-tests", "-o", "json").stdout)["items"]  # fmt: skip
+    events = json.loads(
+        stack.kubectl(
+            "get", "events", "-n", ns, "--field-selector", "involvedObject.name=fix-flaky-tests", "-o", "json"
+        ).stdout
+    )["items"]
     story = [
         e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["annotations"]["ksquad.io/revision"])
     ]
@@ -174,8 +184,16 @@ async def test_a_rotated_credential_resumes_a_run_paused_on_it(
     stack.apply(*stack.resources(model), run_doc("rotate"))
     run = await stack.wait_phase("rotate", {"Paused"})
     assert run["status"]["pauseReason"] == "CredentialExpired"
-    stack.kubectl("patch", "secret", "model-key", "-n", stack.namespace, "--type=merge", "-p",
-                  json.dumps({"stringData": {"apiKey": ROTATED_MODEL_KEY}}))  # fmt: skip
+    stack.kubectl(
+        "patch",
+        "secret",
+        "model-key",
+        "-n",
+        stack.namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"stringData": {"apiKey": ROTATED_MODEL_KEY}}),
+    )
     run = await stack.wait_phase("rotate", {"Succeeded", "Failed"})
     assert run["status"]["phase"] == "Succeeded", run["status"]
     assert run["status"]["attempt"] == 1, "the same attempt went on: the task continued"

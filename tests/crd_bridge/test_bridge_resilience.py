@@ -15,17 +15,37 @@ BURST = 200
 
 
 def run_docs(names: list[str], namespace: str) -> str:
-    return yaml.safe_dump_all([{"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": n, "namespace": namespace},
-                                "spec": {"agents": ["remote"]}} for n in names])  # fmt: skip
+    return yaml.safe_dump_all(
+        [
+            {
+                "apiVersion": RUN_API,
+                "kind": "Run",
+                "metadata": {"name": n, "namespace": namespace},
+                "spec": {"agents": ["remote"]},
+            }
+            for n in names
+        ]
+    )
 
 
 async def remote_agent(stack: Stack, model: ModelEndpoint, start_agent: AgentFactory) -> None:
     """One already-running A2A agent for every run (Agent.endpoint): no sandbox per run."""
     agent = await start_agent(None)
     secret, endpoint, _ = stack.resources(model)
-    stack.apply(secret, endpoint, {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": "remote"},
-                                   "spec": {"modelEndpointRef": "scripted", "credentialSecretRef": {"name": "model-key"},
-                                            "endpoint": agent.url}})  # fmt: skip
+    stack.apply(
+        secret,
+        endpoint,
+        {
+            "apiVersion": RUN_API,
+            "kind": "Agent",
+            "metadata": {"name": "remote"},
+            "spec": {
+                "modelEndpointRef": "scripted",
+                "credentialSecretRef": {"name": "model-key"},
+                "endpoint": agent.url,
+            },
+        },
+    )
 
 
 async def phases(stack: Stack) -> dict[str, str]:

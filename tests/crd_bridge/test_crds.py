@@ -25,8 +25,12 @@ def crds(ksquad_cluster: ControlPlane) -> ControlPlane:
 
 
 def run_manifest(name: str, namespace: str, **spec: object) -> str:
-    doc = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name, "namespace": namespace},
-           "spec": {"agents": ["dev-1"], **spec}}  # fmt: skip
+    doc = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"agents": ["dev-1"], **spec},
+    }
     return yaml.safe_dump(doc)
 
 
@@ -41,8 +45,17 @@ def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane
     assert got["spec"]["retryPolicy"]["backoffSeconds"] == 10
     table = crds.kubectl("get", "ksquad", "-n", namespace).stdout
     assert table.split("\n")[0].split() == ["NAME", "PHASE", "AGENT", "ATTEMPT", "RESUME-AT", "AGE"]
-    crds.kubectl("patch", "kr", "fix-flaky-tests", "-n", namespace, "--subresource=status", "--type=merge",
-                 "-p", json.dumps({"status": {"phase": "Running", "agent": "dev-1", "attempt": 1, "revision": 3}}))  # fmt: skip
+    crds.kubectl(
+        "patch",
+        "kr",
+        "fix-flaky-tests",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Running", "agent": "dev-1", "attempt": 1, "revision": 3}}),
+    )
     row = crds.kubectl("get", "kr", "fix-flaky-tests", "-n", namespace, "--no-headers").stdout.split()
     assert row[1:4] == ["Running", "dev-1", "1"]
 
@@ -82,9 +95,15 @@ def test_invalid_runs_are_rejected_naming_the_field(
 
 def test_every_resource_kind_is_served(crds: ControlPlane, namespace: str) -> None:
     kinds = crds.kubectl("api-resources", "--api-group=ksquad.io", "-o", "name").stdout.split()
-    assert sorted(kinds) == sorted(f"{p}.ksquad.io" for p in ("runs", "agents", "modelendpoints", "tools",
-                                                              "mcpservers", "skills", "teams", "projects"))  # fmt: skip
-    agent = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "dev-1", "namespace": namespace},
-             "spec": {"model": "gpt-x", "modelEndpointRef": "openai", "allowedTools": ["notes"]}}  # fmt: skip
+    assert sorted(kinds) == sorted(
+        f"{p}.ksquad.io"
+        for p in ("runs", "agents", "modelendpoints", "tools", "mcpservers", "skills", "teams", "projects")
+    )
+    agent = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": "dev-1", "namespace": namespace},
+        "spec": {"model": "gpt-x", "modelEndpointRef": "openai", "allowedTools": ["notes"]},
+    }
     crds.kubectl("apply", "-f", "-", input=yaml.safe_dump(agent))
     assert "gpt-x" in crds.kubectl("get", "kagent", "-n", namespace).stdout

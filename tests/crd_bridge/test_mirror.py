@@ -23,8 +23,19 @@ async def bridge(ksquad_cluster: ControlPlane) -> AsyncIterator[BridgeActivities
 
 
 def make_run(cluster: ControlPlane, namespace: str, name: str) -> str:
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": RUN_API, "kind": "Run", "metadata": {
-        "name": name, "namespace": namespace}, "spec": {"agents": ["dev-1"]}}))  # fmt: skip
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": RUN_API,
+                "kind": "Run",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"agents": ["dev-1"]},
+            }
+        ),
+    )
     return str(
         json.loads(cluster.kubectl("get", "kr", name, "-n", namespace, "-o", "json").stdout)["metadata"][
             "uid"
@@ -37,11 +48,15 @@ def snapshot(
 ) -> StatusSnapshot:
     at = datetime(2026, 11, 30, 12, 0, revision, tzinfo=UTC)
     return StatusSnapshot(
-        namespace=namespace, name=name, uid=uid,
+        namespace=namespace,
+        name=name,
+        uid=uid,
         status=RunStatus(phase=phase, revision=revision, message=f"r{revision}", observed_generation=1),
-        events=[PhaseEvent(revision=revision, phase=phase, reason=reason, message=message, at=at)
-                for reason, message in events.items()],
-    )  # fmt: skip
+        events=[
+            PhaseEvent(revision=revision, phase=phase, reason=reason, message=message, at=at)
+            for reason, message in events.items()
+        ],
+    )
 
 
 async def test_a_lower_revision_never_overwrites_a_higher_one(
@@ -70,8 +85,11 @@ async def test_events_aggregate_and_a_retried_snapshot_is_not_counted_twice(
 ) -> None:
     uid = make_run(ksquad_cluster, namespace, "story")
     for revision in (1, 2, 2, 3):  # the third is a retry of the second
-        await bridge.mirror_status(snapshot(namespace, "story", uid, revision, Phase.PAUSED,
-                                            RateLimited="rate limited; resuming soon"))  # fmt: skip
+        await bridge.mirror_status(
+            snapshot(
+                namespace, "story", uid, revision, Phase.PAUSED, RateLimited="rate limited; resuming soon"
+            )
+        )
     events = json.loads(ksquad_cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)[
         "items"
     ]

@@ -122,26 +122,46 @@ async def publish_outputs(kube: Kube, f: Fixture) -> Any:
 # the request the named code makes, in a loop that would swallow the refusal (the reconciler and credential
 # watches retry, an Event is best effort).
 CALLS: dict[tuple[str, str, str, str], Call] = {
-    ("ksquad-bridge", "ksquad.io", "runs", "list"): lambda k, f: k.list(path(RUN_API, "runs", f.ns)),  # RunReconciler._watch
-    ("ksquad-bridge", "ksquad.io", "runs", "watch"): lambda k, f: first_event(k, path(RUN_API, "runs", f.ns)),  # RunReconciler._follow
+    ("ksquad-bridge", "ksquad.io", "runs", "list"): (  # RunReconciler._watch
+        lambda k, f: k.list(path(RUN_API, "runs", f.ns))
+    ),
+    ("ksquad-bridge", "ksquad.io", "runs", "watch"): (  # RunReconciler._follow
+        lambda k, f: first_event(k, path(RUN_API, "runs", f.ns))
+    ),
     ("ksquad-bridge", "ksquad.io", "runs", "get"): write_status,
     ("ksquad-bridge", "ksquad.io", "runs", "patch"): (  # RunReconciler.reconcile adds its finalizer
-        lambda k, f: k.patch(run_url(f), {"metadata": {"finalizers": ["ksquad.io/workflow"]}})),
+        lambda k, f: k.patch(run_url(f), {"metadata": {"finalizers": ["ksquad.io/workflow"]}})
+    ),
     ("ksquad-bridge", "ksquad.io", "runs/status", "patch"): write_status,
-    **{("ksquad-bridge", "ksquad.io", plural, "get"): resolve_references
-       for plural in ("agents", "modelendpoints", "tools", "mcpservers", "skills", "teams", "projects")},
+    **{
+        ("ksquad-bridge", "ksquad.io", plural, "get"): resolve_references
+        for plural in ("agents", "modelendpoints", "tools", "mcpservers", "skills", "teams", "projects")
+    },
     ("ksquad-bridge", "", "events", "create"): (  # EventRecorder.record, a new Event
-        lambda k, f: k.create(path("v1", "events", f.ns), {"metadata": {"name": f.unique("ev")},
-                              "involvedObject": {"kind": "Run", "name": "subject", "namespace": f.ns},
-                              "reason": "Rbac", "message": "rbac"})),
-    ("ksquad-bridge", "", "events", "get"): lambda k, f: k.get(path("v1", "events", f.ns, "subject")),  # EventRecorder.record, a repeat
+        lambda k, f: k.create(
+            path("v1", "events", f.ns),
+            {
+                "metadata": {"name": f.unique("ev")},
+                "involvedObject": {"kind": "Run", "name": "subject", "namespace": f.ns},
+                "reason": "Rbac",
+                "message": "rbac",
+            },
+        )
+    ),
+    ("ksquad-bridge", "", "events", "get"): (  # EventRecorder.record, a repeat
+        lambda k, f: k.get(path("v1", "events", f.ns, "subject"))
+    ),
     ("ksquad-bridge", "", "events", "patch"): (  # EventRecorder.record counts a repeat
-        lambda k, f: k.patch(path("v1", "events", f.ns, "subject"), {"count": 2})),
+        lambda k, f: k.patch(path("v1", "events", f.ns, "subject"), {"count": 2})
+    ),
     ("ksquad-bridge", "", "secrets", "list"): resolve_references,
     ("ksquad-bridge", "", "secrets", "watch"): (  # CredentialWatcher._follow
-        lambda k, f: first_event(k, path("v1", "secrets", f.ns))),
+        lambda k, f: first_event(k, path("v1", "secrets", f.ns))
+    ),
     ("ksquad-bridge-lease", "coordination.k8s.io", "leases", "get"): elect,
-    ("ksquad-bridge-lease", "coordination.k8s.io", "leases", "create"): lambda k, f: elect(k, f, f.unique("lease")),
+    ("ksquad-bridge-lease", "coordination.k8s.io", "leases", "create"): lambda k, f: elect(
+        k, f, f.unique("lease")
+    ),
     ("ksquad-bridge-lease", "coordination.k8s.io", "leases", "update"): elect,
     ("ksquad-worker", "batch", "jobs", "create"): create_job,
     ("ksquad-worker", "batch", "jobs", "get"): why_no_pod,
@@ -153,7 +173,7 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ("ksquad-worker", "", "configmaps", "create"): publish_outputs,
     ("ksquad-worker", "", "configmaps", "update"): publish_outputs,
     ("ksquad-worker", "", "events", "list"): why_no_pod,
-}  # fmt: skip
+}
 
 # Calls the chart must NOT grant (each refused as it stands).
 NOT_GRANTED: dict[str, Call] = {
@@ -161,22 +181,44 @@ NOT_GRANTED: dict[str, Call] = {
     "bridge deletes a Run": lambda k, f: k.delete(path(RUN_API, "runs", f.ns, "subject"), missing_ok=False),
     "bridge creates a Job": lambda k, f: k.create(path("batch/v1", "jobs", f.ns), job(f.unique("job"))),
     "worker reads a Secret": lambda k, f: k.get(path("v1", "secrets", f.ns, "subject")),
-    "worker writes a Run's status": lambda k, f: k.patch(run_url(f, sub="status"), {"status": {"message": "no"}}),
+    "worker writes a Run's status": lambda k, f: k.patch(
+        run_url(f, sub="status"), {"status": {"message": "no"}}
+    ),
     "worker creates pods directly": lambda k, f: k.create(path("v1", "pods", f.ns), pod(f.unique("pod"))),
-}  # fmt: skip
+}
 
 
 def job(name: str) -> dict[str, Any]:
     """A suspended sandbox-shaped Job (the chart's admission policy admits no other from the worker)."""
-    return {"metadata": {"name": name}, "spec": {"suspend": True, "template": {"spec": {
-        "restartPolicy": "Never", "serviceAccountName": "ksquad-sandbox", "automountServiceAccountToken": False,
-        "runtimeClassName": "gvisor", "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-        "containers": [{"name": "x", "image": AGENT_IMAGE, "securityContext": {"allowPrivilegeEscalation": False}}]}}}}  # fmt: skip
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": "ksquad-sandbox",
+                    "automountServiceAccountToken": False,
+                    "runtimeClassName": "gvisor",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                    "containers": [
+                        {
+                            "name": "x",
+                            "image": AGENT_IMAGE,
+                            "securityContext": {"allowPrivilegeEscalation": False},
+                        }
+                    ],
+                }
+            },
+        },
+    }
 
 
 def pod(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "spec": {"nodeSelector": {"never": "true"},
-                                                 "containers": [{"name": "x", "image": "x"}]}}  # fmt: skip
+    return {
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"never": "true"}, "containers": [{"name": "x", "image": "x"}]},
+    }
 
 
 def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
@@ -237,19 +279,58 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
     ksquad_cluster.kubectl("create", "namespace", ns)
     ksquad_cluster.wait_for_default_service_account(ns)
     docs = chart.render({"namespaces": [ns]})
-    chart.apply(ksquad_cluster, docs, {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
-                                       "ValidatingAdmissionPolicyBinding"})  # fmt: skip
+    chart.apply(
+        ksquad_cluster,
+        docs,
+        {
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        },
+    )
     admin = lambda *a, **kw: ksquad_cluster.kubectl(*a, **kw)  # noqa: E731
     for kind, name in (("Run", "subject"),):
-        admin("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": RUN_API, "kind": kind,
-              "metadata": {"name": name, "namespace": ns}, "spec": {"agents": ["dev-1"]}}))  # fmt: skip
+        admin(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {
+                    "apiVersion": RUN_API,
+                    "kind": kind,
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"agents": ["dev-1"]},
+                }
+            ),
+        )
     for kind in ("Agent", "ModelEndpoint", "Tool", "MCPServer", "Skill", "Team", "Project"):
-        spec = {"ModelEndpoint": {"url": "http://x", "model": "m"},  # the Agent names each kind: all are read
-                "Agent": {"modelEndpointRef": "subject", "tools": ["subject"], "allowedTools": ["subject"],
-                          "skillRefs": ["subject"], "credentialSecretRef": {"name": "subject", "key": "k"}},
-                "Tool": {"mcpServerRef": "subject", "toolName": "t"}, "MCPServer": {"url": "http://x"}}.get(kind, {})  # fmt: skip
-        admin("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": RUN_API, "kind": kind,
-              "metadata": {"name": "subject", "namespace": ns}, "spec": spec}))  # fmt: skip
+        spec = {
+            "ModelEndpoint": {"url": "http://x", "model": "m"},  # the Agent names each kind: all are read
+            "Agent": {
+                "modelEndpointRef": "subject",
+                "tools": ["subject"],
+                "allowedTools": ["subject"],
+                "skillRefs": ["subject"],
+                "credentialSecretRef": {"name": "subject", "key": "k"},
+            },
+            "Tool": {"mcpServerRef": "subject", "toolName": "t"},
+            "MCPServer": {"url": "http://x"},
+        }.get(kind, {})
+        admin(
+            "apply",
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {
+                    "apiVersion": RUN_API,
+                    "kind": kind,
+                    "metadata": {"name": "subject", "namespace": ns},
+                    "spec": spec,
+                }
+            ),
+        )
     admin("create", "secret", "generic", "subject", "-n", ns, "--from-literal=k=v")
     admin("label", "secret", "subject", "-n", ns, "ksquad.io/credential=true")
     admin("create", "configmap", "subject", "-n", ns)
@@ -270,11 +351,34 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
             "-",
             input=yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", **pod(name)}),
         )
-    admin("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "Event", "metadata": {
-        "name": "subject", "namespace": ns}, "involvedObject": {"kind": "Run", "name": "subject", "namespace": ns},
-        "reason": "Rbac", "message": "rbac"}))  # fmt: skip
-    admin("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-          "metadata": {"name": "rbac-subject", "namespace": chart.RELEASE_NAMESPACE}, "spec": {}}))  # fmt: skip
+    admin(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": "subject", "namespace": ns},
+                "involvedObject": {"kind": "Run", "name": "subject", "namespace": ns},
+                "reason": "Rbac",
+                "message": "rbac",
+            }
+        ),
+    )
+    admin(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": "rbac-subject", "namespace": chart.RELEASE_NAMESPACE},
+                "spec": {},
+            }
+        ),
+    )
     run_uid = json.loads(admin("get", "kr", "subject", "-n", ns, "-o", "json").stdout)["metadata"]["uid"]
     state = Rbac(ksquad_cluster, ns, docs, run_uid)
     for account in ("ksquad-bridge", "ksquad-worker"):
@@ -293,9 +397,24 @@ def rewarm(cluster: ControlPlane, ns: str) -> None:
     """A warm pod to claim: labelled as a pool's, Ready with an address (it never runs: no node takes it)."""
     cluster.kubectl("delete", "pod", "warm", "-n", ns, "--ignore-not-found", "--wait=true")
     template = job("warm")["spec"]["template"]["spec"]  # locked down like a pool's pod
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "Pod",
-                    "spec": {**template, "nodeSelector": {"never": "true"}},
-                    "metadata": {"name": "warm", "labels": {"ksquad.io/state": "warm", "ksquad.io/runtime-class": "gvisor"}}}))  # fmt: skip
+    cluster.kubectl(
+        "apply",
+        "-n",
+        ns,
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "spec": {**template, "nodeSelector": {"never": "true"}},
+                "metadata": {
+                    "name": "warm",
+                    "labels": {"ksquad.io/state": "warm", "ksquad.io/runtime-class": "gvisor"},
+                },
+            }
+        ),
+    )
     ready = {"status": {"podIP": "10.244.255.1", "conditions": [{"type": "Ready", "status": "True"}]}}
     cluster.kubectl("patch", "pod", "warm", "-n", ns, "--subresource=status", "-p", json.dumps(ready))
 
@@ -336,8 +455,11 @@ async def test_removing_a_rule_refuses_the_call_that_needs_it(
 
 
 def recreate_victim(rbac: Rbac, resource: str) -> None:
-    doc = {"apiVersion": "batch/v1", "kind": "Job", **job("victim")} if resource == "jobs" else {
-        "apiVersion": "v1", "kind": "Pod", **pod("victim")}  # fmt: skip
+    doc = (
+        {"apiVersion": "batch/v1", "kind": "Job", **job("victim")}
+        if resource == "jobs"
+        else {"apiVersion": "v1", "kind": "Pod", **pod("victim")}
+    )
     rbac.cluster.kubectl("delete", resource, "victim", "-n", rbac.ns, "--wait=true", "--ignore-not-found")
     rbac.cluster.kubectl("apply", "-n", rbac.ns, "-f", "-", input=yaml.safe_dump(doc))
 

@@ -9,24 +9,36 @@ from crd_bridge.resolve import AllowLists, resolve
 from workflows.spec import parse_run_spec
 
 OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
-    ("Agent", "dev-1"): {"model": "gpt-agent", "modelEndpointRef": "openai", "tools": ["notes"],
-                         "allowedTools": ["notes", "search"], "skillRefs": ["pytest"],
-                         "credentialSecretRef": {"name": "dev-1-key"},
-                         "fallbackModel": {"model": "gpt-small"}, "systemPrompt": "You fix tests."},
+    ("Agent", "dev-1"): {
+        "model": "gpt-agent",
+        "modelEndpointRef": "openai",
+        "tools": ["notes"],
+        "allowedTools": ["notes", "search"],
+        "skillRefs": ["pytest"],
+        "credentialSecretRef": {"name": "dev-1-key"},
+        "fallbackModel": {"model": "gpt-small"},
+        "systemPrompt": "You fix tests.",
+    },
     ("Agent", "dev-2"): {"modelEndpointRef": "openai"},
-    ("ModelEndpoint", "openai"): {"url": "https://api.example/v1", "model": "gpt-endpoint",
-                                  "credentialSecretRef": {"name": "openai-key", "key": "token"}},
+    ("ModelEndpoint", "openai"): {
+        "url": "https://api.example/v1",
+        "model": "gpt-endpoint",
+        "credentialSecretRef": {"name": "openai-key", "key": "token"},
+    },
     ("ModelEndpoint", "local"): {"url": "http://127.0.0.1:1/v1", "model": "llama"},
     ("Tool", "notes"): {"mcpServerRef": "kb", "toolName": "add_note"},
     ("Tool", "search"): {"mcpServerRef": "kb", "toolName": "search"},
     ("MCPServer", "kb"): {"url": "http://kb.example/mcp"},
-    ("Skill", "pytest"): {"instructions": "Run it three times.", "toolRefs": ["search"],
-                          "requires": {"toolchains": ["python"]}},
+    ("Skill", "pytest"): {
+        "instructions": "Run it three times.",
+        "toolRefs": ["search"],
+        "requires": {"toolchains": ["python"]},
+    },
     ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3},
     ("Project", "payments-api"): {"maxConcurrentRuns": 10},
     ("Secret", "dev-1-key"): {"labels": {"ksquad.io/credential": "true"}},
     ("Secret", "openai-key"): {"labels": {"ksquad.io/credential": "true", "team": "payments"}},
-}  # fmt: skip
+}
 
 
 def lookup(objects: dict[tuple[str, str], dict[str, Any]]) -> Any:
@@ -37,8 +49,13 @@ def lookup(objects: dict[tuple[str, str], dict[str, Any]]) -> Any:
 
 
 async def test_run_overrides_beat_agent_defaults_and_the_agents_credential_wins() -> None:
-    r = await resolve("payments", parse_run_spec({"agents": ["dev-1", "dev-2"], "teamRef": "payments-squad",
-                                                  "projectRef": "payments-api"}), lookup(OBJECTS))  # fmt: skip
+    r = await resolve(
+        "payments",
+        parse_run_spec(
+            {"agents": ["dev-1", "dev-2"], "teamRef": "payments-squad", "projectRef": "payments-api"}
+        ),
+        lookup(OBJECTS),
+    )
     assert r.outcome == "resolved"
     dev1, dev2 = r.agents
     assert (dev1.model.name, dev1.model.url) == ("gpt-agent", "https://api.example/v1")
@@ -53,11 +70,16 @@ async def test_run_overrides_beat_agent_defaults_and_the_agents_credential_wins(
         "gpt-endpoint",
         "token",
     )
-    assert [(s.key, s.limit) for s in r.scopes] == [("team/payments/payments-squad", 3),
-                                                    ("project/payments/payments-api", 10)]  # fmt: skip
+    assert [(s.key, s.limit) for s in r.scopes] == [
+        ("team/payments/payments-squad", 3),
+        ("project/payments/payments-api", 10),
+    ]
 
-    overridden = await resolve("payments", parse_run_spec({"agents": ["dev-1"], "model": "gpt-run",
-                                                           "modelEndpointRef": "local"}), lookup(OBJECTS))  # fmt: skip
+    overridden = await resolve(
+        "payments",
+        parse_run_spec({"agents": ["dev-1"], "model": "gpt-run", "modelEndpointRef": "local"}),
+        lookup(OBJECTS),
+    )
     model = overridden.agents[0].model
     assert (model.name, model.url, model.endpoint_ref) == ("gpt-run", "http://127.0.0.1:1/v1", "local")
 
@@ -129,8 +151,11 @@ async def test_runs_that_can_never_work_are_invalid_with_the_reason(
 async def test_what_the_chart_does_not_allow_makes_the_run_invalid(
     spec: dict[str, Any], agent: dict[str, Any], words: str
 ) -> None:
-    allow = AllowLists(images=frozenset({"ghcr.io/ksquad/ksquad-agent:0.1.0"}), runtime_classes=frozenset({"gvisor"}),
-                       endpoints=frozenset({"agents.example.com", "10.20.0.0/16"}))  # fmt: skip
+    allow = AllowLists(
+        images=frozenset({"ghcr.io/ksquad/ksquad-agent:0.1.0"}),
+        runtime_classes=frozenset({"gvisor"}),
+        endpoints=frozenset({"agents.example.com", "10.20.0.0/16"}),
+    )
     objects = {**OBJECTS, ("Agent", "dev-2"): {**OBJECTS[("Agent", "dev-2")], **agent}}
     r = await resolve("payments", parse_run_spec({"agents": ["dev-2"], **spec}), lookup(objects), allow=allow)
     assert r.outcome == "invalid"

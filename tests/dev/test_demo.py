@@ -9,8 +9,11 @@ from tests.support.dev import FREE_PORTS, ksquad
 async def test_the_demo_ends_with_each_run_as_expected_and_the_ui_answering(tmp_path: Path) -> None:
     result = await ksquad(tmp_path, "dev", "--demo", *FREE_PORTS, timeout=180)
     assert result.code == 0, result.out + result.err
-    rows = {line.split()[0]: line.split()[1:4] for line in result.out.splitlines()
-            if re.match(r"^(fix-flaky-tests|summarize-incident|migrate-ledger) ", line)}  # fmt: skip
+    rows = {
+        line.split()[0]: line.split()[1:4]
+        for line in result.out.splitlines()
+        if re.match(r"^(fix-flaky-tests|summarize-incident|migrate-ledger) ", line)
+    }
     assert rows["fix-flaky-tests"][:2] == ["Succeeded", "Succeeded"]
     assert rows["summarize-incident"][:3] == ["Succeeded", "Succeeded", "2"], (
         "paused once, resumed on attempt 2"

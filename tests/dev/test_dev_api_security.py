@@ -24,15 +24,31 @@ from testbed.asgi import serving
 from tests.support.dev import DevProcess
 
 CANARY = "sk-canary-5d1e0c6b"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--virtual-time-budget=15000"]  # fmt: skip
-AGENT = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "sec-agent"},
-         "spec": {"modelEndpointRef": "local", "systemPrompt": "You help."}}  # fmt: skip
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--virtual-time-budget=15000",
+]
+AGENT = {
+    "apiVersion": "ksquad.io/v1alpha1",
+    "kind": "Agent",
+    "metadata": {"name": "sec-agent"},
+    "spec": {"modelEndpointRef": "local", "systemPrompt": "You help."},
+}
 
 
 def run_doc(name: str, model: str = "slow", agent: str = "sec-agent") -> dict[str, Any]:
-    return {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": name},
-            "spec": {"agents": [agent], "model": model, "inputs": {"task": f"task of {name}"}}}  # fmt: skip
+    return {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name},
+        "spec": {"agents": [agent], "model": model, "inputs": {"task": f"task of {name}"}},
+    }
 
 
 def fingerprint(key: str) -> str:
@@ -65,8 +81,9 @@ async def dev(
 
 
 def curl(*args: str) -> tuple[int, str]:
-    done = subprocess.run(["curl", "-s", "-o", "-", "-w", "\\n%{http_code}", *args], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["curl", "-s", "-o", "-", "-w", "\\n%{http_code}", *args], capture_output=True, text=True, timeout=60
+    )
     body, _, code = done.stdout.rpartition("\n")
     return int(code), body
 
@@ -118,9 +135,14 @@ async def test_a_page_of_another_origin_changes_nothing(dev: DevProcess, tmp_pat
     ) as attacker:
         assert attacker.split(":")[-1] != api.split(":")[-1], "another origin"
         browser = await asyncio.create_subprocess_exec(
-            chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}", "--dump-dom", attacker + "/",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            "--dump-dom",
+            attacker + "/",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         dom, _ = await asyncio.wait_for(browser.communicate(), 120)
     assert reports, f"the page ran its attack: {dom.decode()[-2000:]}"
     assert "data-leak" not in dom.decode() or "intruder" not in dom.decode(), (
@@ -170,15 +192,34 @@ async def test_the_developers_key_goes_to_the_local_model_only(
     async with serving(build_app(elsewhere)) as listener:
         docs = [
             AGENT,
-            {"apiVersion": "ksquad.io/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "borrowed"},
-             "spec": {"url": f"{listener}/v1", "credentialSecretRef": {"name": "local-model", "key": "apiKey"}}},
-            {"apiVersion": "ksquad.io/v1alpha1", "kind": "ModelEndpoint", "metadata": {"name": "keyless"},
-             "spec": {"url": f"{listener}/v1"}},
-            *({"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": f"{e}-agent"},
-               "spec": {"modelEndpointRef": e, "systemPrompt": "You help."}} for e in ("borrowed", "keyless")),
-            run_doc("uses-local"), run_doc("uses-borrowed", agent="borrowed-agent"),
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "ModelEndpoint",
+                "metadata": {"name": "borrowed"},
+                "spec": {
+                    "url": f"{listener}/v1",
+                    "credentialSecretRef": {"name": "local-model", "key": "apiKey"},
+                },
+            },
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "ModelEndpoint",
+                "metadata": {"name": "keyless"},
+                "spec": {"url": f"{listener}/v1"},
+            },
+            *(
+                {
+                    "apiVersion": "ksquad.io/v1alpha1",
+                    "kind": "Agent",
+                    "metadata": {"name": f"{e}-agent"},
+                    "spec": {"modelEndpointRef": e, "systemPrompt": "You help."},
+                }
+                for e in ("borrowed", "keyless")
+            ),
+            run_doc("uses-local"),
+            run_doc("uses-borrowed", agent="borrowed-agent"),
             run_doc("uses-keyless", agent="keyless-agent"),
-        ]  # fmt: skip
+        ]
         path = tmp_path / "key.yaml"
         path.write_text(yaml.safe_dump_all(docs))
         assert (await dev.cli("run", "-f", str(path))).code == 0

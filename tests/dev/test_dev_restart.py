@@ -15,11 +15,19 @@ from testbed.agents import ModelEndpoint
 from tests.support.dev import DevProcess
 
 DOCS = [
-    {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": "steady"},
-     "spec": {"modelEndpointRef": "local"}},
-    {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": "survivor"},
-     "spec": {"agents": ["steady"], "model": "thoughtful", "inputs": {"task": "outlive the crash"}}},
-]  # fmt: skip
+    {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Agent",
+        "metadata": {"name": "steady"},
+        "spec": {"modelEndpointRef": "local"},
+    },
+    {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": "survivor"},
+        "spec": {"agents": ["steady"], "model": "thoughtful", "inputs": {"task": "outlive the crash"}},
+    },
+]
 
 
 @pytest.mark.parametrize("stop", ["SIGKILL", "Ctrl-C"])

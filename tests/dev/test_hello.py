@@ -35,8 +35,10 @@ def test_demo_keep_leaves_the_ui_answering_until_interrupted(tmp_path: Path) -> 
     ksquad = Path(sys.executable).with_name("ksquad")
     proc = subprocess.Popen(
         [str(ksquad), "--state-dir", str(tmp_path / "state"), "hello", "--keep"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         ui = None

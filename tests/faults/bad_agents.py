@@ -66,8 +66,11 @@ class Misbehaving(AgentExecutor):
             await updater.add_artifact([new_text_part("x" * TEN_MB)], name="report")
             await self._complete(updater, "here is 10 MB")
         elif self.behaviour == "huge-answer":  # 10 MB in the final message and in an output value
-            await updater.complete(updater.new_agent_message([new_text_part("y" * TEN_MB)],
-                                                             metadata={OUTPUTS_ARTIFACT: {"answer": "z" * TEN_MB}}))  # fmt: skip
+            await updater.complete(
+                updater.new_agent_message(
+                    [new_text_part("y" * TEN_MB)], metadata={OUTPUTS_ARTIFACT: {"answer": "z" * TEN_MB}}
+                )
+            )
         elif self.behaviour == "many-artifacts":
             for i in range(MANY_ARTIFACTS):
                 await updater.add_artifact([new_text_part(f"part {i}")], name=f"part-{i}")
@@ -111,8 +114,9 @@ class BadAgents:
 
 def _a2a_app(behaviour: str, url: str, seen: Seen) -> Starlette:
     card = agent_card(url, name=f"bad-{behaviour}")
-    handler = DefaultRequestHandler(agent_executor=Misbehaving(behaviour, seen), task_store=InMemoryTaskStore(),
-                                    agent_card=card)  # fmt: skip
+    handler = DefaultRequestHandler(
+        agent_executor=Misbehaving(behaviour, seen), task_store=InMemoryTaskStore(), agent_card=card
+    )
     return Starlette(routes=create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/"))
 
 
@@ -130,9 +134,8 @@ def _not_json_rpc_app(behaviour: str, url: str) -> Starlette:
 async def bad_agents() -> AsyncIterator[BadAgents]:
     """Every behaviour, mounted on one loopback server."""
     root = Starlette()
-    async with serving(
-        root
-    ) as url:  # the routes need the URL (agent cards name it): mounted once it is known
+    # The routes need the URL (agent cards name it): mounted once it is known.
+    async with serving(root) as url:
         agents = BadAgents(url)
         for behaviour in A2A_BEHAVIOURS:
             agents.seen[behaviour] = Seen()

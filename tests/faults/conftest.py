@@ -6,9 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.crd_bridge.conftest import (
-    start_stack as start_stack,
-)  # ksquad on the control plane, as the chart does it
+# ksquad on the control plane, as the chart does it
+from tests.crd_bridge.conftest import start_stack as start_stack
 from tests.support.fault_counts import record_counts
 
 

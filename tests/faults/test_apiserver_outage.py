@@ -21,8 +21,18 @@ async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
     model.script("dev-model", {"delay": 8, "text": "done despite the outage"})
     stack = await start_stack()
     names = [f"outage-{i}" for i in range(RUNS)]
-    stack.apply(*stack.resources(model), *({"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": n},
-                                            "spec": {"agents": ["dev-1"], "inputs": {"task": n}}} for n in names))  # fmt: skip
+    stack.apply(
+        *stack.resources(model),
+        *(
+            {
+                "apiVersion": RUN_API,
+                "kind": "Run",
+                "metadata": {"name": n},
+                "spec": {"agents": ["dev-1"], "inputs": {"task": n}},
+            }
+            for n in names
+        ),
+    )
     for name in names:
         await stack.wait_phase(name, {"Running"}, within=120)
     handles = {n: stack.temporal.get_workflow_handle(f"{stack.namespace}/{n}") for n in names}

@@ -26,12 +26,23 @@ EXPECTED: dict[str, tuple[str, str]] = {
 
 def docs_for(behaviour: str, endpoint: str) -> list[dict[str, Any]]:
     return [
-        {"apiVersion": "ksquad.io/v1alpha1", "kind": "Agent", "metadata": {"name": f"bad-{behaviour}", "namespace": NAMESPACE},
-         "spec": {"modelEndpointRef": "local", "model": MODEL, "endpoint": endpoint}},
-        {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run", "metadata": {"name": f"r-{behaviour}", "namespace": NAMESPACE},
-         "spec": {"agents": [f"bad-{behaviour}"], "retryPolicy": {"maxRetries": 0},
-                  "timeouts": {"runSeconds": HANG_SECONDS if behaviour == "hang" else 300}}},
-    ]  # fmt: skip
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Agent",
+            "metadata": {"name": f"bad-{behaviour}", "namespace": NAMESPACE},
+            "spec": {"modelEndpointRef": "local", "model": MODEL, "endpoint": endpoint},
+        },
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": f"r-{behaviour}", "namespace": NAMESPACE},
+            "spec": {
+                "agents": [f"bad-{behaviour}"],
+                "retryPolicy": {"maxRetries": 0},
+                "timeouts": {"runSeconds": HANG_SECONDS if behaviour == "hang" else 300},
+            },
+        },
+    ]
 
 
 async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hangs(
@@ -44,8 +55,10 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
         phases = await wait_terminal(dev, [f"r-{b}" for b in behaviours], within=300)
         took = time.monotonic() - started
         statuses = {b: (await dev.runs.get(NAMESPACE, f"r-{b}")).status or {} for b in behaviours}
-        events = {b: [e for e in await dev.store.events((await dev.runs.get(NAMESPACE, f"r-{b}")).uid)]
-                  for b in behaviours}  # fmt: skip
+        events = {
+            b: [e for e in await dev.store.events((await dev.runs.get(NAMESPACE, f"r-{b}")).uid)]
+            for b in behaviours
+        }
 
     got = {b: (s.get("phase"), s.get("reason")) for b, s in statuses.items()}
     assert got == EXPECTED, (

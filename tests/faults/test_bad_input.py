@@ -34,8 +34,13 @@ def corpus() -> list[dict[str, Any]]:
 
 def manifest(index: int, case: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
     spec = {"agents": ["dev-1"], **copy.deepcopy(case.get("spec", {}))}
-    doc: dict[str, Any] = {"apiVersion": "ksquad.io/v1alpha1", "kind": "Run",
-                           "metadata": {"name": f"bad-{index:02d}"}, "spec": spec, **case.get("top", {})}  # fmt: skip
+    doc: dict[str, Any] = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": f"bad-{index:02d}"},
+        "spec": spec,
+        **case.get("top", {}),
+    }
     if namespace:
         doc["metadata"]["namespace"] = namespace
     return doc

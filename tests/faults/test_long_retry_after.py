@@ -25,9 +25,16 @@ async def test_a_three_day_retry_after_pauses_for_the_cap_and_calls_nothing_mean
     async with bench_stack(tmp_path, script) as (dev, _agent):
         assert dev.scripted is not None
         limited_at = datetime.now(UTC)
-        await dev.runs.apply([{"apiVersion": "ksquad.io/v1alpha1", "kind": "Run",
-                               "metadata": {"name": "three-days", "namespace": NAMESPACE},
-                               "spec": {"agents": [AGENT]}}])  # fmt: skip
+        await dev.runs.apply(
+            [
+                {
+                    "apiVersion": "ksquad.io/v1alpha1",
+                    "kind": "Run",
+                    "metadata": {"name": "three-days", "namespace": NAMESPACE},
+                    "spec": {"agents": [AGENT]},
+                }
+            ]
+        )
         status: dict[str, object] = {}
         for _ in range(300):
             status = (await dev.runs.get(NAMESPACE, "three-days")).status or {}

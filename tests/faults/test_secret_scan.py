@@ -12,8 +12,13 @@ from tests.support.secret_scan import scan_audit_log, scan_logs
 
 
 def pod_created(name: str, spec: Any) -> str:
-    return json.dumps({"verb": "create", "objectRef": {"resource": "pods", "namespace": "ns", "name": name},
-                       "requestObject": {"metadata": {"labels": {"ksquad.io/run": "r"}}, "spec": spec}})  # fmt: skip
+    return json.dumps(
+        {
+            "verb": "create",
+            "objectRef": {"resource": "pods", "namespace": "ns", "name": name},
+            "requestObject": {"metadata": {"labels": {"ksquad.io/run": "r"}}, "spec": spec},
+        }
+    )
 
 
 def test_the_scanner_finds_a_copied_credential_and_an_unlocked_sandbox() -> None:
@@ -23,14 +28,29 @@ def test_the_scanner_finds_a_copied_credential_and_an_unlocked_sandbox() -> None
 
 
 def scan_planted(tmp_path: Path) -> None:
-    locked = {"automountServiceAccountToken": False, "securityContext": {"runAsNonRoot": True},
-              "containers": [{"name": "agent", "securityContext": {"allowPrivilegeEscalation": False}}]}  # fmt: skip
-    leaky = {**locked, "containers": [{"name": "agent", "env": [{"name": "KEY", "value": MODEL_KEY}],
-                                       "securityContext": {"allowPrivilegeEscalation": False}}]}  # fmt: skip
+    locked = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True},
+        "containers": [{"name": "agent", "securityContext": {"allowPrivilegeEscalation": False}}],
+    }
+    leaky = {
+        **locked,
+        "containers": [
+            {
+                "name": "agent",
+                "env": [{"name": "KEY", "value": MODEL_KEY}],
+                "securityContext": {"allowPrivilegeEscalation": False},
+            }
+        ],
+    }
     unlocked = {"containers": [{"name": "agent"}]}
     audit = tmp_path / "audit.log"
-    audit.write_text("\n".join([pod_created("fine", locked), pod_created("leaky", leaky),
-                                pod_created("unlocked", unlocked)]) + "\n")  # fmt: skip
+    audit.write_text(
+        "\n".join(
+            [pod_created("fine", locked), pod_created("leaky", leaky), pod_created("unlocked", unlocked)]
+        )
+        + "\n"
+    )
     report = scan_audit_log(audit)
     assert report.scanned == 3 and report.sandbox_pods == 3
     assert len(report.leaks) == 1 and "ns/leaky" in report.leaks[0]
@@ -47,13 +67,36 @@ def scan_planted(tmp_path: Path) -> None:
 
 def test_the_scanner_finds_a_runs_task_in_a_job() -> None:
     task = "Rotate the ledger keys before Friday."
-    run = {"verb": "create", "objectRef": {"resource": "runs", "namespace": "ns", "name": "r"},
-           "requestObject": {"spec": {"inputs": {"task": task}}}}  # fmt: skip
-    agent = {"verb": "create", "objectRef": {"resource": "agents", "namespace": "ns", "name": "a"},
-             "requestObject": {"spec": {"systemPrompt": "You are the ledger keeper."}}}  # fmt: skip
-    job: dict[str, Any] = {"verb": "create", "objectRef": {"resource": "jobs", "namespace": "ns", "name": "r-exec-1"},
-           "requestObject": {"spec": {"template": {"spec": {"containers": [{"name": "agent", "env": [
-               {"name": "CONTRACT", "value": json.dumps({"inputs": {"task": task}})}]}]}}}}}  # fmt: skip
+    run = {
+        "verb": "create",
+        "objectRef": {"resource": "runs", "namespace": "ns", "name": "r"},
+        "requestObject": {"spec": {"inputs": {"task": task}}},
+    }
+    agent = {
+        "verb": "create",
+        "objectRef": {"resource": "agents", "namespace": "ns", "name": "a"},
+        "requestObject": {"spec": {"systemPrompt": "You are the ledger keeper."}},
+    }
+    job: dict[str, Any] = {
+        "verb": "create",
+        "objectRef": {"resource": "jobs", "namespace": "ns", "name": "r-exec-1"},
+        "requestObject": {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "agent",
+                                "env": [
+                                    {"name": "CONTRACT", "value": json.dumps({"inputs": {"task": task}})}
+                                ],
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+    }
     clean = {**job, "objectRef": {**job["objectRef"], "name": "r-exec-2"}, "requestObject": {"spec": {}}}
     with tempfile.TemporaryDirectory() as tmp:
         audit = Path(tmp) / "audit.log"

@@ -15,8 +15,17 @@ from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = {"workflows": "workflows", "temporal_client": "temporal_client", "activities": "activities",
-            "worker": "worker", "dev": "dev", "cli": "cli", "kube": "kube", "agent": "agent", "crd_bridge": "crd-bridge/crd_bridge"}  # fmt: skip
+PACKAGES = {
+    "workflows": "workflows",
+    "temporal_client": "temporal_client",
+    "activities": "activities",
+    "worker": "worker",
+    "dev": "dev",
+    "cli": "cli",
+    "kube": "kube",
+    "agent": "agent",
+    "crd_bridge": "crd-bridge/crd_bridge",
+}
 T = TypeVar("T")
 
 
@@ -32,10 +41,22 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90) -> T
 
 def run_pod(cluster: ControlPlane, namespace: str, name: str, image: str, command: list[str]) -> str:
     """Run `command` in a pod of `image` (the image's own user, read-only root); its output, once it exited 0."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-           "spec": {"restartPolicy": "Never", "containers": [{
-               "name": "main", "image": image, "command": command,
-               "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}}]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": command,
+                    "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False},
+                }
+            ],
+        },
+    }
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
 
     def ended() -> dict[str, Any] | None:
@@ -54,8 +75,11 @@ def test_each_entry_point_of_the_ksquad_image_runs_from_the_image(
     ksquad_cluster: ControlPlane, namespace: str
 ) -> None:
     assert run_pod(ksquad_cluster, namespace, "whoami", KSQUAD_IMAGE, ["id", "-u"]).strip() == "65532"
-    for command, words in (("ksquad-worker", "KSQUAD_DATABASE_URL"), ("ksquad-bridge", "KSQUAD_WATCH_NAMESPACES"),
-                           ("ksquad", "usage: ksquad")):  # fmt: skip
+    for command, words in (
+        ("ksquad-worker", "KSQUAD_DATABASE_URL"),
+        ("ksquad-bridge", "KSQUAD_WATCH_NAMESPACES"),
+        ("ksquad", "usage: ksquad"),
+    ):
         output = run_pod(
             ksquad_cluster,
             namespace,
@@ -70,10 +94,21 @@ def test_each_entry_point_of_the_ksquad_image_runs_from_the_image(
 
 def test_the_agent_image_serves_its_agent_card(ksquad_cluster: ControlPlane, namespace: str) -> None:
     # No command: the image's default one (ksquad-agent on port 8080).
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "agent", "namespace": namespace},
-           "spec": {"containers": [{"name": "agent", "image": AGENT_IMAGE,
-                                    "securityContext": {"readOnlyRootFilesystem": True},
-                                    "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1}}]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "agent", "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": AGENT_IMAGE,
+                    "securityContext": {"readOnlyRootFilesystem": True},
+                    "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8080}, "periodSeconds": 1},
+                }
+            ]
+        },
+    }
     ksquad_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod))
 
     def ready() -> str | None:
@@ -95,11 +130,14 @@ def test_the_agent_image_serves_its_agent_card(ksquad_cluster: ControlPlane, nam
 def test_the_images_hold_every_module_of_the_source_tree(
     ksquad_cluster: ControlPlane, namespace: str
 ) -> None:
-    script = ("import importlib.util, pathlib, sys; root = pathlib.Path(importlib.util.find_spec('worker').origin).parents[1];"
-              "[print(p.relative_to(root)) for p in sorted(root.rglob('*')) if p.suffix in ('.py', '.mako') and p.parts[len(root.parts)] in sys.argv[1:]]")  # fmt: skip
+    script = (
+        "import importlib.util, pathlib, sys; root = pathlib.Path(importlib.util.find_spec('worker').origin).parents[1];"
+        "[print(p.relative_to(root)) for p in sorted(root.rglob('*')) if p.suffix in ('.py', '.mako') and p.parts[len(root.parts)] in sys.argv[1:]]"
+    )
     listed = run_pod(ksquad_cluster, namespace, "modules", KSQUAD_IMAGE, ["python3", "-c", script, *PACKAGES])
     installed = set(listed.split())
-    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", *PACKAGES.values()], capture_output=True,
-                             text=True, check=True).stdout.split()  # fmt: skip
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", *PACKAGES.values()], capture_output=True, text=True, check=True
+    ).stdout.split()
     source = {f.replace("crd-bridge/", "", 1) for f in tracked if f.endswith((".py", ".mako"))}
     assert source - installed == set(), "modules of the source missing from the image"

@@ -30,9 +30,14 @@ class Result:
 
 async def ksquad(cwd: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Result:
     proc = await asyncio.create_subprocess_exec(
-        KSQUAD, *args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, **(env or {})}, preexec_fn=die_with_parent,
-    )  # fmt: skip
+        KSQUAD,
+        *args,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        preexec_fn=die_with_parent,
+    )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except TimeoutError:
@@ -72,9 +77,15 @@ class DevProcess:
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts}\n".encode())
             self.process = await asyncio.create_subprocess_exec(
-                KSQUAD, "dev", *FREE_PORTS, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env}, preexec_fn=die_with_parent,
-            )  # fmt: skip
+                KSQUAD,
+                "dev",
+                *FREE_PORTS,
+                cwd=self.root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+                preexec_fn=die_with_parent,
+            )
         deadline = time.monotonic() + within
         while not (self.state / "dev.json").is_file():
             if self.process.returncode is not None:
@@ -121,8 +132,10 @@ class DevProcess:
             if (run.get("status") or {}).get("phase") in phases:
                 return run
             if time.monotonic() > deadline:
-                raise AssertionError(f"{namespace}/{name} not in {phases} within {within}s: {run.get('status')}\n"
-                                     f"{self.log.read_text()[-3000:]}")  # fmt: skip
+                raise AssertionError(
+                    f"{namespace}/{name} not in {phases} within {within}s: {run.get('status')}\n"
+                    f"{self.log.read_text()[-3000:]}"
+                )
             await asyncio.sleep(0.3)
 
     def leftover_agents(self) -> list[int]:

@@ -57,23 +57,53 @@ def test_job_runs_a_local_program_to_complete_and_its_pod_is_garbage_collected(
         " and e['POD_IP'].startswith('10.244.') and e['POD_IP'] != e['NODE_IP'] and e['GREETING'] == 'hi fast');"
         "print(dict(e)); sys.exit(0 if ok else 3)"
     )
-    apply(cluster, namespace, {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "hello"},
-        "spec": {"backoffLimit": 0, "template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{
-                "name": "main", "image": IMAGE, "command": [PY, "-c", check],
-                "env": [
-                    {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "agent-key", "key": "token"}}},
-                    {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}},
-                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                    {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
-                    {"name": "GREETING", "value": "hi $(MODE)"},
-                ],
-            }],
-        }}},
-    })  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "hello"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": IMAGE,
+                                "command": [PY, "-c", check],
+                                "env": [
+                                    {
+                                        "name": "TOKEN",
+                                        "valueFrom": {"secretKeyRef": {"name": "agent-key", "key": "token"}},
+                                    },
+                                    {
+                                        "name": "MODE",
+                                        "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}},
+                                    },
+                                    {
+                                        "name": "POD",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                                    },
+                                    {
+                                        "name": "POD_IP",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                                    },
+                                    {
+                                        "name": "NODE_IP",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+                                    },
+                                    {"name": "GREETING", "value": "hi $(MODE)"},
+                                ],
+                            }
+                        ],
+                    }
+                },
+            },
+        },
+    )
 
     def complete() -> bool:
         conditions = get(cluster, "job", "hello", "-n", namespace).get("status", {}).get("conditions", [])
@@ -93,13 +123,26 @@ def test_job_runs_a_local_program_to_complete_and_its_pod_is_garbage_collected(
 
 
 def test_failing_program_fails_the_job_with_its_exit_code(cluster: ControlPlane, namespace: str) -> None:
-    apply(cluster, namespace, {
-        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "broken"},
-        "spec": {"backoffLimit": 0, "template": {"spec": {
-            "restartPolicy": "Never",
-            "containers": [{"name": "main", "image": IMAGE, "command": [PY, "-c", "raise SystemExit(7)"]}],
-        }}},
-    })  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "broken"},
+            "spec": {
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [
+                            {"name": "main", "image": IMAGE, "command": [PY, "-c", "raise SystemExit(7)"]}
+                        ],
+                    }
+                },
+            },
+        },
+    )
 
     def failed() -> bool:
         conditions = get(cluster, "job", "broken", "-n", namespace).get("status", {}).get("conditions", [])
@@ -116,25 +159,43 @@ def test_replicaset_replaces_a_pod_relabelled_out_of_its_selector(
 ) -> None:
     # Each pod serves HTTP on its own address; the readiness probe gates Ready.
     server = "import http.server, os; http.server.HTTPServer((os.environ['POD_IP'], 8080), http.server.SimpleHTTPRequestHandler).serve_forever()"
-    apply(cluster, namespace, {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "pool"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"pool": "p1", "state": "warm"}},
-            "template": {
-                "metadata": {"labels": {"pool": "p1", "state": "warm"}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [{
-                        "name": "agent", "image": IMAGE, "command": [PY, "-c", server],
-                        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-                        "ports": [{"name": "http", "containerPort": 8080}],
-                        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
-                    }],
+    apply(
+        cluster,
+        namespace,
+        {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"name": "pool"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"pool": "p1", "state": "warm"}},
+                "template": {
+                    "metadata": {"labels": {"pool": "p1", "state": "warm"}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 2,
+                        "containers": [
+                            {
+                                "name": "agent",
+                                "image": IMAGE,
+                                "command": [PY, "-c", server],
+                                "env": [
+                                    {
+                                        "name": "POD_IP",
+                                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+                                    }
+                                ],
+                                "ports": [{"name": "http", "containerPort": 8080}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/", "port": "http"},
+                                    "periodSeconds": 1,
+                                },
+                            }
+                        ],
+                    },
                 },
             },
         },
-    })  # fmt: skip
+    )
 
     def ready_pods() -> list[dict[str, Any]]:
         pods = get(cluster, "pods", "-n", namespace, "-l", "pool=p1,state=warm")["items"]
@@ -173,17 +234,25 @@ def test_rbac_denies_a_service_account_outside_its_role(cluster: ControlPlane, n
     cluster.kubectl("create", "serviceaccount", "narrow", "-n", namespace)
     cluster.kubectl("create", "role", "pod-reader", "-n", namespace, "--verb=get,list", "--resource=pods")
     cluster.kubectl(
-        "create", "rolebinding", "narrow-reads-pods", "-n", namespace,
-        "--role=pod-reader", f"--serviceaccount={namespace}:narrow",
-    )  # fmt: skip
+        "create",
+        "rolebinding",
+        "narrow-reads-pods",
+        "-n",
+        namespace,
+        "--role=pod-reader",
+        f"--serviceaccount={namespace}:narrow",
+    )
     token = cluster.kubectl("create", "token", "narrow", "-n", namespace, "--duration=10m").stdout.strip()
     as_narrow = cluster.token_kubeconfig(f"narrow-{namespace}", token, namespace)
 
     def status_of(method: str, path: str) -> int:
         response = httpx.request(
-            method, cluster.server + path, headers={"Authorization": f"Bearer {token}"},
-            verify=ssl.create_default_context(cafile=str(cluster.pki.ca)), json={} if method == "POST" else None,
-        )  # fmt: skip
+            method,
+            cluster.server + path,
+            headers={"Authorization": f"Bearer {token}"},
+            verify=ssl.create_default_context(cafile=str(cluster.pki.ca)),
+            json={} if method == "POST" else None,
+        )
         return response.status_code
 
     ns_path = f"/api/v1/namespaces/{namespace}"
@@ -214,13 +283,24 @@ def test_helm_from_the_cache_renders_a_chart(tmp_path: Path) -> None:
 def test_pods_that_cannot_start_say_why(cluster: ControlPlane, namespace: str) -> None:
     def pod(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
         return {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
             "spec": {"restartPolicy": "Never", "containers": [{"name": "main", **container}], **spec},
-        }  # fmt: skip
+        }
 
     sleeper = {"image": IMAGE, "command": [PY, "-c", "import time; time.sleep(60)"]}
-    apply(cluster, namespace, pod("missing-secret", {**sleeper, "env": [
-        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "token"}}}]}))  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        pod(
+            "missing-secret",
+            {
+                **sleeper,
+                "env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "token"}}}],
+            },
+        ),
+    )
     apply(cluster, namespace, pod("image-only", {"image": "registry.example/agent:1"}))
     apply(cluster, namespace, pod("nowhere", sleeper, nodeSelector={"pool": "gpu"}))
 
@@ -230,7 +310,9 @@ def test_pods_that_cannot_start_say_why(cluster: ControlPlane, namespace: str) -
         return state if state.get("reason") not in (None, "ContainerCreating") else None
 
     assert waiting_for(waiting, "missing-secret") == {
-        "reason": "CreateContainerConfigError", "message": 'secret "nope" not found'}  # fmt: skip
+        "reason": "CreateContainerConfigError",
+        "message": 'secret "nope" not found',
+    }
     # No registry is reachable from the test cluster: the pull fails at once.
     assert waiting_for(waiting, "image-only")["reason"] in ("ErrImagePull", "ImagePullBackOff")
 
@@ -253,8 +335,16 @@ def waiting_for(probe: Callable[[str], dict[str, Any] | None], name: str) -> dic
 
 
 def pod_manifest(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": IMAGE, **container}], **spec}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": IMAGE, **container}],
+            **spec,
+        },
+    }
 
 
 def finished(cluster: ControlPlane, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
@@ -271,21 +361,35 @@ def logs(cluster: ControlPlane, namespace: str, name: str) -> str:
 
 def test_a_container_runs_as_the_pods_user_on_a_read_only_root(cluster: ControlPlane, namespace: str) -> None:
     script = "id -u; id -g; touch /written 2>/dev/null && echo wrote-root || echo root-refused; touch /tmp/ok && echo wrote-tmp"
-    apply(cluster, namespace, pod_manifest("locked", {
-        "command": ["sh", "-c", script],
-        "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-    }, securityContext={"runAsUser": 4242, "runAsGroup": 4343, "runAsNonRoot": True},
-        volumes=[{"name": "tmp", "emptyDir": {}}]))  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        pod_manifest(
+            "locked",
+            {
+                "command": ["sh", "-c", script],
+                "securityContext": {
+                    "readOnlyRootFilesystem": True,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            },
+            securityContext={"runAsUser": 4242, "runAsGroup": 4343, "runAsNonRoot": True},
+            volumes=[{"name": "tmp", "emptyDir": {}}],
+        ),
+    )
     pod = finished(cluster, namespace, "locked")
     assert pod["status"]["phase"] == "Succeeded"
     assert logs(cluster, namespace, "locked").split() == ["4242", "4343", "root-refused", "wrote-tmp"]
 
 
 def test_run_as_non_root_refuses_a_root_user(cluster: ControlPlane, namespace: str) -> None:
-    apply(cluster, namespace, pod_manifest("as-root", {"command": ["id"]},
-                                           securityContext={"runAsUser": 0, "runAsNonRoot": True}))  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        pod_manifest("as-root", {"command": ["id"]}, securityContext={"runAsUser": 0, "runAsNonRoot": True}),
+    )
 
     def refused(name: str) -> dict[str, Any] | None:
         statuses = get(cluster, "pod", name, "-n", namespace).get("status", {}).get("containerStatuses") or []
@@ -329,14 +433,26 @@ def test_a_crashed_container_is_restarted_and_a_readiness_probe_gates_ready(
     cluster: ControlPlane, namespace: str
 ) -> None:
     # Exits 3 the first time (a file on the emptyDir remembers), then serves; Ready only once it answers.
-    script = ("import http.server, os, sys; m = '/scratch/started';"
-              "first = not os.path.exists(m); open(m, 'w').close();"
-              "sys.exit(3) if first else http.server.HTTPServer(('', 8080), http.server.SimpleHTTPRequestHandler).serve_forever()")  # fmt: skip
-    apply(cluster, namespace, pod_manifest("crasher", {
-        "command": [PY, "-c", script], "workingDir": "/scratch",
-        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
-        "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
-    }, restartPolicy="Always", volumes=[{"name": "scratch", "emptyDir": {}}]))  # fmt: skip
+    script = (
+        "import http.server, os, sys; m = '/scratch/started';"
+        "first = not os.path.exists(m); open(m, 'w').close();"
+        "sys.exit(3) if first else http.server.HTTPServer(('', 8080), http.server.SimpleHTTPRequestHandler).serve_forever()"
+    )
+    apply(
+        cluster,
+        namespace,
+        pod_manifest(
+            "crasher",
+            {
+                "command": [PY, "-c", script],
+                "workingDir": "/scratch",
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+            },
+            restartPolicy="Always",
+            volumes=[{"name": "scratch", "emptyDir": {}}],
+        ),
+    )
 
     def ready() -> dict[str, Any] | None:
         pod: dict[str, Any] = get(cluster, "pod", "crasher", "-n", namespace)
@@ -351,9 +467,17 @@ def test_a_crashed_container_is_restarted_and_a_readiness_probe_gates_ready(
 
 def test_a_container_over_its_memory_limit_is_oom_killed(cluster: ControlPlane, namespace: str) -> None:
     hog = "b = []\nwhile True: b.append(bytearray(16 << 20))"
-    apply(cluster, namespace, pod_manifest("hog", {
-        "command": [PY, "-c", hog], "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}},
-    }))  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        pod_manifest(
+            "hog",
+            {
+                "command": [PY, "-c", hog],
+                "resources": {"limits": {"memory": "64Mi"}, "requests": {"memory": "64Mi"}},
+            },
+        ),
+    )
     pod = finished(cluster, namespace, "hog")
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137)
@@ -362,9 +486,18 @@ def test_a_container_over_its_memory_limit_is_oom_killed(cluster: ControlPlane, 
 def test_a_changed_secret_reaches_its_mounted_volume(cluster: ControlPlane, namespace: str) -> None:
     cluster.kubectl("create", "secret", "generic", "rotating", "-n", namespace, "--from-literal=key=first")
     watch = "import time\nwhile open('/secret/key').read() != 'second': time.sleep(0.2)\nprint('saw second')"
-    apply(cluster, namespace, pod_manifest("reader", {
-        "command": [PY, "-c", watch], "volumeMounts": [{"name": "s", "mountPath": "/secret", "readOnly": True}],
-    }, volumes=[{"name": "s", "secret": {"secretName": "rotating"}}]))  # fmt: skip
+    apply(
+        cluster,
+        namespace,
+        pod_manifest(
+            "reader",
+            {
+                "command": [PY, "-c", watch],
+                "volumeMounts": [{"name": "s", "mountPath": "/secret", "readOnly": True}],
+            },
+            volumes=[{"name": "s", "secret": {"secretName": "rotating"}}],
+        ),
+    )
     wait_for(
         "the reader to run",
         lambda: get(cluster, "pod", "reader", "-n", namespace)["status"].get("phase") == "Running",

@@ -18,8 +18,14 @@ ROOT = Path(__file__).parents[2]
 def nested(script: str) -> subprocess.Popen[str]:
     """`script` (sh) as a session of its own: the wrapper, not told it already runs in one."""
     env = {k: v for k, v in os.environ.items() if k != MARKER}
-    return subprocess.Popen([sys.executable, "-m", "testbed.isolate", "sh", "-c", script], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "testbed.isolate", "sh", "-c", script],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def pids_running(command: str, exact: bool = True) -> list[int]:

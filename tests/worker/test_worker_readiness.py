@@ -41,8 +41,14 @@ async def test_the_worker_is_unready_while_its_database_is_down(
     outage_postgres: PostgresServer, dev_server: DevServer, task_queue: str, tmp_path: Path
 ) -> None:
     port = free_port("127.0.0.1")
-    env = {**os.environ, "KSQUAD_TEMPORAL_ADDRESS": dev_server.target, "KSQUAD_DATABASE_URL": outage_postgres.dsn,
-           "KSQUAD_TASK_QUEUE": task_queue, "KSQUAD_HEALTH_PORT": str(port), "KSQUAD_SANDBOX_BACKEND": "local"}  # fmt: skip
+    env = {
+        **os.environ,
+        "KSQUAD_TEMPORAL_ADDRESS": dev_server.target,
+        "KSQUAD_DATABASE_URL": outage_postgres.dsn,
+        "KSQUAD_TASK_QUEUE": task_queue,
+        "KSQUAD_HEALTH_PORT": str(port),
+        "KSQUAD_SANDBOX_BACKEND": "local",
+    }
     with (tmp_path / "worker.log").open("wb") as log:
         worker = subprocess.Popen(
             [WORKER], env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent

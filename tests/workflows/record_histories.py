@@ -36,22 +36,44 @@ NAMESPACE = "ksquad-system"
 SCENARIOS: dict[str, tuple[Callable[..., Awaitable[None]], dict[str, Any]]] = {
     "happy-path": (test_run_lifecycle.test_happy_path_claims_runs_publishes_and_releases, {}),
     "retry-then-success": (test_run_lifecycle.test_agent_failure_retries_after_backoff_then_succeeds, {}),
-    "retries-exhausted": (test_run_lifecycle.test_max_retries_exhausted_fails_the_run_after_two_retries_by_default, {}),
+    "retries-exhausted": (
+        test_run_lifecycle.test_max_retries_exhausted_fails_the_run_after_two_retries_by_default,
+        {},
+    ),
     "sandbox-death": (test_run_lifecycle.test_sandbox_death_fences_before_releasing_then_retries, {}),
     "references-missing": (test_run_lifecycle.test_missing_references_are_named_waited_for_and_picked_up, {}),
     "fallback-model": (test_run_rate_limits.test_fallback_model_switches_mid_run_without_pausing, {}),
-    "retry-after-pause": (test_run_rate_limits.test_retry_after_seconds_pauses_until_resume_at_with_no_calls_meanwhile, {}),
+    "retry-after-pause": (
+        test_run_rate_limits.test_retry_after_seconds_pauses_until_resume_at_with_no_calls_meanwhile,
+        {},
+    ),
     "reroute": (test_run_rate_limits.test_repeated_limits_reroute_to_the_next_eligible_agent, {}),
-    "shared-credential": (test_run_rate_limits.test_runs_sharing_a_credential_pause_together_others_keep_running, {}),
-    "credential-expired": (test_run_pauses.test_credential_expired_waits_then_resumes_the_same_task_on_refresh, {}),
+    "shared-credential": (
+        test_run_rate_limits.test_runs_sharing_a_credential_pause_together_others_keep_running,
+        {},
+    ),
+    "credential-expired": (
+        test_run_pauses.test_credential_expired_waits_then_resumes_the_same_task_on_refresh,
+        {},
+    ),
     "input-required": (test_run_pauses.test_input_required_resumes_with_the_input, {}),
-    "manual-pause": (test_run_pauses.test_manual_pause_stops_the_agent_keeps_the_claim_and_resume_starts_a_new_attempt, {}),
-    "queued": (test_run_queue.test_queued_run_is_admitted_when_the_holder_finishes_however_it_ends, {"first_ends": "succeeds"}),
-    "cancel-running-temporal": (test_run_cancel.test_cancel_from_every_phase_tears_down_and_leaks_nothing,
-                                {"phase": "Running", "how": "temporal-cancel"}),
-    "cancel-paused-signal": (test_run_cancel.test_cancel_from_every_phase_tears_down_and_leaks_nothing,
-                             {"phase": "Paused(RateLimited)", "how": "cancel-signal"}),
-}  # fmt: skip
+    "manual-pause": (
+        test_run_pauses.test_manual_pause_stops_the_agent_keeps_the_claim_and_resume_starts_a_new_attempt,
+        {},
+    ),
+    "queued": (
+        test_run_queue.test_queued_run_is_admitted_when_the_holder_finishes_however_it_ends,
+        {"first_ends": "succeeds"},
+    ),
+    "cancel-running-temporal": (
+        test_run_cancel.test_cancel_from_every_phase_tears_down_and_leaks_nothing,
+        {"phase": "Running", "how": "temporal-cancel"},
+    ),
+    "cancel-paused-signal": (
+        test_run_cancel.test_cancel_from_every_phase_tears_down_and_leaks_nothing,
+        {"phase": "Paused(RateLimited)", "how": "cancel-signal"},
+    ),
+}
 
 
 def workflow_ids(world: World) -> list[str]:

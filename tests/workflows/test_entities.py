@@ -38,10 +38,13 @@ async def test_a_credential_throttle_continues_as_new_before_the_signal_limit_an
     first = None
     for i in range(12):
         handle = await client.start_workflow(
-            "CredentialThrottle", CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=5),
-            id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="subscribe",
+            "CredentialThrottle",
+            CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=5),
+            id=workflow_id,
+            task_queue=WORKER_TASK_QUEUE,
+            start_signal="subscribe",
             start_signal_args=[CredentialSubscription(run_id=f"ns/run-{i}")],
-        )  # fmt: skip
+        )
         first = first or handle.result_run_id
     handle = client.get_workflow_handle(workflow_id)
     try:
@@ -59,10 +62,13 @@ async def test_a_gate_continues_as_new_before_the_signal_limit_and_keeps_holders
     first = None
     for i in range(12):
         handle = await client.start_workflow(
-            "ConcurrencyGate", GateState(scope=workflow_id.split("/", 1)[1], signals_per_run=5),
-            id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="acquire",
+            "ConcurrencyGate",
+            GateState(scope=workflow_id.split("/", 1)[1], signals_per_run=5),
+            id=workflow_id,
+            task_queue=WORKER_TASK_QUEUE,
+            start_signal="acquire",
             start_signal_args=[SlotRequest(run_id=f"ns/run-{i}", limit=3)],
-        )  # fmt: skip
+        )
         first = first or handle.result_run_id
     handle = client.get_workflow_handle(workflow_id)
     try:
@@ -86,10 +92,15 @@ async def test_a_limit_with_thousands_of_subscribers_is_told_in_batches_under_th
     workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
     subscribers = [f"ns/gone-{i}" for i in range(2100)]
     handle = await client.start_workflow(
-        "CredentialThrottle", CredentialState(key=workflow_id.split("/", 1)[1], subscribers=subscribers),
-        id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="limited",
-        start_signal_args=[CredentialLimit(run_id="ns/reporter", until=datetime.now(UTC) + timedelta(hours=1))],
-    )  # fmt: skip
+        "CredentialThrottle",
+        CredentialState(key=workflow_id.split("/", 1)[1], subscribers=subscribers),
+        id=workflow_id,
+        task_queue=WORKER_TASK_QUEUE,
+        start_signal="limited",
+        start_signal_args=[
+            CredentialLimit(run_id="ns/reporter", until=datetime.now(UTC) + timedelta(hours=1))
+        ],
+    )
     try:
         deadline = time.monotonic() + 120
         state = CredentialState(key="", subscribers=subscribers)
@@ -121,10 +132,13 @@ async def test_a_limit_survives_the_throttles_continue_as_new_in_its_memo(
     workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
     until = datetime.now(UTC) + timedelta(hours=1)
     handle = await client.start_workflow(
-        "CredentialThrottle", CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=3),
-        id=workflow_id, task_queue=WORKER_TASK_QUEUE, start_signal="limited",
+        "CredentialThrottle",
+        CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=3),
+        id=workflow_id,
+        task_queue=WORKER_TASK_QUEUE,
+        start_signal="limited",
         start_signal_args=[CredentialLimit(run_id="ns/reporter", until=until)],
-    )  # fmt: skip
+    )
     first = handle.result_run_id
     try:
         for i in range(4):  # they know the limit already: nothing to send them, only signals to count

@@ -65,9 +65,19 @@ def parse(value: str | None, **kw: object) -> float | None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("120", 120.0), ("0", 0.0), (" 7 ", 7.0), ("1.5", 1.5), ("-5", 0.0), ("abc", None), ("", None), (None, None),
-     ("1e3", None), ("259200", CAP)],
-)  # fmt: skip
+    [
+        ("120", 120.0),
+        ("0", 0.0),
+        (" 7 ", 7.0),
+        ("1.5", 1.5),
+        ("-5", 0.0),
+        ("abc", None),
+        ("", None),
+        (None, None),
+        ("1e3", None),
+        ("259200", CAP),
+    ],
+)
 def test_delta_seconds(value: str | None, expected: float | None) -> None:
     assert parse(value) == expected
 
@@ -115,9 +125,14 @@ def test_http_dates_are_read_to_the_second_then_capped(offset: int) -> None:
 
 def decide(**kw: object) -> RateLimitDecision:
     args: dict[str, object] = dict(
-        on_fallback=False, fallback_available=False, retry_after_seconds=None, consecutive_limits=1,
-        credential_strikes=1, next_agent=None, rand=0.5,
-    )  # fmt: skip
+        on_fallback=False,
+        fallback_available=False,
+        retry_after_seconds=None,
+        consecutive_limits=1,
+        credential_strikes=1,
+        next_agent=None,
+        rand=0.5,
+    )
     args.update(kw)
     return decide_rate_limit(**args)  # type: ignore[arg-type]
 
@@ -151,9 +166,14 @@ def test_repeated_or_long_limits_reroute_when_another_agent_can_take_it() -> Non
 
 
 @given(
-    st.booleans(), st.booleans(), st.one_of(st.none(), st.floats(0, 10**7)), st.integers(1, 50), st.integers(1, 50),
-    st.one_of(st.none(), st.just("dev-2")), st.floats(0, 1),
-)  # fmt: skip
+    st.booleans(),
+    st.booleans(),
+    st.one_of(st.none(), st.floats(0, 10**7)),
+    st.integers(1, 50),
+    st.integers(1, 50),
+    st.one_of(st.none(), st.just("dev-2")),
+    st.floats(0, 1),
+)
 def test_decisions_are_bounded_and_ordered(
     on_fallback: bool,
     fallback: bool,
@@ -163,8 +183,15 @@ def test_decisions_are_bounded_and_ordered(
     nxt: str | None,
     rand: float,
 ) -> None:
-    d = decide(on_fallback=on_fallback, fallback_available=fallback, retry_after_seconds=retry_after,
-               consecutive_limits=limits, credential_strikes=strikes, next_agent=nxt, rand=rand)  # fmt: skip
+    d = decide(
+        on_fallback=on_fallback,
+        fallback_available=fallback,
+        retry_after_seconds=retry_after,
+        consecutive_limits=limits,
+        credential_strikes=strikes,
+        next_agent=nxt,
+        rand=rand,
+    )
     if fallback and not on_fallback:
         assert d.action == RateLimitAction.FALLBACK
     elif d.action == RateLimitAction.REROUTE:

@@ -20,9 +20,21 @@ LATEST = max((p.name for p in HISTORIES.glob("v*")), key=lambda v: int(v[1:]))
 
 def test_every_kind_of_scenario_is_recorded_by_the_latest_version() -> None:
     latest = {s.split("/")[1] for s in SCENARIOS if s.startswith(f"{LATEST}/")}
-    expected = {"happy-path", "retry-then-success", "sandbox-death", "retry-after-pause", "fallback-model",
-                "reroute", "shared-credential", "credential-expired", "input-required", "manual-pause", "queued",
-                "cancel-running-temporal", "cancel-paused-signal"}  # fmt: skip
+    expected = {
+        "happy-path",
+        "retry-then-success",
+        "sandbox-death",
+        "retry-after-pause",
+        "fallback-model",
+        "reroute",
+        "shared-credential",
+        "credential-expired",
+        "input-required",
+        "manual-pause",
+        "queued",
+        "cancel-running-temporal",
+        "cancel-paused-signal",
+    }
     assert expected <= latest
 
 

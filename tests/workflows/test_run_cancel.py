@@ -74,8 +74,10 @@ async def manual_pause(client: Client, world: World) -> WorkflowHandle[RunWorkfl
 
 async def retry_backoff(client: Client, world: World) -> WorkflowHandle[RunWorkflow, RunStatus]:
     world.scripts["r"] = [failed(), ok()]
-    handle = await start_run(client, run_input("r", work_item_ref="wi-1", retryPolicy={"backoffSeconds": 600,
-                                                                                       "maxBackoffSeconds": 600}))  # fmt: skip
+    handle = await start_run(
+        client,
+        run_input("r", work_item_ref="wi-1", retryPolicy={"backoffSeconds": 600, "maxBackoffSeconds": 600}),
+    )
     await world.until(
         "r to back off", lambda: (s := world.last("r")) is not None and s.reason == "RetryBackoff"
     )
@@ -83,10 +85,15 @@ async def retry_backoff(client: Client, world: World) -> WorkflowHandle[RunWorkf
 
 
 PHASES: dict[str, Setup] = {
-    "Pending": pending, "Queued": queued, "Claiming": claiming, "Running": running,
-    "Paused(RateLimited)": rate_limited_pause, "Paused(InputRequired)": input_pause, "Paused(Manual)": manual_pause,
+    "Pending": pending,
+    "Queued": queued,
+    "Claiming": claiming,
+    "Running": running,
+    "Paused(RateLimited)": rate_limited_pause,
+    "Paused(InputRequired)": input_pause,
+    "Paused(Manual)": manual_pause,
     "Pending(RetryBackoff)": retry_backoff,
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("how", ["temporal-cancel", "cancel-signal"])

@@ -22,8 +22,10 @@ async def temporal(server: DevServer, *args: str) -> subprocess.CompletedProcess
     done = await asyncio.to_thread(
         subprocess.run,
         [str(find_binary("temporal")), *args, "--address", server.target, "--namespace", "default"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, f"temporal {' '.join(args)}: {done.stderr}"
     return done
 

@@ -19,9 +19,14 @@ async def test_happy_path_claims_runs_publishes_and_releases(client: Client, wor
     assert status.retries == 0
     assert status.triggered_by == "alice@example.com"
     assert world.order("fix-flaky-tests") == [
-        "resolve_references", "claim_work_item", "acquire_sandbox", "invoke_agent", "publish_outputs",
-        "release_sandbox", "release_work_item",
-    ]  # fmt: skip
+        "resolve_references",
+        "claim_work_item",
+        "acquire_sandbox",
+        "invoke_agent",
+        "publish_outputs",
+        "release_sandbox",
+        "release_work_item",
+    ]
     assert not world.claims
     assert not world.sandboxes
     (call,) = world.calls_of(Activity.INVOKE_AGENT)
@@ -122,9 +127,10 @@ async def test_run_timeout_stops_a_hung_agent_and_retries_then_fails(client: Cli
     assert status.reason == "RunTimeout"
     assert "timeouts.runSeconds (2s)" in (status.message or "")
     cancel_requests = [
-        e async for e in handle.fetch_history_events()
+        e
+        async for e in handle.fetch_history_events()
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
-    ]  # fmt: skip
+    ]
     assert len(cancel_requests) == 2, "each hung invocation was cancelled"
     assert len(world.calls_of(Activity.RELEASE_SANDBOX, "r")) == 2
     assert not world.sandboxes

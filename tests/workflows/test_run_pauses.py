@@ -84,13 +84,20 @@ async def test_a_pause_while_rate_limited_takes_over_and_the_limit_still_holds_a
     limited = await world.until_phase("r", "Paused")
     assert limited.pause_reason == PauseReason.RATE_LIMITED
     await handle.signal("pause", "hold it")
-    await world.until("a manual pause", lambda: (s := world.last("r")) is not None
-                      and s.pause_reason == PauseReason.MANUAL)  # fmt: skip
+    await world.until(
+        "a manual pause", lambda: (s := world.last("r")) is not None and s.pause_reason == PauseReason.MANUAL
+    )
     held = world.last("r")
     assert held is not None and (held.reason, held.message) == ("Manual", "hold it")
     await handle.signal("resume")
-    await world.until("the limit again", lambda: (s := world.last("r")) is not None
-                      and s.pause_reason == PauseReason.RATE_LIMITED and s.revision > held.revision)  # fmt: skip
+    await world.until(
+        "the limit again",
+        lambda: (
+            (s := world.last("r")) is not None
+            and s.pause_reason == PauseReason.RATE_LIMITED
+            and s.revision > held.revision
+        ),
+    )
     again = world.last("r")
     assert again is not None and again.resume_at == limited.resume_at, "the limit is not forgotten"
     assert (await handle.result()).phase == Phase.SUCCEEDED
@@ -105,8 +112,9 @@ async def test_a_pause_while_waiting_for_input_holds_the_run_and_the_task_goes_o
     handle = await start_run(client, run_input("r"))
     await world.until_phase("r", "Paused")
     await handle.signal("pause", "not now")
-    await world.until("a manual pause", lambda: (s := world.last("r")) is not None
-                      and s.pause_reason == PauseReason.MANUAL)  # fmt: skip
+    await world.until(
+        "a manual pause", lambda: (s := world.last("r")) is not None and s.pause_reason == PauseReason.MANUAL
+    )
     await handle.signal("input", "test_payment_retry")  # arrives while held: kept for after the resume
     await handle.signal("resume")
     status = await handle.result()

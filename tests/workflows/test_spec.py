@@ -87,8 +87,14 @@ def test_invalid_specs_name_the_field(spec: dict[str, Any], field: str, words: s
 
 def test_a_manifest_of_the_wrong_kind_says_so() -> None:
     with pytest.raises(InvalidObject, match=r"kind: Input should be 'Run'"):
-        parse_run_manifest({"apiVersion": "ksquad.io/v1alpha1", "kind": "Job", "metadata": {"name": "x"},
-                            "spec": {"agents": ["a"]}})  # fmt: skip
+        parse_run_manifest(
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Job",
+                "metadata": {"name": "x"},
+                "spec": {"agents": ["a"]},
+            }
+        )
 
 
 json_values = st.recursive(
@@ -99,9 +105,20 @@ json_values = st.recursive(
     max_leaves=20,
 )
 spec_keys = st.sampled_from(
-    ["teamRef", "projectRef", "agents", "workItemRef", "inputs", "model", "modelEndpointRef", "sandboxPolicy",
-     "retryPolicy", "timeouts", "unknown"]
-)  # fmt: skip
+    [
+        "teamRef",
+        "projectRef",
+        "agents",
+        "workItemRef",
+        "inputs",
+        "model",
+        "modelEndpointRef",
+        "sandboxPolicy",
+        "retryPolicy",
+        "timeouts",
+        "unknown",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)

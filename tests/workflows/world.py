@@ -228,8 +228,9 @@ class World:
     def _check(self, upd: ClaimUpdate, what: Activity) -> None:
         holder = self.claims.get(upd.work_item_ref)
         if holder != (upd.run.name, upd.fence):
-            raise ApplicationError(f"{what}: stale fence {upd.fence} (holder {holder})", type="StaleFence",
-                                   non_retryable=True)  # fmt: skip
+            raise ApplicationError(
+                f"{what}: stale fence {upd.fence} (holder {holder})", type="StaleFence", non_retryable=True
+            )
 
     @activity.defn(name=Activity.FENCE_WORK_ITEM)
     async def fence_work_item(self, upd: ClaimUpdate) -> Claim:
@@ -260,8 +261,9 @@ class World:
         if self.sandbox_fails.get(run, 0) > 0:
             self.sandbox_fails[run] -= 1
             self.record(Activity.ACQUIRE_SANDBOX, run, failed=True)
-            raise ApplicationError("ImagePullBackOff: image agent:missing not found", type="SandboxFailed",
-                                   non_retryable=True)  # fmt: skip
+            raise ApplicationError(
+                "ImagePullBackOff: image agent:missing not found", type="SandboxFailed", non_retryable=True
+            )
         name = f"{run}-exec-{req.contract.run.attempt}"
         self.sandboxes.add(name)
         self.record(Activity.ACQUIRE_SANDBOX, run, sandbox=name, fence=req.contract.run.fence)
@@ -293,9 +295,16 @@ class World:
         run = inv.contract.run.name
         script = self.scripts.get(run, [])
         outcome = script.pop(0) if script else self.default_outcome
-        self.record(Activity.INVOKE_AGENT, run, message_id=inv.message_id, model=inv.contract.model.name,
-                    agent=inv.contract.agent.name, outcome=outcome.kind, fence=inv.contract.run.fence,
-                    follow_up=inv.continue_task.model_dump() if inv.continue_task else None)  # fmt: skip
+        self.record(
+            Activity.INVOKE_AGENT,
+            run,
+            message_id=inv.message_id,
+            model=inv.contract.model.name,
+            agent=inv.contract.agent.name,
+            outcome=outcome.kind,
+            fence=inv.contract.run.fence,
+            follow_up=inv.continue_task.model_dump() if inv.continue_task else None,
+        )
         task_id = f"task-{inv.message_id}"
         if outcome.kind in ("hang", "block") or outcome.blocks:
             try:
@@ -318,10 +327,15 @@ class World:
                 retry_after = format_datetime(now + timedelta(seconds=outcome.retry_after_date), usegmt=True)
                 response_date = format_datetime(now, usegmt=True)
             details = RateLimitDetails(
-                retry_after=retry_after, retry_after_ms=outcome.retry_after_ms,
-                response_date=response_date, observed_at=now, model=inv.contract.model.name,
-                credential=inv.contract.model.credential.secret_name if inv.contract.model.credential else None,
-            )  # fmt: skip
+                retry_after=retry_after,
+                retry_after_ms=outcome.retry_after_ms,
+                response_date=response_date,
+                observed_at=now,
+                model=inv.contract.model.name,
+                credential=inv.contract.model.credential.secret_name
+                if inv.contract.model.credential
+                else None,
+            )
             raise ApplicationError(
                 "429 Too Many Requests", details, type=AgentError.RATE_LIMITED, non_retryable=True
             )
@@ -333,17 +347,30 @@ class World:
             )
             pause = TaskPause(task_id=task_id, context_id=inv.context_id, message=outcome.message)
             raise ApplicationError(outcome.message or kind.value, pause, type=kind, non_retryable=True)
-        kind = {"failed": AgentError.AGENT_FAILED, "invalid": AgentError.INVALID_AGENT_RESPONSE,
-                "lost": AgentError.SANDBOX_LOST}[outcome.kind]  # fmt: skip
-        raise ApplicationError(outcome.message or kind.value, FailureDetails(message=outcome.message or kind.value,
-                               task_id=task_id), type=kind, non_retryable=True)  # fmt: skip
+        kind = {
+            "failed": AgentError.AGENT_FAILED,
+            "invalid": AgentError.INVALID_AGENT_RESPONSE,
+            "lost": AgentError.SANDBOX_LOST,
+        }[outcome.kind]
+        raise ApplicationError(
+            outcome.message or kind.value,
+            FailureDetails(message=outcome.message or kind.value, task_id=task_id),
+            type=kind,
+            non_retryable=True,
+        )
 
     def activities(self) -> list[Any]:
         return [
-            self.claim_work_item, self.fence_work_item, self.renew_claim, self.release_work_item,
-            self.acquire_sandbox, self.release_sandbox, self.publish_outputs, self.invoke_agent,
+            self.claim_work_item,
+            self.fence_work_item,
+            self.renew_claim,
+            self.release_work_item,
+            self.acquire_sandbox,
+            self.release_sandbox,
+            self.publish_outputs,
+            self.invoke_agent,
             self.reserve_resume_place,
-        ]  # fmt: skip
+        ]
 
     def bridge_activities(self) -> list[Any]:
         return [self.resolve_references, self.mirror_status]
@@ -369,8 +396,13 @@ async def heartbeat_until_cancelled() -> None:
 
 def run_input(name: str, namespace: str = "ksquad-system", uid: str | None = None, **spec: Any) -> RunInput:
     spec.setdefault("agents", ["dev-1"])
-    return RunInput(namespace=namespace, name=name, uid=uid or f"uid-{name}", triggered_by="alice@example.com",
-                    spec=parse_run_spec(spec))  # fmt: skip
+    return RunInput(
+        namespace=namespace,
+        name=name,
+        uid=uid or f"uid-{name}",
+        triggered_by="alice@example.com",
+        spec=parse_run_spec(spec),
+    )
 
 
 @asynccontextmanager

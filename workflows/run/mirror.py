@@ -24,9 +24,8 @@ from workflows.status import (
     StatusSnapshot,
 )
 
-FLUSH_SECONDS = (
-    60.0  # at the end (or before continuing as new), wait this long for the last status to be sent
-)
+# At the end (or before continuing as new), wait this long for the last status to be sent.
+FLUSH_SECONDS = 60.0
 # A status write that takes longer than this is given up and the latest status sent instead: one stuck write
 # must not hold every later status back (the activity's own retries would resend the old snapshot).
 WRITE_TIMEOUT = timedelta(seconds=5)

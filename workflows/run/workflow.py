@@ -293,9 +293,8 @@ class RunWorkflow:
 
     async def _admit(self) -> None:
         assert self.route.resolution is not None
-        for scope in sorted(
-            self.route.resolution.scopes, key=lambda s: s.key
-        ):  # one global order: no deadlock
+        # One global order of scopes: no deadlock between runs.
+        for scope in sorted(self.route.resolution.scopes, key=lambda s: s.key):
             while scope.key not in self.gates.slots:
                 try:
                     await self.gates.request(scope)

@@ -9,8 +9,9 @@ config = context.config
 
 connectable = config.attributes.get("connection")
 if connectable is None:
-    engine = engine_from_config(config.get_section(config.config_ini_section) or {}, prefix="sqlalchemy.",
-                                poolclass=pool.NullPool)  # fmt: skip
+    engine = engine_from_config(
+        config.get_section(config.config_ini_section) or {}, prefix="sqlalchemy.", poolclass=pool.NullPool
+    )
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
         with context.begin_transaction():
