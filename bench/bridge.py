@@ -112,21 +112,7 @@ def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    secret, endpoint, _ = stack.resources(stack.model)
-    stack.apply(
-        secret,
-        endpoint,
-        {
-            "apiVersion": RUN_API,
-            "kind": "Agent",
-            "metadata": {"name": "remote"},
-            "spec": {
-                "modelEndpointRef": "scripted",
-                "credentialSecretRef": {"name": "model-key"},
-                "endpoint": f"http://127.0.0.1:{port}/",
-            },
-        },
-    )
+    stack.apply(*stack.resources(stack.model, "remote", endpoint=f"http://127.0.0.1:{port}/"))
     return agent
 
 

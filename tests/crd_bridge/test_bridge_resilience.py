@@ -31,22 +31,7 @@ def run_docs(names: list[str], namespace: str) -> str:
 async def remote_agent(stack: Stack, model: ModelEndpoint, start_agent: AgentFactory) -> None:
     """One already-running A2A agent for every run (Agent.endpoint): no sandbox per run."""
     agent = await start_agent(None)
-    secret, endpoint, _ = stack.resources(model)
-    stack.apply(
-        secret,
-        endpoint,
-        {
-            "apiVersion": RUN_API,
-            "kind": "Agent",
-            "metadata": {"name": "remote"},
-            "spec": {
-                "modelEndpointRef": "scripted",
-                "credentialSecretRef": {"name": "model-key"},
-                "endpoint": agent.url,
-            },
-        },
-    )
-
+    stack.apply(*stack.resources(model, "remote", endpoint=agent.url))
 
 async def phases(stack: Stack) -> dict[str, str]:
     runs = await stack.kube.list(path(RUN_API, "runs", stack.namespace))
