@@ -33,6 +33,7 @@ async def remote_agent(stack: Stack, model: ModelEndpoint, start_agent: AgentFac
     agent = await start_agent(None)
     stack.apply(*stack.resources(model, "remote", endpoint=agent.url))
 
+
 async def phases(stack: Stack) -> dict[str, str]:
     runs = await stack.kube.list(path(RUN_API, "runs", stack.namespace))
     return {r["metadata"]["name"]: r.get("status", {}).get("phase", "") for r in runs["items"]}
