@@ -19,7 +19,6 @@ resume ramp), the holdings (claim and sandbox, fence-then-release), the interrup
 
 import asyncio
 import functools
-from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -63,6 +62,7 @@ from workflows.run.interrupts import (
 from workflows.run.mirror import StatusMirror
 from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, later
 from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause
+from workflows.run.pauses import Pauses
 from workflows.run.references import References
 from workflows.run.route import Router
 from workflows.run.state import RunCarry, RunInput
@@ -92,11 +92,8 @@ class RunWorkflow:
         )
         self.references = References(self.run_ref, self.spec, self.mirror, self.interrupts)
         self.held = Holdings(self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts)
-        self.resume_requested = False
-        self.credential_refreshes = 0  # rotations of this run's credential seen so far
-        self.pending_input: str | None = None
+        self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
-        self.pause_message: str | None = None  # the `pause` signal's reason, shown while Paused(Manual)
 
     @property
     def status(self) -> RunStatus:
@@ -114,27 +111,21 @@ class RunWorkflow:
     def pause(self, reason: str | None = None) -> None:
         """Paused(Manual) until `resume`. From another pause (a rate limit, input, a credential) too: the manual
         pause takes over, and after `resume` the run waits again for what it was waiting for."""
-        self.pause_message = reason
-        held = self.status.phase == Phase.PAUSED and self.status.pause_reason == PauseReason.MANUAL
-        if self.interrupts.pending is None and not held:
-            self.interrupts.pending = Interrupt.PAUSE
-        self.resume_requested = False
+        self.pauses.requested(reason)
 
     @workflow.signal(name=RunSignal.RESUME)
     def resume(self) -> None:
-        if self.interrupts.pending == Interrupt.PAUSE:
-            self.interrupts.pending = None  # the pause had not taken effect yet
-        self.resume_requested = True
+        self.pauses.resumed()
 
     @workflow.signal(name=RunSignal.CREDENTIAL_REFRESHED)
     def credential_refreshed(self, credential: str | None = None) -> None:
         """A credential was rotated; `credential` ("<namespace>/<secret>") names which, None means any."""
         if credential is None or credential == self.route.credential_key():
-            self.credential_refreshes += 1
+            self.pauses.credential_refreshes += 1
 
     @workflow.signal(name=RunSignal.INPUT)
     def input(self, text: str) -> None:
-        self.pending_input = text
+        self.pauses.pending_input = text
 
     @workflow.signal(name=RunSignal.REFERENCES_UPDATED)
     def references_updated(self) -> None:
@@ -233,7 +224,7 @@ class RunWorkflow:
                 # The agent was stopped mid-task: fence its writes, keep the claim through the pause.
                 await self.held.teardown(fence=True, release=False)
                 if interrupted.kind == Interrupt.PAUSE:
-                    await self._manual_pause()
+                    await self.pauses.manual()
                 else:  # throttled by another run's limit
                     await self.held.renew_for(
                         self.throttles.until(self.route.credential_key()) or workflow.now()
@@ -287,7 +278,7 @@ class RunWorkflow:
             try:
                 self.route.resolution = await self.references.resolve()
             except Interrupted as interrupted:
-                await self._pause_or_raise(interrupted, Phase.PENDING)
+                await self.pauses.hold_or_raise(interrupted, Phase.PENDING)
 
     # --- Queued: concurrency gates ------------------------------------------------------------------------
 
@@ -299,7 +290,7 @@ class RunWorkflow:
                 try:
                     await self.gates.request(scope)
                 except Interrupted as interrupted:
-                    await self._pause_or_raise(interrupted, Phase.QUEUED)
+                    await self.pauses.hold_or_raise(interrupted, Phase.QUEUED)
 
     # --- Running ------------------------------------------------------------------------------------------
 
@@ -311,7 +302,7 @@ class RunWorkflow:
         uid = self.run_input.uid
         while True:
             message_id = f"{uid}-a{attempt}" + (f"-t{turn}" if turn else "")
-            refreshes_before_call = self.credential_refreshes
+            refreshes_before_call = self.pauses.credential_refreshes
             invocation = AgentInvocation(
                 contract=self.route.contract(attempt, fence),
                 endpoint=sandbox.endpoint,
@@ -365,9 +356,9 @@ class RunWorkflow:
                 paused_since = workflow.now()
                 text = ""
                 if kind == AgentError.INPUT_REQUIRED:
-                    text = await self._wait_for_input(task)
+                    text = await self.pauses.for_input(task)
                 else:
-                    await self._wait_for_credential(task, refreshes_before_call)
+                    await self.pauses.for_credential(task, refreshes_before_call, self.route.model().name)
                 run_deadline += workflow.now() - paused_since
                 turn += 1
                 follow_up = ContinueTask(task_id=task.task_id, context_id=task.context_id, text=text)
@@ -419,84 +410,9 @@ class RunWorkflow:
                 pass
             except Interrupted as interrupted:
                 self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
-                await self._pause_or_raise(interrupted)
+                await self.pauses.hold_or_raise(interrupted)
                 continue
             self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
-
-    async def _pause_or_raise(
-        self, interrupted: Interrupted, next_phase: Phase | None = Phase.CLAIMING
-    ) -> None:
-        if interrupted.kind != Interrupt.PAUSE:
-            raise interrupted
-        await self._manual_pause(next_phase)
-
-    async def _manual_pause(self, next_phase: Phase | None = Phase.CLAIMING) -> None:
-        """Paused(Manual) until `resume`, or Failed after timeouts.pausedSeconds; then `next_phase` (None: the
-        caller goes back to the pause it was in)."""
-        self.resume_requested = False
-        limit = self.spec.timeouts.paused_seconds
-        message = self.pause_message or "paused by request"
-        self.mirror.move(
-            Phase.PAUSED, pause_reason=PauseReason.MANUAL, reason=PauseReason.MANUAL, message=message
-        )
-        await self.held.renew_for(later(limit))
-        await self._wait_signal(lambda: self.resume_requested, limit, RunSignal.RESUME, "wait for resume")
-        self.resume_requested = False
-        if next_phase is not None:
-            self.mirror.move(next_phase, reason="Resumed", message="resumed by request")
-
-    async def _wait_for_input(self, task: TaskPause) -> str:
-        self.pending_input = None
-        await self._paused_until(
-            lambda: self.pending_input is not None,
-            PauseReason.INPUT_REQUIRED,
-            task.message or "the agent needs input",
-            RunSignal.INPUT,
-        )
-        text, self.pending_input = self.pending_input or "", None
-        return text
-
-    async def _wait_for_credential(self, task: TaskPause, refreshes_before_call: int) -> None:
-        """Paused(CredentialExpired) until the credential rotates. A rotation that arrived while the refused
-        call was still under way counts: the run goes on at once instead of waiting for another."""
-        await self._paused_until(
-            lambda: self.credential_refreshes > refreshes_before_call,
-            PauseReason.CREDENTIAL_EXPIRED,
-            task.message or f"credential of {self.route.model().name} was refused",
-            RunSignal.CREDENTIAL_REFRESHED,
-        )
-
-    async def _paused_until(
-        self, arrived: Callable[[], bool], reason: PauseReason, message: str, signal: RunSignal
-    ) -> None:
-        """Paused(`reason`) until `arrived`, or Failed after timeouts.pausedSeconds. A manual pause meanwhile
-        holds the run; after `resume` it waits again, unless what it waited for came meanwhile."""
-        while not arrived():
-            self.mirror.move(Phase.PAUSED, pause_reason=reason, reason=reason, message=message)
-            try:
-                await self._wait_signal(
-                    arrived, self.spec.timeouts.paused_seconds, signal, f"wait for {signal}", CANCEL_OR_PAUSE
-                )
-            except Interrupted as interrupted:
-                await self._pause_or_raise(interrupted, next_phase=None)
-
-    async def _wait_signal(
-        self,
-        arrived: Callable[[], bool],
-        limit: int,
-        signal: str,
-        summary: str,
-        kinds: frozenset[Interrupt] = frozenset({Interrupt.CANCEL}),
-    ) -> None:
-        try:
-            await self.interrupts.interruptible(
-                workflow.wait_condition(arrived, timeout=limit, timeout_summary=summary), kinds
-            )
-        except TimeoutError as err:
-            raise RunFailed(
-                f"{self.status.pause_reason}Timeout",
-                f"no `{signal}` signal within timeouts.pausedSeconds ({limit}s)",
-            ) from err
 
     # --- retries ------------------------------------------------------------------------------------------
 
@@ -522,7 +438,7 @@ class RunWorkflow:
                 workflow.sleep(delay, summary=f"backoff before retry {retry}"), CANCEL_OR_PAUSE
             )
         except Interrupted as interrupted:
-            await self._pause_or_raise(interrupted)
+            await self.pauses.hold_or_raise(interrupted)
 
     # --- the end ------------------------------------------------------------------------------------------
 
