@@ -1,0 +1,95 @@
+"""Sandboxes: where an attempt's agent runs. Backends `kubernetes` (warm pods from pools, else cold Jobs) and
+`local` (the reference agent as a local process, for the embedded default).
+
+Kubernetes:
+- warm: a pool is a ReplicaSet of ready agent pods labelled `ksquad.io/state=warm`. Claiming one is a single
+  merge patch guarded by the pod's resourceVersion (`state=bound`, `run=<run>`, owner = the Run): the pod
+  leaves the ReplicaSet's selector, the ReplicaSet makes a replacement, and a second claimer of the same pod
+  gets 409 Conflict and moves to the next pod. A warm pod gets its contract in the first A2A message.
+- cold: a Job `<run>-exec-<attempt>` owned by the Run: no prompt or input in its spec (the contract comes in the
+  first A2A message), credentials by secretKeyRef only,
+  non-root, no service-account token, runtimeClassName, resources, a deadline and a TTL. Skills with
+  requirements force cold: init containers stage toolchains into a shared volume, sidecars run beside.
+- readiness is awaited while heartbeating; pod failures (image pull, unschedulable, OOMKilled, crash,
+  refused by admission) end the acquisition with their reason.
+- release deletes; with `confirm` (the fence step) it waits until the pod is gone, and fails when it
+  cannot tell.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.sandboxes.kubernetes import KubernetesSandboxes, pod_ready
+from activities.sandboxes.local import LocalModel, LocalSandboxes
+from activities.sandboxes.manifests import (
+    ContainerSpec,
+    SandboxSettings,
+    job_manifest,
+    job_name,
+    owner_reference,
+)
+from kube import Unreachable
+from workflows.activity_types import (
+    Activity,
+    OutputsRequest,
+    PublishedOutputs,
+    Sandbox,
+    SandboxRelease,
+    SandboxRequest,
+)
+
+__all__ = [
+    "Backend",
+    "ContainerSpec",
+    "KubernetesSandboxes",
+    "LocalModel",
+    "LocalSandboxes",
+    "SandboxActivities",
+    "SandboxSettings",
+    "job_manifest",
+    "job_name",
+    "owner_reference",
+    "pod_ready",
+]
+
+Backend = KubernetesSandboxes | LocalSandboxes
+
+
+class SandboxActivities:
+    """The sandbox activities of the Run workflow, over one backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.backend.heartbeat = self._heartbeat
+
+    @staticmethod
+    def _heartbeat(*details: Any) -> None:
+        if activity.in_activity():
+            activity.heartbeat(*details)
+
+    @activity.defn(name=Activity.ACQUIRE_SANDBOX)
+    async def acquire_sandbox(self, req: SandboxRequest) -> Sandbox:
+        try:
+            return await self.backend.acquire(req)
+        except Unreachable as err:
+            raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+
+    @activity.defn(name=Activity.RELEASE_SANDBOX)
+    async def release_sandbox(self, rel: SandboxRelease) -> None:
+        try:
+            await self.backend.release(rel)
+        except Unreachable as err:
+            raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+
+    @activity.defn(name=Activity.PUBLISH_OUTPUTS)
+    async def publish_outputs(self, req: OutputsRequest) -> PublishedOutputs:
+        try:
+            return await self.backend.publish_outputs(req)
+        except Unreachable as err:
+            raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.acquire_sandbox, self.release_sandbox, self.publish_outputs]
