@@ -1,17 +1,5 @@
-"""`invoke_agent`: one agent turn over A2A, idempotent across activity retries.
-
-- One message per attempt (`messageId = <run-uid>-a<attempt>`, follow-ups `-t<turn>`), in a context of the
-  attempt's own (`<run-uid>-a<attempt>`). Before sending, a retried activity looks for the task it started:
-  the task id in its heartbeat details, else a task in the attempt's context holding this message id. It
-  resubscribes to that task (or reads it, when it is already over) instead of starting a second one.
-- Events stream in: status messages become run events and artifacts are stored, each write fenced (a holder
-  fenced off by the workflow cannot write); the claim's lease is renewed meanwhile; the activity heartbeats
-  the remote task id.
-- Outcomes: COMPLETED returns outputs; everything else raises a typed, non-retryable ApplicationError
-  (RateLimited with the raw Retry-After, CredentialExpired, InputRequired, AgentFailed with the agent's
-  message, InvalidAgentResponse, SandboxLost) the workflow maps to its policies.
-- Cancelled (the run is cancelled, paused or throttled): CancelTask, then wait (bounded) for CANCELED.
-"""
+"""One agent turn over A2A (`Invocation`): send or find the attempt's message, follow the task's events, store
+progress and artifacts fenced, and map the task's end to a result or a typed error. `invoke_agent` runs it."""
 
 import asyncio
 import contextlib
@@ -21,22 +9,17 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from a2a.client import (
-    A2ACardResolver,
     A2AClientError,
     A2AClientTimeoutError,
-    AgentCardResolutionError,
     Client,
     ClientCallContext,
-    ClientConfig,
-    ClientFactory,
 )
 from a2a.helpers import get_data_parts, get_message_text, get_text_parts, new_data_part
 from a2a.types import (
-    AgentCard,
     CancelTaskRequest,
     GetTaskRequest,
     ListTasksRequest,
@@ -51,24 +34,24 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
 from google.protobuf.json_format import MessageToDict
-from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.claims import as_activity_error, holder_of, keep_lease
-from activities.store import Holder, StaleFence, Store, StoreError
+from activities.claims import as_activity_error
+from activities.store import Holder, StaleFence, StoreError
 from workflows.activity_types import (
     CLAIM_LEASE_SECONDS,
-    Activity,
     AgentError,
     AgentInvocation,
     AgentResult,
     FailureDetails,
     RateLimitDetails,
-    RunRef,
     TaskPause,
 )
 from workflows.status import Artifact
+
+if TYPE_CHECKING:
+    from activities.agents import AgentActivities
 
 log = logging.getLogger(__name__)
 
@@ -147,119 +130,7 @@ class Progress:
         return {"taskId": self.task_id, "state": self.state, "events": self.events}
 
 
-class AgentActivities:
-    def __init__(self, store: Store, timing: Timing | None = None) -> None:
-        self.store = store
-        self.timing = timing or Timing()
-        self._http: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
-        self._cards: dict[str, tuple[float, AgentCard]] = {}  # endpoint -> (read at, monotonic; card)
-
-    def http(self) -> httpx.AsyncClient:
-        """One HTTP client for every call: a new one per call builds a TLS context each time (README,
-        "Benchmarks"), and connections to a long-lived agent are kept. Streams are long, so connections are not capped."""
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._http[0] is not loop or self._http[1].is_closed:
-            client = httpx.AsyncClient(
-                timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
-            )
-            self._http = (loop, client)
-        return self._http[1]
-
-    async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http[1].aclose()
-            self._http = None
-
-    @activity.defn(name=Activity.INVOKE_AGENT)
-    async def invoke_agent(self, inv: AgentInvocation) -> AgentResult:
-        run = inv.contract.run
-        holder = holder_of(
-            RunRef(namespace=run.namespace, name=run.name, uid=run.uid, triggered_by=run.triggered_by)
-        )
-        try:
-            if run.work_item_ref is None:
-                await self.store.begin_attempt(holder, run.attempt)
-        except StoreError as err:
-            raise as_activity_error(err) from None
-        progress = Progress(task_id=_previous_task_id())
-        beat = asyncio.create_task(self._heartbeat(progress))
-        try:
-            async with keep_lease(
-                self.store,
-                run.work_item_ref,
-                holder,
-                run.fence,
-                self.timing.lease_seconds,
-                self.timing.lease_seconds / 3,
-            ) as lease:
-                client = await self._connect(self.http(), inv)
-                try:
-                    call = Invocation(self, client, inv, holder, progress)
-                    work = asyncio.ensure_future(call.run())
-                    lost = asyncio.ensure_future(lease.lost.wait())
-                    try:
-                        await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
-                    except asyncio.CancelledError:
-                        await _cancel_and_wait(work)
-                        # The worker stopping is not the run being cancelled: the agent's task goes on, and the
-                        # activity's retry (on this worker restarted, or another) resubscribes to it.
-                        if not activity.is_worker_shutdown():
-                            await call.cancel_remote()
-                        raise
-                    finally:
-                        lost.cancel()
-                    if not work.done():  # the claim moved to another holder: stop acting for the run
-                        await _cancel_and_wait(work)
-                        await call.cancel_remote()
-                        raise ApplicationError(
-                            f"lost the claim: {lease.reason}", type="StaleFence", non_retryable=True
-                        )
-                    return work.result()
-                except ApplicationError:
-                    self._cards.pop(inv.endpoint, None)  # the next attempt reads the card again
-                    raise
-                finally:
-                    await client.close()
-        finally:
-            beat.cancel()
-
-    async def _connect(self, http: httpx.AsyncClient, inv: AgentInvocation) -> Client:
-        factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
-        now = time.monotonic()
-        cached = self._cards.get(inv.endpoint)
-        if cached is not None and now - cached[0] < CARD_TTL_SECONDS:
-            return factory.create(cached[1])
-        try:
-            card = await A2ACardResolver(http, inv.endpoint).get_agent_card()
-            client = factory.create(card)
-        except AgentCardResolutionError as err:
-            raise agent_error(
-                AgentError.SANDBOX_LOST,
-                f"cannot reach the agent at {inv.endpoint}: {err.message}",
-                FailureDetails(message=f"agent card: {err.message}"),
-            ) from None
-        except (A2AError, ValidationError, ValueError) as err:
-            raise agent_error(
-                AgentError.INVALID_AGENT_RESPONSE,
-                f"invalid agent card at {inv.endpoint}: {err}",
-                FailureDetails(message=str(err)),
-            ) from None
-        self._cards.pop(inv.endpoint, None)
-        if len(self._cards) >= MAX_CACHED_CARDS:
-            self._cards = {e: c for e, c in self._cards.items() if now - c[0] < CARD_TTL_SECONDS}
-            while len(self._cards) >= MAX_CACHED_CARDS:
-                del self._cards[next(iter(self._cards))]  # the oldest read
-        self._cards[inv.endpoint] = (now, card)
-        return client
-
-    async def _heartbeat(self, progress: Progress) -> None:
-        while True:
-            activity.heartbeat(progress.heartbeat())
-            await asyncio.sleep(self.timing.heartbeat_seconds)
-
-
-def _previous_task_id() -> str | None:
+def previous_task_id() -> str | None:
     """The remote task an earlier attempt of this activity started, from its last heartbeat."""
     details = activity.info().heartbeat_details
     if details and isinstance(details[0], dict):
@@ -268,7 +139,7 @@ def _previous_task_id() -> str | None:
     return None
 
 
-async def _cancel_and_wait(task: "asyncio.Future[Any]") -> None:
+async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
@@ -278,7 +149,12 @@ class Invocation:
     """One run of invoke_agent against one agent."""
 
     def __init__(
-        self, acts: AgentActivities, client: Client, inv: AgentInvocation, holder: Holder, progress: Progress
+        self,
+        acts: "AgentActivities",
+        client: Client,
+        inv: AgentInvocation,
+        holder: Holder,
+        progress: Progress,
     ) -> None:
         self.store = acts.store
         self.timing = acts.timing
