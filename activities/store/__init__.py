@@ -11,12 +11,10 @@ Rules (DESIGN.md "Work items and claims"):
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both.
 """
 
-import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -24,6 +22,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from activities.store import migrations
+from activities.store.connection import as_utc, async_url, sync_url, unavailable, utcnow
+from activities.store.records import (
+    ClaimResult,
+    Event,
+    HistoryEntry,
+    Holder,
+    StaleFence,
+    StoreError,
+    StoreUnavailable,
+    WorkItemHeld,
+)
 from activities.store.schema import (
     artifacts,
     claim_history,
@@ -33,114 +42,22 @@ from activities.store.schema import (
     run_sequences,
 )
 
-P = ParamSpec("P")
+__all__ = [
+    "ClaimResult",
+    "Event",
+    "HistoryEntry",
+    "Holder",
+    "StaleFence",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "WorkItemHeld",
+    "async_url",
+    "sync_url",
+    "utcnow",
+]
+
 T = TypeVar("T")
-
-
-class StoreError(Exception):
-    pass
-
-
-class StaleFence(StoreError):
-    """The write's fence is not the current one: another holder (or a later attempt) owns the item now."""
-
-
-class WorkItemHeld(StoreError):
-    """Another run holds the work item and its lease has not expired."""
-
-    def __init__(self, work_item_ref: str, holder_run: str | None, lease_expires_at: datetime | None) -> None:
-        until = f" until {lease_expires_at.isoformat()}" if lease_expires_at else ""
-        super().__init__(f"{work_item_ref} is held by {holder_run}{until}")
-        self.holder_run = holder_run
-        self.lease_expires_at = lease_expires_at
-
-
-class StoreUnavailable(StoreError):
-    """The database cannot be reached or failed: retry later; nothing was written."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who writes: a run, by its uid (a recreated Run with the same name is another holder)."""
-
-    uid: str
-    run: str  # "<namespace>/<name>"
-    triggered_by: str | None = None
-
-
-@dataclass(frozen=True)
-class ClaimResult:
-    fence: int
-    lease_expires_at: datetime
-    took_over_from: str | None  # the uid of an expired holder this claim replaced
-
-
-@dataclass(frozen=True)
-class Event:
-    seq: int
-    kind: str
-    message: str
-    data: Any
-    fence: int
-    attempt: int
-    triggered_by: str | None
-    at: datetime
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    action: str
-    holder_uid: str
-    holder_run: str
-    fence: int
-    previous_holder_uid: str | None
-    triggered_by: str | None
-    at: datetime
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-def _utc(value: datetime) -> datetime:
-    """SQLite hands datetimes back without a zone; everything stored is UTC."""
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def async_url(url: str) -> str:
-    """Accept the plain forms operators write (postgresql://, sqlite:///) and pick the async drivers."""
-    for prefix, driver in (
-        ("postgresql://", "postgresql+psycopg://"),
-        ("postgres://", "postgresql+psycopg://"),
-        ("sqlite:///", "sqlite+aiosqlite:///"),
-    ):
-        if url.startswith(prefix):
-            return driver + url[len(prefix) :]
-    return url
-
-
-def sync_url(url: str) -> str:
-    url = async_url(url)
-    return url.replace("sqlite+aiosqlite://", "sqlite://", 1)
-
-
-def _unavailable(func: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Database outages surface as StoreUnavailable (retryable), never as a silent success."""
-
-    @functools.wraps(func)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await func(*args, **kwargs)
-        except (exc.OperationalError, exc.InterfaceError, OSError, ConnectionError) as err:
-            raise StoreUnavailable(
-                f"{func.__name__}: database unavailable: {err.__class__.__name__}: {err}"
-            ) from err
-        except exc.DBAPIError as err:
-            if err.connection_invalidated:
-                raise StoreUnavailable(f"{func.__name__}: connection lost: {err}") from err
-            raise
-
-    return wrapper
 
 
 CONNECT_TIMEOUT_SECONDS = 10
@@ -190,7 +107,7 @@ class Store:
             return False
         return True
 
-    @_unavailable
+    @unavailable
     async def migrate(self) -> None:
         """Bring the schema to the newest revision (a no-op when it is there already)."""
         async with self.engine.begin() as conn:
@@ -212,7 +129,7 @@ class Store:
 
     # --- claims -------------------------------------------------------------------------------------------
 
-    @_unavailable
+    @unavailable
     async def claim(
         self, work_item_ref: str, holder: Holder, lease_seconds: float, conn: AsyncConnection | None = None
     ) -> ClaimResult:
@@ -259,7 +176,7 @@ class Store:
                 raise WorkItemHeld(
                     work_item_ref,
                     current.holder_run if current else None,
-                    _utc(current.lease_expires_at) if current and current.lease_expires_at else None,
+                    as_utc(current.lease_expires_at) if current and current.lease_expires_at else None,
                 )
             took_over = row.previous_holder_uid if row.previous_holder_uid not in (None, holder.uid) else None
             await self._history(
@@ -294,7 +211,7 @@ class Store:
             raise StaleFence(f"{work_item_ref}: fence {fence} of {holder.run} is no longer current")
         return row
 
-    @_unavailable
+    @unavailable
     async def renew(self, work_item_ref: str, holder: Holder, fence: int, lease_seconds: float) -> datetime:
         """Extend the lease of a claim we hold with `fence` (heartbeats call this)."""
         async with self.engine.begin() as c:
@@ -305,7 +222,7 @@ class Store:
             )
             return until
 
-    @_unavailable
+    @unavailable
     async def fence_bump(
         self, work_item_ref: str, holder: Holder, fence: int, conn: AsyncConnection | None = None
     ) -> int:
@@ -321,7 +238,7 @@ class Store:
 
         return await self._in(conn, work)
 
-    @_unavailable
+    @unavailable
     async def release(self, work_item_ref: str, holder: Holder, fence: int) -> None:
         """Give the item up; refused (StaleFence) when `fence` is not the current fence of this holder."""
         async with self.engine.begin() as c:
@@ -364,7 +281,7 @@ class Store:
             )
         )
 
-    @_unavailable
+    @unavailable
     async def begin_attempt(self, holder: Holder, attempt: int) -> None:
         """A run without a work item starts attempt `attempt`: writes of earlier attempts are refused."""
         async with self.engine.begin() as c:
@@ -432,7 +349,7 @@ class Store:
             raise StaleFence(f"{where}: fence {fence} is no longer current; write refused")
         return row
 
-    @_unavailable
+    @unavailable
     async def append_event(
         self,
         holder: Holder,
@@ -485,14 +402,14 @@ class Store:
         ).scalar_one()
         return int(seq)
 
-    @_unavailable
+    @unavailable
     async def next_in_line(self, name: str) -> int:
         """1, 2, 3... for each call with the same `name` (at most 128 characters), across every process: a
         named counter kept in run_sequences beside the runs' event numbers."""
         async with self.engine.begin() as c:
             return await self.next_seq(c, name)
 
-    @_unavailable
+    @unavailable
     async def put_artifact(
         self,
         holder: Holder,
@@ -530,7 +447,7 @@ class Store:
 
     # --- reads --------------------------------------------------------------------------------------------
 
-    @_unavailable
+    @unavailable
     async def events(self, run_uid: str, after: int = 0, limit: int = 500) -> list[Event]:
         """The run's events after sequence number `after`, in order (resume a stream from its last seq)."""
         async with self.engine.connect() as c:
@@ -549,12 +466,12 @@ class Store:
                     fence=r.fence,
                     attempt=r.attempt,
                     triggered_by=r.triggered_by,
-                    at=_utc(r.at),
+                    at=as_utc(r.at),
                 )
                 for r in rows
             ]
 
-    @_unavailable
+    @unavailable
     async def claim_history(self, work_item_ref: str) -> list[HistoryEntry]:
         async with self.engine.connect() as c:
             rows = await c.execute(
@@ -570,12 +487,12 @@ class Store:
                     fence=r.fence,
                     previous_holder_uid=r.previous_holder_uid,
                     triggered_by=r.triggered_by,
-                    at=_utc(r.at),
+                    at=as_utc(r.at),
                 )
                 for r in rows
             ]
 
-    @_unavailable
+    @unavailable
     async def holder_of(self, work_item_ref: str) -> tuple[str | None, int]:
         """(holder uid or None, current fence)."""
         async with self.engine.connect() as c:

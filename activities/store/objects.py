@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from activities.store import Store, _unavailable, _utc
+from activities.store import Store
+from activities.store.connection import as_utc, unavailable
 from activities.store.schema import objects, run_events
 
 API_VERSION = "ksquad.io/v1alpha1"
@@ -60,7 +61,7 @@ def _stored(row: Any) -> StoredObject:
         int(row.generation),
         row.spec,
         row.status,
-        _utc(row.created_at),
+        as_utc(row.created_at),
     )
 
 
@@ -68,7 +69,7 @@ class ObjectStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    @_unavailable
+    @unavailable
     async def apply(
         self, kind: str, namespace: str, name: str, spec: dict[str, Any]
     ) -> tuple[StoredObject, Applied]:
@@ -101,7 +102,7 @@ class ObjectStore:
             stored = (await c.execute(sa.select(objects).where(key))).one()
             return _stored(stored), action
 
-    @_unavailable
+    @unavailable
     async def get(self, kind: str, namespace: str, name: str) -> StoredObject | None:
         async with self.store.engine.connect() as c:
             row = (
@@ -113,7 +114,7 @@ class ObjectStore:
             ).first()
             return _stored(row) if row else None
 
-    @_unavailable
+    @unavailable
     async def of_kind(self, kind: str, namespace: str | None = None) -> list[StoredObject]:
         query = sa.select(objects).where(objects.c.kind == kind)
         if namespace is not None:
@@ -122,7 +123,7 @@ class ObjectStore:
             rows = await c.execute(query.order_by(objects.c.namespace, objects.c.created_at, objects.c.name))
             return [_stored(r) for r in rows]
 
-    @_unavailable
+    @unavailable
     async def delete(self, kind: str, namespace: str, name: str, uid: str | None = None) -> bool:
         query = sa.delete(objects).where(
             objects.c.kind == kind, objects.c.namespace == namespace, objects.c.name == name
@@ -132,7 +133,7 @@ class ObjectStore:
         async with self.store.transaction() as c:
             return bool((await c.execute(query)).rowcount)
 
-    @_unavailable
+    @unavailable
     async def write_run_status(
         self,
         namespace: str,
