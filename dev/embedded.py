@@ -80,6 +80,7 @@ def validate_documents(docs: Iterable[Any]) -> list[Manifest]:
         try:
             if kind == "Run":
                 run = parse_run_manifest(doc)
+                meta: ObjectMeta
                 meta, spec = run.metadata, run.spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
             else:
                 meta = ObjectMeta.model_validate(doc.get("metadata") or {})

@@ -207,7 +207,7 @@ def transition(
     """The next status: the phase moves along an edge of DESIGN.md's lifecycle, the revision goes up.
 
     Paused keeps a pause reason (and a resume time when one is known); leaving Paused clears them. A terminal
-    phase sets Complete=True and is absorbing.
+    phase is absorbing and sets, as a Job does, Complete=True (Succeeded) or Failed=True (Failed, Cancelled).
     """
     if phase not in ALLOWED[status.phase]:
         raise InvalidTransition(f"{status.phase} -> {phase} is not an edge of the Run lifecycle")
@@ -227,6 +227,10 @@ def transition(
         set_condition(nxt, ConditionType.PAUSED, True, str(pause_reason), message or "", now, generation)
     elif status.phase == Phase.PAUSED:
         set_condition(nxt, ConditionType.PAUSED, False, "Resumed", "", now, generation)
-    if phase.terminal:
-        set_condition(nxt, ConditionType.COMPLETE, True, phase.value, message or "", now, generation)
+    if phase == Phase.SUCCEEDED:
+        set_condition(
+            nxt, ConditionType.COMPLETE, True, reason or phase.value, message or "", now, generation
+        )
+    elif phase.terminal:
+        set_condition(nxt, ConditionType.FAILED, True, reason or phase.value, message or "", now, generation)
     return nxt

@@ -20,9 +20,17 @@ K8sName = Annotated[
         max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
     ),
 ]
+# A Run's name labels its sandboxes (label values are at most 63 characters): the CRD says so too.
+RunName = Annotated[
+    str,
+    StringConstraints(
+        max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    ),
+]
 # Inputs travel in the workflow's history and the sandbox's environment: keep them well under Temporal's
 # 2 MB payload limit, and say so clearly instead of failing deep inside Temporal.
 MAX_INPUTS_BYTES = 256 * 1024
+MAX_INPUT_KEYS = 64
 
 
 class SandboxPolicy(KsquadModel):
@@ -67,7 +75,8 @@ class RunSpec(KsquadModel):
     # Empty means the Team's agents.
     agents: list[K8sName] = Field(default_factory=list, max_length=32)
     work_item_ref: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
-    inputs: dict[str, str] = Field(default_factory=dict)
+    # Bounded in number too: the admission rule that sums their sizes must have a bounded cost.
+    inputs: dict[str, str] = Field(default_factory=dict, max_length=MAX_INPUT_KEYS)
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
     model_endpoint_ref: K8sName | None = None
     sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
@@ -104,13 +113,17 @@ class ObjectMeta(KsquadModel):
     namespace: K8sName = "default"
 
 
+class RunMeta(ObjectMeta):
+    name: RunName
+
+
 class RunManifest(KsquadModel):
     """A whole Run manifest, as `kubectl apply -f` and `ksquad run -f` take it."""
 
     model_config = KsquadModel.model_config | ConfigDict(extra="allow")  # status and the like are ignored
     api_version: Literal["ksquad.io/v1alpha1"]
     kind: Literal["Run"]
-    metadata: ObjectMeta
+    metadata: RunMeta
     spec: RunSpec
 
 

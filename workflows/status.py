@@ -38,7 +38,10 @@ class ConditionType(StrEnum):
     WORK_ITEM_CLAIMED = "WorkItemClaimed"
     SANDBOX_READY = "SandboxReady"
     PAUSED = "Paused"
-    COMPLETE = "Complete"  # True once terminal; its reason is the terminal phase
+    # As a Job's: Complete=True when the run Succeeded, Failed=True when it Failed or was Cancelled (reason
+    # Cancelled), so `kubectl wait --for=condition=Complete` never returns on a failure.
+    COMPLETE = "Complete"
+    FAILED = "Failed"
 
 
 class Condition(KsquadModel):

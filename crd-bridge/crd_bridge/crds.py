@@ -25,7 +25,7 @@ from crd_bridge.resources import (
     TeamSpec,
     ToolResourceSpec,
 )
-from workflows.spec import RunSpec
+from workflows.spec import MAX_INPUTS_BYTES, RunSpec
 from workflows.status import RunStatus
 
 GROUP = "ksquad.io"
@@ -94,6 +94,7 @@ class Resource:
     columns: list[Schema] = field(default_factory=list)
     spec_rules: list[Schema] = field(default_factory=list)
     rules_at: dict[str, list[Schema]] = field(default_factory=dict)  # property path -> CEL rules
+    root_rules: list[Schema] = field(default_factory=list)  # CEL rules that see metadata.name
 
 
 AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
@@ -109,7 +110,8 @@ RESOURCES = [
             {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
             {"name": "Agent", "type": "string", "jsonPath": ".status.agent"},
             {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
-            {"name": "Resume-At", "type": "date", "jsonPath": ".status.resumeAt"},
+            # a string: kubectl prints a future `date` as <invalid>
+            {"name": "Resume-At", "type": "string", "jsonPath": ".status.resumeAt"},
             AGE,
             {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
             {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
@@ -118,16 +120,32 @@ RESOURCES = [
             {
                 "rule": "(has(self.agents) && size(self.agents) > 0) || has(self.teamRef)",
                 "message": "name at least one agent in spec.agents, or a spec.teamRef whose agents run it",
+            },
+            {  # the running workflow was started with it: an edit would be silently ignored
+                "rule": "self == oldSelf",
+                "message": "spec cannot change once the Run exists: create another Run (delete this one to cancel it)",
+            },
+        ],
+        root_rules=[
+            {
+                "rule": "size(self.metadata.name) <= 63",
+                "message": "metadata.name: at most 63 characters (it labels the Run's sandboxes)",
             }
         ],
         rules_at={
+            "inputs": [
+                {
+                    "rule": f"self.map(k, size(k) + size(self[k])).sum() <= {MAX_INPUTS_BYTES}",
+                    "message": f"spec.inputs: more than {MAX_INPUTS_BYTES} characters in all (keys and values)",
+                }
+            ],
             "retryPolicy": [
                 {
                     "rule": "!has(self.maxBackoffSeconds) || (has(self.backoffSeconds) ? self.backoffSeconds : 10)"
                     " <= self.maxBackoffSeconds",
                     "message": "maxBackoffSeconds must not be below backoffSeconds",
                 }
-            ]
+            ],
         },
     ),
     Resource(
@@ -194,11 +212,17 @@ def crd(resource: Resource) -> Schema:
         spec["x-kubernetes-validations"] = resource.spec_rules
     for path, rules in resource.rules_at.items():
         spec["properties"][path]["x-kubernetes-validations"] = rules
+    if "inputs" in spec["properties"]:  # bounds the cost of the rule that sums the inputs' sizes
+        spec["properties"]["inputs"]["additionalProperties"]["maxLength"] = MAX_INPUTS_BYTES
     properties: Schema = {"spec": spec}
     version: Schema = {"name": VERSION, "served": True, "storage": True}
     if resource.status is not None:
         properties["status"] = structural(resource.status)
         version["subresources"] = {"status": {}}
+        conditions = properties["status"]["properties"].get("conditions")
+        if conditions is not None:  # as metav1.Condition lists are: one entry per type, merged by type
+            conditions["x-kubernetes-list-type"] = "map"
+            conditions["x-kubernetes-list-map-keys"] = ["type"]
     version["additionalPrinterColumns"] = resource.columns
     version["schema"] = {
         "openAPIV3Schema": {
@@ -211,6 +235,7 @@ def crd(resource: Resource) -> Schema:
                 **properties,
             },
             "required": ["spec"],
+            **({"x-kubernetes-validations": resource.root_rules} if resource.root_rules else {}),
         }
     }
     return {

@@ -75,7 +75,8 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
     assert status["observedGeneration"] == run["metadata"]["generation"]
     assert status["triggeredBy"] == "ksquad-test-admin", "stamped at admission: the user who applied it"
     assert run["metadata"]["annotations"]["ksquad.io/triggered-by"] == "ksquad-test-admin"
-    assert {c["type"]: c["status"] for c in status["conditions"]}["Complete"] == "True"
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["Complete"] == "True" and "Failed" not in conditions
 
     table = stack.kubectl("get", "runs", "-n", ns, "fix-flaky-tests", "--no-headers").stdout.split()
     assert table[1:4] == ["Succeeded", "dev-1", "1"]

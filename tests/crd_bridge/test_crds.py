@@ -58,6 +58,26 @@ def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane
     )
     row = crds.kubectl("get", "kr", "fix-flaky-tests", "-n", namespace, "--no-headers").stdout.split()
     assert row[1:4] == ["Running", "dev-1", "1"]
+    # A paused run's resume time, in the future: kubectl printed a `date` column as <invalid>.
+    paused = {
+        "phase": "Paused",
+        "pauseReason": "RateLimited",
+        "resumeAt": "2099-01-01T00:00:00Z",
+        "revision": 4,
+    }
+    crds.kubectl(
+        "patch",
+        "kr",
+        "fix-flaky-tests",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": paused}),
+    )
+    row = crds.kubectl("get", "kr", "fix-flaky-tests", "-n", namespace, "--no-headers").stdout.split()
+    assert row[4] == "2099-01-01T00:00:00Z", row
 
 
 @pytest.mark.parametrize(
@@ -83,6 +103,7 @@ def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane
         # policy's patch (".spec.inputs.task: expected string"), before schema validation: still named
         ({"inputs": {"task": 7}}, "spec.inputs.task"),
         ({"model": ""}, "spec.model: Invalid value"),
+        ({"inputs": {"log": "x" * 270_000}}, "spec.inputs: more than 262144 characters in all"),
     ],
 )
 def test_invalid_runs_are_rejected_naming_the_field(
@@ -107,3 +128,20 @@ def test_every_resource_kind_is_served(crds: ControlPlane, namespace: str) -> No
     }
     crds.kubectl("apply", "-f", "-", input=yaml.safe_dump(agent))
     assert "gpt-x" in crds.kubectl("get", "kagent", "-n", namespace).stdout
+
+
+def test_a_run_name_longer_than_a_label_value_is_refused(crds: ControlPlane, namespace: str) -> None:
+    done = crds.kubectl("apply", "-f", "-", input=run_manifest("r" * 64, namespace), check=False)
+    assert done.returncode != 0
+    assert "metadata.name: at most 63 characters" in done.stderr, done.stderr
+
+
+def test_a_runs_spec_cannot_change_once_it_exists(crds: ControlPlane, namespace: str) -> None:
+    # Edits were accepted and silently ignored (the workflow runs the spec it started with).
+    crds.kubectl("apply", "-f", "-", input=run_manifest("fixed", namespace))
+    crds.kubectl("apply", "-f", "-", input=run_manifest("fixed", namespace))  # the same spec: fine
+    done = crds.kubectl(
+        "apply", "-f", "-", input=run_manifest("fixed", namespace, model="another"), check=False
+    )
+    assert done.returncode != 0
+    assert "spec cannot change once the Run exists" in done.stderr, done.stderr

@@ -249,8 +249,9 @@ def test_any_walk_along_allowed_edges_keeps_the_status_consistent(data: st.DataO
         s = transition(s, phase, NOW + timedelta(seconds=i), pause_reason=pause)
         assert s.revision == i + 1
         assert (s.pause_reason is not None) == (s.phase == Phase.PAUSED)
-        complete = s.condition(ConditionType.COMPLETE)
-        assert (complete is not None) == s.phase.terminal
+        complete, failed = s.condition(ConditionType.COMPLETE), s.condition(ConditionType.FAILED)
+        assert (complete is not None) == (s.phase == Phase.SUCCEEDED), "Complete only on success, as a Job"
+        assert (failed is not None) == (s.phase in (Phase.FAILED, Phase.CANCELLED))
         assert len({c.type for c in s.conditions}) == len(s.conditions)
     if s.phase.terminal:
         assert not ALLOWED[s.phase], "terminal phases are absorbing"

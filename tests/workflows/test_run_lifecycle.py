@@ -68,9 +68,11 @@ async def test_max_retries_exhausted_fails_the_run_after_two_retries_by_default(
     assert "after 2 retries" in (status.message or "")
     assert len(world.calls_of(Activity.INVOKE_AGENT, "r")) == 3
     assert not world.sandboxes
-    complete = status.condition(ConditionType.COMPLETE)
-    assert complete is not None
-    assert (complete.status, complete.reason) == ("True", "Failed")
+    # As a Job: Failed=True, never Complete (`kubectl wait --for=condition=Complete` succeeded on a failure).
+    assert status.condition(ConditionType.COMPLETE) is None
+    failed_condition = status.condition(ConditionType.FAILED)
+    assert failed_condition is not None
+    assert (failed_condition.status, failed_condition.reason) == ("True", "AgentFailed")
 
 
 async def test_zero_retries_fails_at_the_first_failure(client: Client, world: World) -> None:

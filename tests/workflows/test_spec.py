@@ -134,3 +134,16 @@ def test_fuzzed_specs_parse_or_fail_with_named_fields(data: dict[str, Any]) -> N
         return
     assert problems
     assert all(p.startswith("spec") and ": " in p for p in problems)
+
+
+def test_a_run_name_longer_than_a_label_value_is_refused_naming_metadata_name() -> None:
+    # It validated, then failed at Job creation (the name labels the sandboxes; label values are 63 at most).
+    manifest = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": "r" * 64},
+        "spec": {"agents": ["dev-1"]},
+    }
+    with pytest.raises(InvalidObject, match=r"metadata\.name"):
+        parse_run_manifest(manifest)
+    assert parse_run_manifest({**manifest, "metadata": {"name": "r" * 63}}).metadata.name == "r" * 63
