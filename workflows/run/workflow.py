@@ -129,7 +129,8 @@ class RunWorkflow:
 
     @workflow.signal(name=RunSignal.REFERENCES_UPDATED)
     def references_updated(self) -> None:
-        """From the bridge: an object this run may reference changed; resolve again now."""
+        """From the embedded stack: an object this run may reference changed; resolve again now. (On a cluster
+        the bridge sends none: a run waiting for references looks again on its backoff, at most 30 s apart.)"""
         self.references.changed = True
 
     @workflow.signal(name=RunSignal.CREDENTIAL_THROTTLED)
