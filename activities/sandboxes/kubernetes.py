@@ -39,6 +39,7 @@ from workflows.contract import ExecutionContract
 from workflows.spec import SandboxPolicy
 
 log = logging.getLogger(__name__)
+CLAIM_TRIES = 3  # guarded patches of one warm pod, each after reading it again
 
 
 def pod_failure(pod: Obj) -> str | None:
@@ -104,28 +105,46 @@ class KubernetesSandboxes:
         candidates = [p for p in pods if pod_ready(p) and needed <= _mounted_credentials(p)]
         random.shuffle(candidates)  # concurrent claimers spread over the pool instead of racing for one pod
         for pod in candidates:
-            meta = pod["metadata"]
+            bound = await self._claim(pod, contract, needed)
+            if bound is not None:
+                log.info("%s: bound warm pod %s", contract.run.name, bound["metadata"]["name"])
+                return Sandbox(name=bound["metadata"]["name"], kind="warm", endpoint=self._endpoint(bound))
+        return None
+
+    async def _claim(self, pod: Obj, contract: ExecutionContract, needed: set[str]) -> Obj | None:
+        """The guarded label patch: 409 when the pod changed since it was read. A kubelet's status update or a
+        controller's touch changes it too, so read it again and try while it is still warm, ready and free."""
+        url = path("v1", "pods", contract.run.namespace, pod["metadata"]["name"])
+        labels = {
+            LABEL_STATE: "bound",
+            LABEL_RUN: contract.run.name,
+            LABEL_RUN_UID: contract.run.uid,
+            LABEL_ATTEMPT: str(contract.run.attempt),
+        }
+        for _ in range(CLAIM_TRIES):
             patch = {
                 "metadata": {
-                    # the guard: fails with 409 if anyone else got there
-                    "resourceVersion": meta["resourceVersion"],
-                    "labels": {
-                        LABEL_STATE: "bound",
-                        LABEL_RUN: contract.run.name,
-                        LABEL_RUN_UID: contract.run.uid,
-                        LABEL_ATTEMPT: str(contract.run.attempt),
-                    },
+                    "resourceVersion": pod["metadata"]["resourceVersion"],
+                    "labels": labels,
                     "ownerReferences": [owner_reference(contract.run)],
                 }
             }
             try:
-                bound = await self.kube.patch(path("v1", "pods", contract.run.namespace, meta["name"]), patch)
+                return await self.kube.patch(url, patch)
             except ApiError as err:
-                if err.status in (409, 404):
-                    continue  # someone else took it, or it went away: try the next one
+                if err.status == 404:
+                    return None  # it went away
+                if err.status != 409:
+                    raise
+            try:
+                pod = await self.kube.get(url)
+            except ApiError as err:
+                if err.status == 404:
+                    return None
                 raise
-            log.info("%s: bound warm pod %s", contract.run.name, meta["name"])
-            return Sandbox(name=meta["name"], kind="warm", endpoint=self._endpoint(bound))
+            still_free = pod["metadata"].get("labels", {}).get(LABEL_STATE) == "warm"
+            if not (still_free and pod_ready(pod) and needed <= _mounted_credentials(pod)):
+                return None  # someone else took it: try the next one
         return None
 
     async def start_cold(self, req: SandboxRequest) -> Sandbox:

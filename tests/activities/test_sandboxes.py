@@ -4,6 +4,7 @@ warm pools that never double-bind, toolchains, no secrets in specs, pods that ca
 import asyncio
 import base64
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -228,6 +229,45 @@ async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
         )
     leftover = await kube.list(path("v1", "pods", run_ns), labels="ksquad.io/state=bound")
     assert not leftover["items"]
+
+
+async def test_a_warm_pod_touched_between_the_list_and_the_claim_is_still_claimed(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
+) -> None:
+    # A kubelet's status update or a controller's touch moves a pod's resourceVersion too: a 409 on the guarded
+    # patch does not mean someone else took it. bind_warm passed over such a pod and started cold.
+    pool = {
+        "name": "p1",
+        "namespace": run_ns,
+        "replicas": 1,
+        "runtimeClass": "gvisor",
+        "credentials": ["model-key"],
+    }
+    apply_sandbox_parts(
+        ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
+    )
+    (warm,) = await ready_warm(kube, run_ns, 1)
+    backend = KubernetesSandboxes(kube, settings())
+    listed = backend.kube.list
+
+    async def list_then_touch(url: str, **kwargs: Any) -> Any:
+        found = await listed(url, **kwargs)
+        name = warm["metadata"]["name"]
+        ksquad_cluster.kubectl("annotate", "pod", name, "-n", run_ns, f"touched={time.time()}", "--overwrite")
+        return found
+
+    backend.kube.list = list_then_touch  # type: ignore[method-assign, assignment]
+    name = "touched"
+    c = contract(
+        model, namespace=run_ns, name=name, uid=create_run(ksquad_cluster, run_ns, name), work_item_ref=None
+    )
+    bound = await backend.bind_warm(c, SandboxPolicy())
+    backend.kube.list = listed  # type: ignore[method-assign]
+    assert bound is not None and bound.name == warm["metadata"]["name"], (
+        "the free pod is claimed, not skipped"
+    )
+    pod = await kube.get(path("v1", "pods", run_ns, bound.name))
+    assert pod["metadata"]["labels"]["ksquad.io/run"] == name
 
 
 async def ready_warm(kube: Kube, namespace: str, count: int, within: float = 90) -> list[Any]:
