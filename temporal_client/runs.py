@@ -105,8 +105,11 @@ class RunWorkflows:
             static_summary=f"Run {run_input.namespace}/{run_input.name}",
         )
 
-    async def cancel_and_wait(self, namespace: str, name: str, uid: str | None, within: float) -> bool:
-        """Cancel the Run's workflow if it is running, then wait up to `within` seconds for it to end.
+    async def cancel_and_wait(
+        self, namespace: str, name: str, uid: str | None, within: float, reason: str = "the Run was deleted"
+    ) -> bool:
+        """Cancel the Run's workflow if it is running (its status says `reason`, not "cancelled through
+        Temporal"), then wait up to `within` seconds for it to end.
 
         With a `uid`, only the workflow of that Run is cancelled: the bridge deleting a Run leaves an earlier
         Run's alone. With None, whichever Run's workflow runs under the id is (the embedded stack).
@@ -116,7 +119,8 @@ class RunWorkflows:
         if found is None or found.closed or (uid is not None and found.uid != uid):
             return True
         with contextlib.suppress(RPCError):
-            await found.handle.cancel()
+            # The signal, as the cancel annotation and `ksquad runs cancel` do: the Run's status says why.
+            await found.handle.signal(RunWorkflow.cancel, reason)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         while loop.time() < deadline:

@@ -125,6 +125,9 @@ async def test_kubectl_delete_of_a_running_run_ends_cancelled_with_its_sandbox_g
     )
     final = await stack.temporal.get_workflow_handle(f"{stack.namespace}/doomed").query("state")
     assert final["phase"] == "Cancelled"
+    assert final["message"].startswith("the Run was deleted"), final[
+        "message"
+    ]  # not "cancelled through Temporal"
     # The agent drops its model call when its task is cancelled; the model sees the hang-up on its next check.
     await wait_for(lambda: model.state.abandoned == 1, "the agent to stop its model call", within=30)
     jobs = await stack.kube.list(path("batch/v1", "jobs", stack.namespace))

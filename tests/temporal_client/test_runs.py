@@ -6,7 +6,6 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from temporalio.client import WorkflowExecutionStatus
 
 from dev.devserver import DevServer
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
@@ -50,7 +49,9 @@ async def test_a_run_gets_one_workflow_and_waits_for_an_earlier_runs_to_end(
 
     assert await workflows.cancel_and_wait(ns, "r", "uid-1", within=30)
     ended = await workflows.find(ns, "r", "uid-1")
-    assert ended is not None and ended.status == WorkflowExecutionStatus.CANCELED
+    assert ended is not None and ended.closed
+    status = await ended.handle.result()
+    assert (status.phase, status.message) == ("Cancelled", "the Run was deleted"), "the status says why"
 
     assert await workflows.find(ns, "r", "uid-2") is None, "the earlier Run's ended: the new one may start"
     second = await workflows.start(run_input("r", namespace=ns, uid="uid-2"))

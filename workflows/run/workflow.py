@@ -173,9 +173,8 @@ class RunWorkflow:
             if isinstance(err, Interrupted) and err.kind != Interrupt.CANCEL:
                 raise AssertionError(f"unhandled interrupt {err.kind}") from err
             temporal_cancel = isinstance(err, asyncio.CancelledError)
-            await self._cancel_teardown(
-                "cancelled through Temporal" if temporal_cancel else self.cancel_reason
-            )
+            # A reason signalled with the cancellation (the bridge's "the Run was deleted") wins over the generic one.
+            await self._cancel_teardown(self.cancel_reason or "cancelled through Temporal")
             await self._finish()
             if temporal_cancel:
                 raise  # the workflow ends Canceled in Temporal too
