@@ -159,6 +159,22 @@ async def test_missing_references_are_named_waited_for_and_picked_up(client: Cli
     assert resolved.status == "True"
 
 
+async def test_waiting_for_the_same_missing_objects_says_so_once(client: Client, world: World) -> None:
+    # Each look again moved the run to Pending (ReferencesMissing) anew: five identical Events in 20 s.
+    world.missing["r"] = ["Agent ksquad-system/dev-1"]
+    handle = await start_run(client, run_input("r"))
+    await world.until(
+        "four looks", lambda: len(world.calls_of(Activity.RESOLVE_REFERENCES, "r")) >= 4, within=30
+    )
+    missing = [e for e in world.events.get("r", []) if e.reason == "ReferencesMissing"]
+    assert len(missing) == 1, [e.message for e in missing]
+    world.missing["r"] = ["Agent ksquad-system/dev-1", "Skill ksquad-system/pytest"]  # another wait: said
+    await world.until("the new wait", lambda: "Skill" in str(world.events.get("r", [])), within=30)
+    del world.missing["r"]
+    await handle.signal("references_updated")
+    assert (await handle.result()).phase == Phase.SUCCEEDED
+
+
 async def test_references_still_missing_after_claim_seconds_fail_the_run(
     client: Client, world: World
 ) -> None:

@@ -61,7 +61,9 @@ class References:
             if now >= deadline:
                 message = f"{missing} not found within timeouts.claimSeconds ({self.claim_seconds}s)"
                 raise RunFailed("ReferencesNotFound", message)
-            self.mirror.move(Phase.PENDING, reason="ReferencesMissing", message=f"waiting for {missing}")
+            status, message = self.mirror.status, f"waiting for {missing}"
+            if (status.phase, status.reason, status.message) != (Phase.PENDING, "ReferencesMissing", message):
+                self.mirror.move(Phase.PENDING, reason="ReferencesMissing", message=message)  # said once
             wait = min(delay, (deadline - now).total_seconds())
             delay = min(delay * 2, RETRY_MAX_SECONDS)
             with contextlib.suppress(TimeoutError):  # the backoff passed: ask again
