@@ -16,6 +16,7 @@ class KsquadModel(BaseModel):
         serialize_by_alias=True,
         extra="forbid",  # a misspelt field is an error that names it, never silently ignored
         frozen=False,
+        use_attribute_docstrings=True,  # a field's docstring is its description: `kubectl explain` shows it
     )
 
 

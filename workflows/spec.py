@@ -34,16 +34,27 @@ MAX_INPUT_KEYS = 64
 
 
 class SandboxPolicy(KsquadModel):
+    """Where the Run's agent runs: the sandbox's runtime and whether it may come from a warm pool."""
+
     runtime_class: Literal["gvisor", "kata", "runc"] = "gvisor"
-    # interactive runs may take a warm pod from a pool (claim latency, not boot time); batch runs go cold.
+    """The sandbox runtime (a RuntimeClass the chart maps): gvisor (default), kata, or runc (no sandboxing
+    runtime; only where the chart's sandbox.allowedRuntimeClasses allows it)."""
     class_: Literal["interactive", "batch"] = Field(default="interactive", alias="class")
+    """interactive: a warm pod from a pool when one is free (claim latency, not boot time), else a cold Job;
+    batch: always a cold Job."""
     pool: K8sName | None = None
+    """The warm pool to take a pod from (chart value pools[].name); empty: any pool of the runtime class."""
 
 
 class RetryPolicy(KsquadModel):
+    """How a failed attempt is retried: fence the claim, delete the sandbox, back off, try again."""
+
     max_retries: int = Field(default=2, ge=0, le=20)
+    """Retries after the first attempt (0-20); past them the Run is Failed with the last attempt's reason."""
     backoff_seconds: int = Field(default=10, ge=1, le=3600)
+    """The first retry's backoff; it doubles with each retry (equal jitter: half of it fixed, half random)."""
     max_backoff_seconds: int = Field(default=300, ge=1, le=86400)
+    """The cap of the doubling backoff; not below backoffSeconds."""
 
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> "RetryPolicy":
@@ -58,27 +69,40 @@ class RetryPolicy(KsquadModel):
 class Timeouts(KsquadModel):
     """Every phase has a bound: nothing stays Pending, Queued, Claiming, Running or Paused forever."""
 
-    claim_seconds: int = Field(default=300, ge=1, le=7 * 86400)  # Pending (references) and each Claiming
-    run_seconds: int = Field(default=3600, ge=1, le=7 * 86400)  # each attempt's Running
-    # each CredentialExpired/Input/Manual pause
+    claim_seconds: int = Field(default=300, ge=1, le=7 * 86400)
+    """Pending while references are missing, and each Claiming (the work item, then the sandbox)."""
+    run_seconds: int = Field(default=3600, ge=1, le=7 * 86400)
+    """Each attempt's Running (time paused for input or a credential does not count)."""
     paused_seconds: int = Field(default=86400, ge=1, le=30 * 86400)
-    queued_seconds: int = Field(default=86400, ge=1, le=30 * 86400)  # waiting for a concurrency slot
-    # Paused(RateLimited), over all of a run's pauses (each is capped at an hour): a credential that always
-    # answers 429 ends the run instead of keeping it alive.
+    """Each pause that waits for a signal: CredentialExpired, InputRequired, Manual."""
+    queued_seconds: int = Field(default=86400, ge=1, le=30 * 86400)
+    """Queued, waiting for a concurrency slot of the namespace, Team or Project."""
     rate_limited_seconds: int = Field(default=86400, ge=60, le=30 * 86400)
+    """Paused(RateLimited) over all of the Run's pauses (each is capped at an hour): a credential that keeps
+    answering 429 ends the Run Failed (RateLimitedTimeout) instead of keeping it alive."""
 
 
 class RunSpec(KsquadModel):
+    """One unit of agent work: who runs it, on what, with which inputs, and its bounds. It cannot change once
+    the Run exists."""
+
     team_ref: K8sName | None = None
+    """A Team of this namespace: its agents when spec.agents is empty, and its concurrency limit."""
     project_ref: K8sName | None = None
-    # Eligible agents in preference order: the first is primary, the rest are re-route candidates.
-    # Empty means the Team's agents.
+    """A Project of this namespace: its concurrency limit."""
     agents: list[K8sName] = Field(default_factory=list, max_length=32)
+    """Eligible Agents in preference order: the first is primary, the rest re-route candidates after rate
+    limits. Empty: the Team's agents."""
     work_item_ref: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
-    # Bounded in number too: the admission rule that sums their sizes must have a bounded cost.
+    """An opaque reference (an issue, a ticket) the Run claims: at most one Run holds it at a time, with a fence
+    that refuses the writes of an earlier holder."""
     inputs: dict[str, str] = Field(default_factory=dict, max_length=MAX_INPUT_KEYS)
+    """The task's inputs, given to the agent in its first A2A message (never in a Job's spec): at most 64 keys
+    and 256 KiB in all."""
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    """The model name, over the Agent's and the ModelEndpoint's."""
     model_endpoint_ref: K8sName | None = None
+    """A ModelEndpoint of this namespace, over the Agent's."""
     sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     timeouts: Timeouts = Field(default_factory=Timeouts)

@@ -227,7 +227,7 @@ def crd(resource: Resource) -> Schema:
     version["schema"] = {
         "openAPIV3Schema": {
             "type": "object",
-            "description": (resource.spec.__doc__ or resource.kind).strip().splitlines()[0],
+            "description": " ".join((resource.spec.__doc__ or resource.kind).split()),
             "properties": {
                 "apiVersion": {"type": "string"},
                 "kind": {"type": "string"},
