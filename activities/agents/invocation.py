@@ -31,6 +31,7 @@ from a2a.types import (
     SubscribeToTaskRequest,
     Task,
     TaskState,
+    TaskStatus,
 )
 from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
 from google.protobuf.json_format import MessageToDict
@@ -48,6 +49,7 @@ from workflows.activity_types import (
     RateLimitDetails,
     TaskPause,
 )
+from workflows.contract import ExecutionContract
 from workflows.status import Artifact
 
 if TYPE_CHECKING:
@@ -115,6 +117,7 @@ class Progress:
     tokens: float = PROGRESS_BURST  # status updates that may be stored now, refilled at PROGRESS_PER_SECOND
     refilled_at: float = field(default_factory=time.monotonic)
     coalesced: int = 0  # status updates not stored since the last stored one
+    answer: str = ""  # the text of the last text artifact: the agent's answer when it sends one
 
     def may_record(self, state: int) -> bool:
         now = time.monotonic()
@@ -242,8 +245,7 @@ class Invocation:
         return await self.client.get_task(GetTaskRequest(id=task_id, history_length=1))
 
     def _message(self) -> Message:
-        run = self.identity
-        text = f"Attempt {run.attempt} of run {run.namespace}/{run.name}."  # A2A wants a non-empty text
+        text = task_text(self.inv.contract)
         if self.inv.continue_task is not None:
             text = self.inv.continue_task.text or "The credential was refreshed: continue."
         parts = [Part(text=text)]
@@ -310,11 +312,12 @@ class Invocation:
                         "the agent answered with an event that is no task, status, artifact or message",
                         FailureDetails(message=str(event)[:500]),
                     )
-                elif kind == "message":
-                    raise agent_error(
-                        AgentError.INVALID_AGENT_RESPONSE,
-                        "the agent answered with a bare message, not a task",
-                        FailureDetails(message=get_message_text(event.message)),
+                elif kind == "message":  # a plain A2A agent may answer with a message: its answer, done
+                    answer = event.message
+                    final = Task(
+                        id=answer.task_id or answer.message_id,
+                        context_id=answer.context_id,
+                        status=TaskStatus(state=TaskState.TASK_STATE_COMPLETED, message=answer),
                     )
                 activity.heartbeat(self.progress.heartbeat())
                 if final is not None and final.status.state in TERMINAL | PAUSED:
@@ -388,7 +391,8 @@ class Invocation:
         progress.recorded_state, progress.coalesced = state, 0
 
     async def _record_artifact(self, artifact: Any) -> None:
-        name = artifact.name or artifact.artifact_id
+        # An unnamed artifact is named by its place (its id is a UUID, which says nothing to a user).
+        name = artifact.name or f"artifact-{len(self.progress.artifacts) + 1}"
         data = get_data_parts(list(artifact.parts))
         texts = get_text_parts(list(artifact.parts))
         if name == OUTPUTS_ARTIFACT:
@@ -409,6 +413,8 @@ class Invocation:
                 FailureDetails(message="artifact too large", task_id=self.progress.task_id),
             )
         media_type = "text/plain" if texts else "application/json"
+        if texts:
+            self.progress.answer = "\n".join(texts)
         await self._fenced(
             self.store.put_artifact(
                 self.holder,
@@ -459,11 +465,13 @@ class Invocation:
         if state == TaskState.TASK_STATE_COMPLETED:
             if not self.progress.outputs:
                 self._take_outputs(metadata.get(OUTPUTS_ARTIFACT))
+            # The agent's answer: its text artifact when it sent one (the final status may only say "done"),
+            # else its final message.
             return AgentResult(
                 task_id=task.id,
                 outputs=self.progress.outputs,
                 artifacts=self.progress.artifacts,
-                summary=text[:500],
+                summary=(self.progress.answer or text)[:500],
             )
         pause = TaskPause(task_id=task.id, context_id=task.context_id, message=text[:2000])
         if state == TaskState.TASK_STATE_INPUT_REQUIRED:
@@ -490,6 +498,16 @@ class Invocation:
         raise agent_error(
             AgentError.AGENT_FAILED, message, FailureDetails(message=message[:2000], task_id=task.id)
         )
+
+
+def task_text(contract: ExecutionContract) -> str:
+    """The message's text: what any A2A agent reads. The task (input `task`, then the other inputs as
+    `key: value` lines); a ksquad agent reads the whole contract from the data part beside it."""
+    inputs = contract.inputs
+    lines = [inputs["task"]] if "task" in inputs else []
+    lines += [f"{key}: {value}" for key, value in inputs.items() if key != "task"]
+    run = contract.run
+    return "\n".join(lines) or f"Attempt {run.attempt} of run {run.namespace}/{run.name}."  # never empty
 
 
 def _str(value: Any) -> str | None:
