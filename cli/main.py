@@ -157,6 +157,23 @@ class Watcher:
             self.countdown_shown = False
 
 
+async def artifacts(target: Target, namespace: str, name: str, artifact: str | None, as_json: bool) -> int:
+    """Without `artifact`: the Run's artifacts (from its status). With it: that artifact's content, raw."""
+    if artifact is not None:
+        sys.stdout.buffer.write(await target.artifact(namespace, name, artifact))
+        sys.stdout.buffer.flush()
+        return 0
+    listed = ((await target.get(namespace, name)).get("status") or {}).get("artifacts") or []
+    if as_json:
+        print(json.dumps({"items": listed}, indent=2))
+    elif not listed:
+        print(f"Run {namespace}/{name} has no artifacts.", file=sys.stderr)
+    else:
+        rows = [[a.get("name", ""), a.get("mediaType") or "", str(a.get("size") or "")] for a in listed]
+        print(table(["NAME", "TYPE", "SIZE"], rows))
+    return 0
+
+
 async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int:
     watcher = Watcher(as_json)
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -238,6 +255,8 @@ async def runs_command(args: argparse.Namespace) -> int:
                     table(["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"], [run_row(run)])
                 )
             return 0
+        if action == "artifacts":
+            return await artifacts(target, namespace, name, args.artifact, as_json)
         if action == "describe":
             print(describe(await target.get(namespace, name)))
             return 0
@@ -351,12 +370,17 @@ def parser() -> argparse.ArgumentParser:
         ("pause", "pause a Run (it resumes with `resume`)"),
         ("resume", "resume a paused Run"),
         ("delete", "cancel and remove a Run"),
+        ("artifacts", "list a Run's artifacts, or write one's content to stdout"),
     ):
         q = actions.add_parser(action, help=help_text)
         q.add_argument("name", help="NAME or NAMESPACE/NAME")
         q.add_argument("-n", "--namespace", default="default")
         if action in (RunSignal.CANCEL, RunSignal.PAUSE):
             q.add_argument("--reason", help="recorded in the Run's status")
+        if action == "artifacts":
+            q.add_argument(
+                "artifact", nargs="?", help="an artifact's name: its content, as the agent made it"
+            )
         target_options(q, ("json", "yaml") if action == "get" else ("json",))
 
     h = sub.add_parser("hello", help="a small workflow on Temporal's dev server (a smoke check)")

@@ -36,6 +36,7 @@ class Target(Protocol):
     async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None: ...
     async def delete(self, namespace: str, name: str) -> None: ...
     def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
+    async def artifact(self, namespace: str, name: str, artifact: str) -> bytes: ...
     async def close(self) -> None: ...
 
 
@@ -107,6 +108,12 @@ class EmbeddedTarget:
 
     async def delete(self, namespace: str, name: str) -> None:
         await self._call("DELETE", f"/runs/{namespace}/{name}")
+
+    async def artifact(self, namespace: str, name: str, artifact: str) -> bytes:
+        response = await self.http.get(f"/runs/{namespace}/{name}/artifacts/{artifact}")
+        if response.status_code >= 400:
+            raise CliError(response.json().get("error") or f"HTTP {response.status_code}")
+        return response.content
 
     async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
         """The run's events (server-sent), resuming after the last one seen if the connection drops."""
@@ -205,6 +212,14 @@ class ClusterTarget:
     async def delete(self, namespace: str, name: str) -> None:
         await self.get(namespace, name)
         await self._call("delete", path(API_VERSION, "runs", namespace, name))
+
+    async def artifact(self, namespace: str, name: str, artifact: str) -> bytes:
+        # The content lives in the worker's database, which the cluster's API server does not serve.
+        await self.get(namespace, name)
+        raise CliError(
+            f"artifact content is not served on {self.where}: the Run's status lists its artifacts "
+            f"(ksquad runs artifacts {namespace}/{name}); their content is in the ksquad database's artifacts table"
+        )
 
     async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
         """Phase changes, read from the Run's status (the cluster keeps no per-run event log for the CLI)."""

@@ -126,6 +126,16 @@ def api_app(
         return JSONResponse({"run": f"{run.namespace}/{run.name}", "signal": action})
 
     @_errors
+    async def artifact(request: Request) -> Response:
+        run = await runs.get(*key(request))
+        name = request.path_params["artifact"]
+        found = await store.artifact(run.uid, name)
+        if found is None:
+            return error(404, f"run {run.namespace}/{run.name} has no artifact {name!r}")
+        media_type, content = found
+        return Response(content, media_type=media_type or "application/octet-stream")
+
+    @_errors
     async def events(request: Request) -> Response:
         run = await runs.get(*key(request))
         cursor = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
@@ -146,6 +156,7 @@ def api_app(
         Route("/runs/{namespace}/{name}", get_run),
         Route("/runs/{namespace}/{name}", delete_run, methods=["DELETE"]),
         Route("/runs/{namespace}/{name}/events", events),
+        Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", artifact),
         Route("/runs/{namespace}/{name}/{action:str}", signal_run, methods=["POST"]),
     ]
     app = Starlette(routes=routes)

@@ -472,6 +472,19 @@ class Store:
             ]
 
     @unavailable
+    async def artifact(self, run_uid: str, name: str) -> tuple[str | None, bytes] | None:
+        """An artifact's media type and content, or None when the run has no artifact of that name."""
+        async with self.engine.connect() as c:
+            row = (
+                await c.execute(
+                    sa.select(artifacts.c.media_type, artifacts.c.content).where(
+                        artifacts.c.run_uid == run_uid, artifacts.c.name == name
+                    )
+                )
+            ).first()
+            return (row.media_type, bytes(row.content or b"")) if row else None
+
+    @unavailable
     async def claim_history(self, work_item_ref: str) -> list[HistoryEntry]:
         async with self.engine.connect() as c:
             rows = await c.execute(

@@ -105,6 +105,15 @@ async def test_run_then_list_get_and_watch_a_run_to_success(dev: DevProcess, tmp
     human = await dev.cli("runs", "watch", "quick-1")  # a finished run: its story, then its summary
     assert "Succeeded" in human.out and "Run default/quick-1" in human.out
 
+    # The agent's artifacts: listed from the status, each one's content from the store (nothing gave it back).
+    artifacts = await dev.cli("runs", "artifacts", "quick-1", "-o", "json")
+    assert artifacts.code == 0, artifacts.err
+    assert [a["name"] for a in artifacts.json()["items"]] == ["answer"]
+    content = await dev.cli("runs", "artifacts", "quick-1", "answer")
+    assert (content.code, content.out) == (0, "quick answer")
+    missing = await dev.cli("runs", "artifacts", "quick-1", "nothing-of-the-kind")
+    assert missing.code == 1 and "has no artifact 'nothing-of-the-kind'" in missing.err
+
 
 async def test_pause_resume_cancel_and_delete_steer_a_running_run(dev: DevProcess, tmp_path: Path) -> None:
     assert (
