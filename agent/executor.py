@@ -238,6 +238,7 @@ class KsquadAgentExecutor(AgentExecutor):
                             "retryAfter": err.retry_after,
                             "retryAfterMs": err.retry_after_ms,
                             "date": err.date,
+                            "resets": err.resets,
                             "model": model.name,
                             "credential": f"{contract.run.namespace}/{credential}" if credential else None,
                         },

@@ -28,13 +28,30 @@ class ModelError(Exception):
 
 class RateLimited(ModelError):
     def __init__(
-        self, model: str, retry_after: str | None, retry_after_ms: str | None, date: str | None
+        self,
+        model: str,
+        retry_after: str | None,
+        retry_after_ms: str | None,
+        date: str | None,
+        resets: dict[str, str] | None = None,
     ) -> None:
         super().__init__(f"{model}: rate limited (Retry-After {retry_after or retry_after_ms or 'absent'})")
         self.model = model
         self.retry_after = retry_after
         self.retry_after_ms = retry_after_ms
         self.date = date
+        self.resets = resets or {}  # the provider's own reset headers, raw: the orchestrator parses them
+
+
+def reset_headers(headers: Any) -> dict[str, str]:
+    """OpenAI's x-ratelimit-reset-requests/-tokens ("6m0s", "12ms") and Anthropic's
+    anthropic-ratelimit-*-reset (RFC 3339 times): when the limit ends, when there is no Retry-After."""
+    return {
+        name.lower(): value
+        for name, value in headers.items()
+        if name.lower().startswith("x-ratelimit-reset-")
+        or (name.lower().startswith("anthropic-ratelimit-") and name.lower().endswith("-reset"))
+    }
 
 
 class Unauthorized(ModelError):
@@ -133,7 +150,11 @@ async def complete(model: Model, messages: list[dict[str, Any]], tools: list[dic
     except openai.RateLimitError as err:
         headers = err.response.headers
         raise RateLimited(
-            model.name, headers.get("retry-after"), headers.get("retry-after-ms"), headers.get("date")
+            model.name,
+            headers.get("retry-after"),
+            headers.get("retry-after-ms"),
+            headers.get("date"),
+            reset_headers(headers),
         ) from None
     except openai.AuthenticationError as err:
         raise Unauthorized(f"{model.name}: {err.message}") from None

@@ -188,6 +188,8 @@ def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
             headers["retry-after"] = str(step["retry_after"])
         if "retry_after_ms" in step:
             headers["retry-after-ms"] = str(step["retry_after_ms"])
+        for header, value in (step.get("headers") or {}).items():  # x-ratelimit-reset-requests: "6m0s", ...
+            headers[header] = str(value)
         if "retry_after_date_in" in step:
             when = datetime.now(UTC) + timedelta(seconds=float(step["retry_after_date_in"]))
             headers["retry-after"] = format_datetime(when, usegmt=True)

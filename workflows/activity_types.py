@@ -154,6 +154,8 @@ class RateLimitDetails(KsquadModel):
     retry_after: str | None = None  # raw Retry-After (delta-seconds or HTTP-date) or retry-after-ms
     retry_after_ms: str | None = None
     response_date: str | None = None  # the response's Date header, for HTTP-date arithmetic
+    # the provider's own reset headers, raw (x-ratelimit-reset-requests: "6m0s", anthropic-...-reset: RFC 3339)
+    provider_resets: dict[str, str] = Field(default_factory=dict)
     observed_at: datetime | None = None
     model: str | None = None
     credential: str | None = None  # "<namespace>/<secret>"

@@ -51,6 +51,7 @@ def parse_retry_after(
     *,
     retry_after_ms: str | None = None,
     response_date: str | None = None,
+    provider_resets: dict[str, str] | None = None,
     observed_at: datetime,
     cap_seconds: float,
 ) -> float | None:
@@ -60,6 +61,9 @@ def parse_retry_after(
     - `Retry-After` as delta-seconds;
     - `Retry-After` as an HTTP-date, measured from the response's `Date` (the server's clock, immune to our
       clock skew) or, without a usable Date, from `observed_at`;
+    - without a usable Retry-After, the provider's own reset headers: OpenAI's `x-ratelimit-reset-requests` /
+      `-tokens` (durations: `6m0s`, `12ms`, `1h2m3.5s`) and Anthropic's `anthropic-ratelimit-*-reset` (RFC 3339
+      times, measured like an HTTP-date); the latest of them, since the run may have hit either limit;
     - a negative value or a date in the past means "now" (0); garbage and absence mean None (use backoff);
     - the result is capped at `cap_seconds`: a provider saying "three days" does not park a run for three days.
     """
@@ -77,9 +81,31 @@ def parse_retry_after(
         elif (when := _http_date(retry_after)) is not None:
             reference = (_http_date(response_date) if response_date else None) or observed_at
             seconds = max(0.0, (when - reference).total_seconds())
+    if seconds is None and provider_resets:
+        reference = (_http_date(response_date) if response_date else None) or observed_at
+        resets = [_reset_seconds(value, reference) for value in provider_resets.values()]
+        seconds = max((r for r in resets if r is not None), default=None)
     if seconds is None or math.isnan(seconds):
         return None
     return min(seconds, cap_seconds)
+
+
+_DURATION = re.compile(r"^\s*((?:\d+(?:\.\d+)?(?:h|ms|m|s|us|µs|ns))+)\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|ns)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
+def _reset_seconds(value: str, reference: datetime) -> float | None:
+    """A reset header's seconds from now: a Go-style duration ("6m0s", "12ms") or an RFC 3339 time."""
+    if (m := _DURATION.match(value)) is not None:
+        return sum(float(n) * _UNIT_SECONDS[unit] for n, unit in _DURATION_PART.findall(m.group(1)))
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None  # a time without a zone says nothing certain
+    return max(0.0, (when - reference).total_seconds())
 
 
 # --- the rate-limit decision ------------------------------------------------------------------------------

@@ -485,6 +485,7 @@ class Invocation:
                 retry_after=_str(metadata.get("retryAfter")),
                 retry_after_ms=_str(metadata.get("retryAfterMs")),
                 response_date=_str(metadata.get("date")),
+                provider_resets=_resets(metadata.get("resets")),
                 observed_at=datetime.now(UTC),
                 model=_str(metadata.get("model")),
                 credential=_str(metadata.get("credential")),
@@ -508,6 +509,15 @@ def task_text(contract: ExecutionContract) -> str:
     lines += [f"{key}: {value}" for key, value in inputs.items() if key != "task"]
     run = contract.run
     return "\n".join(lines) or f"Attempt {run.attempt} of run {run.namespace}/{run.name}."  # never empty
+
+
+def _resets(value: Any) -> dict[str, str]:
+    """The provider's reset headers as the agent passed them up (anything else is ignored)."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k)[:128]: str(v)[:128] for k, v in list(value.items())[:16] if isinstance(v, str | int | float)
+    }
 
 
 def _str(value: Any) -> str | None:

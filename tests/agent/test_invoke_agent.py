@@ -119,6 +119,17 @@ async def test_writes_of_a_fenced_off_holder_are_refused(
         ({"error": 429, "retry_after_ms": "1500"}, {"retry_after_ms": "1500"}),
         ({"error": 429, "retry_after_date_in": 90}, {"http_date": True}),
         ({"error": 429}, {}),
+        (
+            {
+                "error": 429,
+                "headers": {"x-ratelimit-reset-requests": "6m0s", "x-ratelimit-reset-tokens": "12ms"},
+            },
+            {"resets": {"x-ratelimit-reset-requests": "6m0s", "x-ratelimit-reset-tokens": "12ms"}},
+        ),
+        (
+            {"error": 429, "headers": {"anthropic-ratelimit-requests-reset": "2026-12-01T10:00:00Z"}},
+            {"resets": {"anthropic-ratelimit-requests-reset": "2026-12-01T10:00:00Z"}},
+        ),
     ],
 )
 async def test_a_429_becomes_rate_limited_with_the_raw_retry_after(
@@ -143,6 +154,7 @@ async def test_a_429_becomes_rate_limited_with_the_raw_retry_after(
     else:
         assert details.retry_after == expected.get("retry_after")
         assert details.retry_after_ms == expected.get("retry_after_ms")
+    assert details.provider_resets == expected.get("resets", {}), "the provider's reset headers, raw"
     assert len(model.state.calls) == 1, "the agent's own retries are off: one call, no hammering"
 
 

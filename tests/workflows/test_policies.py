@@ -255,3 +255,45 @@ def test_any_walk_along_allowed_edges_keeps_the_status_consistent(data: st.DataO
         assert len({c.type for c in s.conditions}) == len(s.conditions)
     if s.phase.terminal:
         assert not ALLOWED[s.phase], "terminal phases are absorbing"
+
+
+@pytest.mark.parametrize(
+    ("resets", "expected"),
+    [
+        ({"x-ratelimit-reset-requests": "6m0s"}, 360.0),
+        ({"x-ratelimit-reset-tokens": "12ms"}, 0.012),
+        ({"x-ratelimit-reset-requests": "1m3.5s"}, 63.5),
+        ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "20s"}, 20.0),  # the later one
+        ({"anthropic-ratelimit-requests-reset": "2026-11-30T12:01:30Z"}, 90.0),
+        ({"anthropic-ratelimit-tokens-reset": "2026-11-30T11:00:00Z"}, 0.0),  # already past: now
+        ({"x-ratelimit-reset-requests": "soon"}, None),
+        ({"anthropic-ratelimit-requests-reset": "2026-11-30T12:01:30"}, None),  # no zone: not certain
+        ({"x-ratelimit-reset-requests": "99999h"}, CAP),
+    ],
+)
+def test_without_retry_after_the_providers_reset_headers_say_when(
+    resets: dict[str, str], expected: float | None
+) -> None:
+    # A 429 without Retry-After fell straight to jittered backoff, though OpenAI and Anthropic say when.
+    got = parse_retry_after(None, provider_resets=resets, observed_at=NOW, cap_seconds=CAP)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_retry_after_wins_over_the_reset_headers() -> None:
+    resets = {"x-ratelimit-reset-requests": "6m0s"}
+    assert parse_retry_after("5", provider_resets=resets, observed_at=NOW, cap_seconds=CAP) == 5.0
+
+
+@given(st.dictionaries(st.text(max_size=40), st.text(max_size=40), max_size=4))
+def test_any_reset_header_text_gives_none_or_a_bounded_delay(resets: dict[str, str]) -> None:
+    got = parse_retry_after(None, provider_resets=resets, observed_at=NOW, cap_seconds=CAP)
+    assert got is None or 0.0 <= got <= CAP
+
+
+@given(st.integers(0, 23), st.integers(0, 59), st.integers(0, 59))
+def test_durations_are_read_exactly(hours: int, minutes: int, seconds: int) -> None:
+    duration = f"{hours}h{minutes}m{seconds}s"
+    got = parse_retry_after(
+        None, provider_resets={"x-ratelimit-reset-requests": duration}, observed_at=NOW, cap_seconds=10**9
+    )
+    assert got == hours * 3600 + minutes * 60 + seconds

@@ -87,6 +87,7 @@ class Router:
             details.retry_after,
             retry_after_ms=details.retry_after_ms,
             response_date=details.response_date,
+            provider_resets=details.provider_resets,
             observed_at=details.observed_at or now,
             cap_seconds=RATE_LIMITS.cap_seconds,
         )
