@@ -266,7 +266,8 @@ async def runs_command(args: argparse.Namespace) -> int:
             await target.delete(namespace, name)
             result = {"run": f"{namespace}/{name}", "deleted": True}
         else:
-            await target.signal(namespace, name, RunSignal(action), getattr(args, "reason", None))
+            argument = args.text if action == RunSignal.INPUT else getattr(args, "reason", None)
+            await target.signal(namespace, name, RunSignal(action), argument)
             result = {"run": f"{namespace}/{name}", "signal": action}
         print(
             json.dumps(result)
@@ -371,6 +372,7 @@ def parser() -> argparse.ArgumentParser:
         ("resume", "resume a paused Run"),
         ("delete", "cancel and remove a Run"),
         ("artifacts", "list a Run's artifacts, or write one's content to stdout"),
+        ("input", "answer the question of a Run paused for input (InputRequired)"),
     ):
         q = actions.add_parser(action, help=help_text)
         q.add_argument("name", help="NAME or NAMESPACE/NAME")
@@ -381,6 +383,8 @@ def parser() -> argparse.ArgumentParser:
             q.add_argument(
                 "artifact", nargs="?", help="an artifact's name: its content, as the agent made it"
             )
+        if action == RunSignal.INPUT:
+            q.add_argument("text", help="the answer, as the agent will read it")
         target_options(q, ("json", "yaml") if action == "get" else ("json",))
 
     h = sub.add_parser("hello", help="a small workflow on Temporal's dev server (a smoke check)")

@@ -104,7 +104,8 @@ class EmbeddedTarget:
         return run
 
     async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None:
-        await self._call("POST", f"/runs/{namespace}/{name}/{action}", json={"reason": reason})
+        body = {"text": reason or ""} if action == RunSignal.INPUT else {"reason": reason}
+        await self._call("POST", f"/runs/{namespace}/{name}/{action}", json=body)
 
     async def delete(self, namespace: str, name: str) -> None:
         await self._call("DELETE", f"/runs/{namespace}/{name}")
@@ -200,6 +201,11 @@ class ClusterTarget:
     async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None:
         """The bridge forwards these annotations as the workflow's signals."""
         await self.get(namespace, name)
+        if action == RunSignal.INPUT:
+            raise CliError(
+                f"input is not forwarded on {self.where} yet: temporal workflow signal -w {namespace}/{name} "
+                "--name input --input '\"ANSWER\"'"
+            )
         annotations: dict[str, str | None] = {
             RunSignal.CANCEL: {CANCEL_ANNOTATION: reason or "ksquad runs cancel"},
             RunSignal.PAUSE: {PAUSE_ANNOTATION: reason or "ksquad runs pause"},

@@ -120,8 +120,17 @@ def api_app(
         body = await json_body(request) if await request.body() else {}
         if isinstance(body, Response):
             return body
-        reason = (body if isinstance(body, dict) else {}).get("reason") or f"ksquad runs {action}"
-        args = () if action == RunSignal.RESUME else (reason,)
+        fields = body if isinstance(body, dict) else {}
+        if action == RunSignal.INPUT and not isinstance(fields.get("text"), str):
+            return error(400, 'input needs {"text": "..."}: the answer the agent asked for')
+        reason = fields.get("reason") or f"ksquad runs {action}"
+        args = (
+            ()
+            if action == RunSignal.RESUME
+            else (fields["text"],)
+            if action == RunSignal.INPUT
+            else (reason,)
+        )
         run = await runs.signal(*key(request), RunSignal(action), *args)
         return JSONResponse({"run": f"{run.namespace}/{run.name}", "signal": action})
 

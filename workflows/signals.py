@@ -19,8 +19,8 @@ class RunSignal(StrEnum):
     SLOT_QUEUED = "slot_queued"
 
 
-# What `ksquad runs cancel|pause|resume` and the dev API's signal route send.
-USER_SIGNALS = (RunSignal.CANCEL, RunSignal.PAUSE, RunSignal.RESUME)
+# What `ksquad runs cancel|pause|resume|input` and the dev API's signal route send.
+USER_SIGNALS = (RunSignal.CANCEL, RunSignal.PAUSE, RunSignal.RESUME, RunSignal.INPUT)
 
 # The query that answers a Run's current status.
 STATE_QUERY = "state"

@@ -1,0 +1,181 @@
+"""Lifecycle edges on the real stack (the embedded default: Temporal's dev server, the worker, the SQLite store,
+local sandboxes running the reference agent, the scripted model over HTTP), not the fake activities of
+tests/workflows: a retry, the fallback model, input asked for and given, and each phase's timeout."""
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dev.stack import DevOptions, DevStack, dev_stack
+from testbed.embedded import wait_terminal
+
+NS = "bench"  # wait_terminal's namespace
+API = "ksquad.io/v1alpha1"
+SCRIPT: dict[str, list[dict[str, Any]]] = {
+    "flaky": [{"error": 500}, {"text": "fixed on the second try"}],
+    "limited": [{"error": 429, "retry_after": "600"}],
+    "small": [{"text": "the fallback answered"}],
+    "asks": [
+        {"tool_calls": [{"name": "ksquad_request_input", "arguments": {"question": "Which test is flaky?"}}]},
+        {"text": "fixed test_payment_retry"},
+    ],
+    "slow": [{"delay": 30, "text": "too late"}],
+}
+
+
+@pytest.fixture
+async def dev(tmp_path: Path) -> AsyncIterator[DevStack]:
+    options = DevOptions(
+        state_dir=tmp_path / ".ksquad",
+        temporal_port=0,
+        ui_port=0,
+        api_port=0,
+        model_port=0,
+        scripted_model=True,
+        model_script={"models": SCRIPT},
+    )
+    async with dev_stack(options) as stack:
+        yield stack
+
+
+def agent(name: str, model: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "Agent",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"modelEndpointRef": "local", "model": model, **spec},
+    }
+
+
+def run(name: str, agents: list[str], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"agents": agents, **spec},
+    }
+
+
+async def status(dev: DevStack, name: str) -> dict[str, Any]:
+    return (await dev.runs.get(NS, name)).status or {}
+
+
+async def phase_events(dev: DevStack, name: str) -> list[dict[str, Any]]:
+    uid = (await dev.runs.get(NS, name)).uid
+    return [e.data for e in await dev.store.events(uid) if e.kind == "phase"]
+
+
+async def until_phase(dev: DevStack, name: str, phase: str, within: float = 60) -> dict[str, Any]:
+    for _ in range(int(within / 0.1)):
+        if (current := await status(dev, name)).get("phase") == phase:
+            return current
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{name} not {phase} within {within}s: {await status(dev, name)}")
+
+
+async def test_an_agent_that_fails_once_is_retried_after_backoff_with_a_new_fence(dev: DevStack) -> None:
+    await dev.runs.apply(
+        [
+            agent("flaky-agent", "flaky"),
+            run(
+                "retried",
+                ["flaky-agent"],
+                workItemRef="wi-retry",
+                retryPolicy={"backoffSeconds": 2, "maxBackoffSeconds": 2},
+            ),
+        ]
+    )
+    assert await wait_terminal(dev, ["retried"], within=90) == {"retried": "Succeeded"}
+    final = await status(dev, "retried")
+    assert (final["attempt"], final["retries"], final["message"]) == (2, 1, "fixed on the second try")
+    backoff = next(e for e in await phase_events(dev, "retried") if e["reason"] == "RetryBackoff")
+    waited = datetime.fromisoformat(backoff["message"].rsplit(" at ", 1)[1]) - datetime.fromisoformat(
+        backoff["at"]
+    )
+    assert 1.0 <= waited.total_seconds() <= 2.0, "equal jitter: between half and all of the 2 s backoff"
+    history = [(h.action, h.fence) for h in await dev.store.claim_history("wi-retry")]
+    first = history[0][1]
+    # fence-then-release before the retry claims anew: the first holder's writes are refused from the fence on
+    assert history == [
+        ("claimed", first),
+        ("fenced", first + 1),
+        ("released", first + 1),
+        ("claimed", first + 2),
+        ("released", first + 2),
+    ], history
+    logs = sorted(p.name for p in (dev.state_dir / "sandboxes").glob(f"{NS}_retried-exec-*.log"))
+    assert logs == [f"{NS}_retried-exec-1.log", f"{NS}_retried-exec-2.log"], "a new sandbox for the retry"
+
+
+async def test_the_fallback_model_takes_over_mid_run_without_pausing(dev: DevStack) -> None:
+    await dev.runs.apply(
+        [agent("careful", "limited", fallbackModel={"model": "small"}), run("fell-back", ["careful"])]
+    )
+    assert await wait_terminal(dev, ["fell-back"], within=60) == {"fell-back": "Succeeded"}
+    final = await status(dev, "fell-back")
+    assert (final["attempt"], final["model"], final["message"]) == (1, "small", "the fallback answered")
+    reasons = [e["reason"] for e in await phase_events(dev, "fell-back")]
+    assert "ModelFallback" in reasons and "RateLimited" not in reasons, reasons
+
+
+@pytest.mark.parametrize("how", ["ksquad runs input", "temporal workflow signal"])
+async def test_input_asked_for_is_given_and_the_same_task_goes_on(dev: DevStack, how: str) -> None:
+    await dev.runs.apply([agent("asker", "asks"), run("asked", ["asker"])])
+    paused = await until_phase(dev, "asked", "Paused")
+    assert (paused["pauseReason"], paused["message"]) == ("InputRequired", "Which test is flaky?")
+    bin_dir = Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin"
+    if how == "ksquad runs input":
+        command = [
+            str(bin_dir / "ksquad"),
+            "--state-dir",
+            str(dev.state_dir),
+            "runs",
+            "input",
+            f"{NS}/asked",
+            "test_payment_retry",
+        ]
+    else:
+        command = [
+            str(bin_dir / "temporal"),
+            "workflow",
+            "signal",
+            "--address",
+            dev.server.target,
+            "-w",
+            f"{NS}/asked",
+            "--name",
+            "input",
+            "--input",
+            '"test_payment_retry"',
+        ]
+    done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert await wait_terminal(dev, ["asked"], within=60) == {"asked": "Succeeded"}
+    final = await status(dev, "asked")
+    assert (final["attempt"], final["message"]) == (1, "fixed test_payment_retry"), "the same attempt went on"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        (
+            {"agents": ["slow-agent"], "timeouts": {"runSeconds": 3}, "retryPolicy": {"maxRetries": 0}},
+            "RunTimeout",
+        ),
+        ({"agents": ["asker"], "timeouts": {"pausedSeconds": 2}}, "InputRequiredTimeout"),
+        ({"agents": ["ghost"], "timeouts": {"claimSeconds": 3}}, "ReferencesNotFound"),
+    ],
+    ids=["run", "paused", "claim"],
+)
+async def test_each_phase_timeout_ends_the_run_with_its_reason(
+    dev: DevStack, spec: dict[str, Any], reason: str
+) -> None:
+    await dev.runs.apply([agent("slow-agent", "slow"), agent("asker", "asks"), run("bounded", **spec)])
+    assert await wait_terminal(dev, ["bounded"], within=60) == {"bounded": "Failed"}
+    assert (await status(dev, "bounded"))["reason"] == reason
