@@ -26,6 +26,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
         {"text": "fixed test_payment_retry"},
     ],
     "slow": [{"delay": 30, "text": "too late"}],
+    "steady": [{"delay": 3, "text": "done in turn"}],
 }
 
 
@@ -179,3 +180,44 @@ async def test_each_phase_timeout_ends_the_run_with_its_reason(
     await dev.runs.apply([agent("slow-agent", "slow"), agent("asker", "asks"), run("bounded", **spec)])
     assert await wait_terminal(dev, ["bounded"], within=60) == {"bounded": "Failed"}
     assert (await status(dev, "bounded"))["reason"] == reason
+
+
+def team(name: str, agents: list[str], limit: int) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "Team",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"agents": agents, "maxConcurrentRuns": limit},
+    }
+
+
+async def test_a_team_of_one_admits_its_runs_in_order_and_a_queued_delete_frees_nothing(
+    dev: DevStack,
+) -> None:
+    await dev.runs.apply(
+        [agent("steady-agent", "steady"), team("one", ["steady-agent"], 1), run("q1", [], teamRef="one")]
+    )
+    await until_phase(dev, "q1", "Running")
+    await dev.runs.apply([run("q2", [], teamRef="one")])
+    queued = await until_phase(dev, "q2", "Queued")
+    assert "position 1" in queued["message"], queued
+    await dev.runs.apply([run("q3", [], teamRef="one")])
+    assert "position 2" in (await until_phase(dev, "q3", "Queued"))["message"]
+    await dev.runs.delete(NS, "q2")  # while Queued: it held no slot, so q1 keeps it and q3 waits
+    assert (await status(dev, "q1"))["phase"] == "Running"
+    assert (await status(dev, "q3"))["phase"] == "Queued"
+    assert await wait_terminal(dev, ["q1", "q3"], within=90) == {"q1": "Succeeded", "q3": "Succeeded"}
+    q1_done = next(e["at"] for e in await phase_events(dev, "q1") if e["phase"] == "Succeeded")
+    q3_claimed = next(e["at"] for e in await phase_events(dev, "q3") if e["phase"] == "Claiming")
+    assert datetime.fromisoformat(q3_claimed) >= datetime.fromisoformat(q1_done), "one at a time"
+
+
+async def test_a_run_queued_past_queued_seconds_fails_with_the_reason(dev: DevStack) -> None:
+    await dev.runs.apply(
+        [agent("slow-agent", "slow"), team("busy", ["slow-agent"], 1), run("holder", [], teamRef="busy")]
+    )
+    await until_phase(dev, "holder", "Running")
+    await dev.runs.apply([run("waiter", [], teamRef="busy", timeouts={"queuedSeconds": 3})])
+    assert await wait_terminal(dev, ["waiter"], within=60) == {"waiter": "Failed"}
+    assert (await status(dev, "waiter"))["reason"] == "QueueTimeout"
+    await dev.runs.delete(NS, "holder")
