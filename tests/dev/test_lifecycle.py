@@ -27,6 +27,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
     ],
     "slow": [{"delay": 30, "text": "too late"}],
     "steady": [{"delay": 3, "text": "done in turn"}],
+    "no-retry-after": [{"error": 429}, {"text": "after the backoff"}],
 }
 
 
@@ -221,3 +222,29 @@ async def test_a_run_queued_past_queued_seconds_fails_with_the_reason(dev: DevSt
     assert await wait_terminal(dev, ["waiter"], within=60) == {"waiter": "Failed"}
     assert (await status(dev, "waiter"))["reason"] == "QueueTimeout"
     await dev.runs.delete(NS, "holder")
+
+
+async def test_a_429_without_retry_after_pauses_within_the_jitter_bounds(dev: DevStack) -> None:
+    await dev.runs.apply([agent("bare-429", "no-retry-after"), run("backed-off", ["bare-429"])])
+    paused = await until_phase(dev, "backed-off", "Paused")
+    assert paused["pauseReason"] == "RateLimited"
+    event = next(e for e in await phase_events(dev, "backed-off") if e["phase"] == "Paused")
+    waited = datetime.fromisoformat(paused["resumeAt"]) - datetime.fromisoformat(event["at"])
+    # equal jitter on the first strike: between half and all of the 10 s base (the ramp adds at most 1/10 s)
+    assert 5.0 <= waited.total_seconds() <= 10.2, waited
+    assert await wait_terminal(dev, ["backed-off"], within=60) == {"backed-off": "Succeeded"}
+
+
+async def test_a_work_item_held_past_claim_seconds_fails_the_second_run_with_the_reason(
+    dev: DevStack,
+) -> None:
+    await dev.runs.apply([agent("slow-agent", "slow"), run("first", ["slow-agent"], workItemRef="wi-shared")])
+    await until_phase(dev, "first", "Running")
+    await dev.runs.apply(
+        [run("second", ["slow-agent"], workItemRef="wi-shared", timeouts={"claimSeconds": 3})]
+    )
+    assert await wait_terminal(dev, ["second"], within=60) == {"second": "Failed"}
+    final = await status(dev, "second")
+    assert final["reason"] == "ClaimTimeout" and "wi-shared" in final["message"], final
+    assert (await status(dev, "first"))["phase"] == "Running", "the holder keeps its claim"
+    await dev.runs.delete(NS, "first")
