@@ -135,6 +135,10 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
     assert (sandbox.kind, sandbox.name) == ("cold", "fix-flaky-tests-exec-1")
     job = await kube.get(path("batch/v1", "jobs", run_ns, sandbox.name))
     assert job["metadata"]["ownerReferences"][0]["uid"] == uid
+    # As set, on the API server: no pod retries (a retry is the workflow's, with a new fence), the attempt's life
+    # bounded by runSeconds + the time to become ready + a minute, the finished Job gone after the TTL.
+    assert (job["spec"]["backoffLimit"], job["spec"]["activeDeadlineSeconds"]) == (0, 600 + 60 + 60)
+    assert job["spec"]["ttlSecondsAfterFinished"] == settings().ttl_seconds_after_finished
 
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
     try:
