@@ -14,8 +14,9 @@ RUN_API = "ksquad.io/v1alpha1"
 REVISION_ANNOTATION = "ksquad.io/revision"
 
 
-def _time(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _micro_time(at: datetime) -> str:
+    """eventTime's precision: the Events of one second keep their order (firstTimestamp has whole seconds)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class EventRecorder:
@@ -49,8 +50,10 @@ class EventRecorder:
             "source": {"component": "ksquad-bridge"},
             "reportingComponent": "ksquad.io/bridge",
             "reportingInstance": self.instance,
-            "firstTimestamp": _time(event.at),
-            "lastTimestamp": _time(event.at),
+            "action": event.phase.value,  # an Event with an eventTime names its action
+            # eventTime, not first/lastTimestamp: kubectl sorts by lastTimestamp when there is one, and it has
+            # whole seconds, so the Events of one second came out of order
+            "eventTime": _micro_time(event.at),
             "count": 1,
         }
         url = path("v1", "events", namespace)
@@ -73,6 +76,9 @@ class EventRecorder:
                     "annotations": {REVISION_ANNOTATION: str(event.revision)},
                 },
                 "count": int(existing.get("count") or 1) + 1,
-                "lastTimestamp": _time(event.at),
+                "series": {
+                    "count": int(existing.get("count") or 1) + 1,
+                    "lastObservedTime": _micro_time(event.at),
+                },
             },
         )

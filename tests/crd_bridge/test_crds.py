@@ -103,7 +103,7 @@ def test_the_seed_run_applies_unchanged_and_shows_its_columns(crds: ControlPlane
         # policy's patch (".spec.inputs.task: expected string"), before schema validation: still named
         ({"inputs": {"task": 7}}, "spec.inputs.task"),
         ({"model": ""}, "spec.model: Invalid value"),
-        ({"inputs": {"log": "x" * 270_000}}, "spec.inputs: more than 262144 characters in all"),
+        ({"inputs": {"log": "x" * 270_000}}, "spec.inputs.log: Too long"),
     ],
 )
 def test_invalid_runs_are_rejected_naming_the_field(
@@ -176,3 +176,14 @@ def test_kubectl_explain_describes_each_field_of_a_runs_spec(crds: ControlPlane)
                 else ""
             )
             assert len(described.split("\n")) >= 2, f"{path}.{field} has no description:\n{explained}"
+
+
+def test_inputs_too_large_in_all_are_refused_naming_spec_inputs(crds: ControlPlane, namespace: str) -> None:
+    # Each value fits, together they do not: accepted, then Failed with no Event, before the admission rule.
+    # (create, not apply: apply's last-applied annotation would be refused first, and CEL rules with it)
+    inputs = {"a": "x" * 140_000, "b": "y" * 140_000}
+    done = crds.kubectl(
+        "create", "-f", "-", input=run_manifest("too-much", namespace, inputs=inputs), check=False
+    )
+    assert done.returncode != 0
+    assert "spec.inputs: more than 262144 characters in all" in done.stderr, done.stderr[:2000]

@@ -97,3 +97,22 @@ async def test_events_aggregate_and_a_retried_snapshot_is_not_counted_twice(
     assert (event["reason"], event["count"]) == ("RateLimited", 3)
     assert event["involvedObject"]["uid"] == uid
     assert event["message"] == "Paused: rate limited; resuming soon"
+
+
+async def test_events_of_one_second_keep_their_order(
+    bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
+) -> None:
+    # firstTimestamp and lastTimestamp have whole seconds: Events of one second sorted out of order.
+    uid = make_run(ksquad_cluster, namespace, "quick")
+    start = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+    phases = [(Phase.PENDING, "Created"), (Phase.CLAIMING, "Claiming"), (Phase.RUNNING, "Running")]
+    for i, (phase, reason) in enumerate(phases):
+        at = start.replace(microsecond=(3 - i) * 1000 + i * 300_000)  # all in one second, out of name order
+        event = PhaseEvent(revision=i + 1, phase=phase, reason=reason, message=reason, at=at)
+        status = RunStatus(phase=phase, revision=i + 1, observed_generation=1)
+        await bridge.mirror_status(
+            StatusSnapshot(namespace=namespace, name="quick", uid=uid, status=status, events=[event])
+        )
+    table = ksquad_cluster.kubectl("events", "-n", namespace, "--for", "run/quick").stdout.splitlines()
+    reasons = [line.split()[2] for line in table[1:]]  # LAST SEEN, TYPE, REASON, OBJECT, MESSAGE
+    assert reasons == ["Created", "Claiming", "Running"], table
