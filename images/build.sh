@@ -24,6 +24,11 @@ PYTHON="${PYTHON:-.venv/bin/python}"
 TOOL="${CONTAINER_TOOL:-podman}"
 REPOSITORY="${KSQUAD_IMAGE_REPOSITORY:-ghcr.io/ksquad}"
 cache="${KSQUAD_IMAGES_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ksquad-images}"
+# One build at a time (of any checkout): builds share the wheel cache and the build context below, and a second
+# one emptied the context under the first ("No such file or directory: /wheels/deps/...").
+mkdir -p "$cache"
+exec 9>"$cache/build.lock"
+flock 9
 # Podman's default ulimits are more than a machine without CAP_SYS_RESOURCE may set ("error setting rlimit
 # type 7"); an empty list keeps the engine's own. Only when the caller has no containers.conf of their own.
 if [ "$TOOL" = podman ] && [ -z "${CONTAINERS_CONF:-}" ]; then export CONTAINERS_CONF="$PWD/images/containers.conf"; fi
