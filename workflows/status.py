@@ -48,55 +48,100 @@ class Condition(KsquadModel):
     """The standard metav1.Condition shape."""
 
     type: str
+    """ReferencesResolved, Admitted, WorkItemClaimed, SandboxReady, Paused, Complete or Failed."""
     status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
     reason: str
+    """Why, in one word."""
     message: str = ""
+    """Why, in words."""
     last_transition_time: datetime
+    """When the status last changed."""
     observed_generation: int | None = None
+    """The Run's generation it was set for."""
 
 
 class SandboxStatus(KsquadModel):
+    """The sandbox an attempt's agent runs in."""
+
     name: str
+    """The pod (warm), Job (cold), local process or Agent (external)."""
     kind: Literal["warm", "cold", "local", "external"]
+    """warm: claimed from a pool; cold: a Job; local: the embedded default; external: an Agent's endpoint."""
 
 
 class WorkItemStatus(KsquadModel):
+    """The work item the Run claims."""
+
     ref: str
+    """spec.workItemRef."""
     fence: int
+    """The fencing token of the Run's claim: writes with an older one are refused."""
 
 
 class WorkflowRef(KsquadModel):
+    """The Run's Temporal workflow."""
+
     id: str
+    """Its workflow id: <namespace>/<name>."""
     run_id: str | None = None
+    """Its run id (a new one after continue-as-new)."""
 
 
 class Artifact(KsquadModel):
+    """Something the agent produced."""
+
     name: str
+    """Its name (as the agent gave it, else artifact-<n>)."""
     uri: str | None = None
+    """Where it is kept (ksquad://runs/<uid>/artifacts/<name>: the worker's database)."""
     media_type: str | None = None
+    """text/plain or application/json."""
     size: int | None = None
+    """Bytes."""
 
 
 class RunStatus(KsquadModel):
+    """What the Run's workflow says of it, mirrored here by the bridge (newest revision wins)."""
+
     phase: Phase = Phase.PENDING
+    """Pending, Queued, Claiming, Running, Paused, Cancelling, then Succeeded, Failed or Cancelled."""
     reason: str | None = None
+    """Why the Run is in its phase, in one word (RateLimited, RetryBackoff, AgentFailed, QueueTimeout...)."""
     message: str | None = None
-    attempt: int = 0  # dispatches so far: each Claiming starts a new attempt (sandbox, messageId)
-    retries: int = 0  # failed attempts counted against retryPolicy.maxRetries
+    """What it waits for, or how it ended: the agent's answer once Succeeded."""
+    attempt: int = 0
+    """Dispatches so far: each Claiming starts a new attempt (a new sandbox and message)."""
+    retries: int = 0
+    """Failed attempts counted against retryPolicy.maxRetries."""
     resume_at: datetime | None = None
-    last_transition_time: datetime | None = None  # when the workflow last changed this status
+    """When a Paused (RateLimited) or backing-off Run goes on by itself."""
+    last_transition_time: datetime | None = None
+    """When the workflow last changed this status."""
     pause_reason: PauseReason | None = None
+    """While Paused: RateLimited, CredentialExpired, InputRequired or Manual."""
     agent: str | None = None
+    """The Agent of the current or last attempt."""
     model: str | None = None
+    """The model it calls (the fallback model once switched)."""
     sandbox: SandboxStatus | None = None
+    """The sandbox the agent runs in, while it is held."""
     work_item: WorkItemStatus | None = None
+    """The claimed work item and its fence."""
     workflow: WorkflowRef | None = None
+    """The Temporal workflow (`temporal workflow describe -w <namespace>/<name>`)."""
     triggered_by: str | None = None
+    """Who created the Run (stamped at admission)."""
     outputs: dict[str, str] = Field(default_factory=dict)
+    """The agent's outputs, shortened (the ConfigMap <name>-outputs has them whole)."""
     artifacts: list[Artifact] = Field(default_factory=list)
+    """The agent's artifacts (`ksquad runs artifacts NAME [ARTIFACT]` reads their content)."""
     conditions: list[Condition] = Field(default_factory=list)
+    """ReferencesResolved, Admitted, WorkItemClaimed, SandboxReady, Paused, and Complete or Failed at the end."""
     observed_generation: int | None = None
-    revision: int = 0  # bumped on every change; the bridge drops writes with a lower revision
+    """The generation of the spec the workflow runs."""
+    revision: int = 0
+    """Bumped on every change; the bridge drops writes with a lower revision."""
 
     def condition(self, kind: ConditionType) -> Condition | None:
         return next((c for c in self.conditions if c.type == kind), None)

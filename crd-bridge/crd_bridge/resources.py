@@ -29,72 +29,121 @@ Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"
 
 
 class SecretKeyRef(KsquadModel):
-    """A key of a Secret in the same namespace: referenced, never copied."""
+    """A key of a Secret in the same namespace, labelled ksquad.io/credential=true: referenced, never copied."""
 
     name: K8sName
+    """The Secret's name."""
     key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = "apiKey"
+    """The key within the Secret that holds the value."""
 
 
 class FallbackModel(KsquadModel):
+    """The model an agent switches to on a rate limit before pausing."""
+
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    """The fallback model's name."""
     model_endpoint_ref: K8sName | None = None
+    """Its ModelEndpoint; empty: the agent's own."""
 
 
 class AgentSpec(KsquadModel):
+    """An agent a Run may run on: its model, prompt, tools and skills, and where it runs."""
+
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    """The model name, over the ModelEndpoint's (a Run's spec.model wins over both)."""
     model_endpoint_ref: K8sName | None = None
+    """The ModelEndpoint of this namespace it calls (a Run's spec.modelEndpointRef wins)."""
     fallback_model: FallbackModel | None = None
+    """The model to switch to on a rate limit, before pausing."""
     system_prompt: Annotated[str, StringConstraints(max_length=64 * 1024)] = ""
+    """The agent's instructions (given to the sandbox in the first A2A message, never in a Job's spec)."""
     tools: list[K8sName] = Field(default_factory=list, max_length=64)
+    """Tools of this namespace the agent uses; each must be in allowedTools."""
     allowed_tools: list[K8sName] = Field(default_factory=list, max_length=64)
+    """The only tools the agent may use: its tools' and its skills' tools outside it make a Run invalid."""
     skill_refs: list[K8sName] = Field(default_factory=list, max_length=32)
+    """Skills of this namespace: instructions, tools and requirements (toolchains, sidecars) added to the agent."""
     credential_secret_ref: SecretKeyRef | None = None
-    # Default: the chart's values.
+    """The model's credential, over the ModelEndpoint's."""
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = None
-    endpoint: Url | None = None  # an already-running A2A agent: no sandbox is made
+    """The sandbox image; empty: the chart's agent image. Only images in the chart's sandbox.allowedImages."""
+    endpoint: Url | None = None
+    """An already-running A2A agent's URL: no sandbox is made. Only where the chart's agents.allowedEndpoints
+    allows it."""
 
 
 class ModelEndpointSpec(KsquadModel):
-    url: Url  # an OpenAI-compatible base URL
+    """An OpenAI-compatible model API, its default model and its credential."""
+
+    url: Url
+    """The OpenAI-compatible base URL (https://api.openai.com/v1, a vLLM server...)."""
     model: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    """The default model name, for agents that name none."""
     provider: Annotated[str, StringConstraints(max_length=64)] | None = None
+    """The provider's name, for people reading it (openai, anthropic, vllm...)."""
     credential_secret_ref: SecretKeyRef | None = None
-    # After a rate limit, paused runs on this credential resume at most this many per second (a ramp, not a
-    # stampede at resumeAt). Default: workflows.entity_types.DEFAULT_RESUME_PER_SECOND.
+    """The API key's Secret; one credential is one rate-limit throttle, shared by every run on it."""
     resume_per_second: Annotated[float, Field(gt=0, le=10000)] | None = None
+    """After a rate limit, paused runs on this credential resume at most this many per second (a ramp, not a
+    stampede at resumeAt). Default 10."""
 
 
 class ToolResourceSpec(KsquadModel):
+    """One tool of an MCP server, as agents name it."""
+
     mcp_server_ref: K8sName
+    """The MCPServer of this namespace that serves it."""
     tool_name: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    """The tool's name on that server."""
     description: Annotated[str, StringConstraints(max_length=4096)] = ""
+    """What the tool does, for the model."""
 
 
 class MCPServerSpec(KsquadModel):
+    """A Model Context Protocol server the sandboxes' agents call for tools."""
+
     url: Url
+    """The server's URL."""
     transport: Literal["streamable-http", "sse"] = "streamable-http"
+    """The MCP transport."""
 
 
 class SkillRequirements(KsquadModel):
+    """What a skill needs in its sandbox (a skill with requirements always runs cold)."""
+
     toolchains: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(
         default_factory=list
     )
+    """Toolchains the chart's sandbox.toolchains stage into /opt/ksquad/toolchains/<name> by init containers."""
     sidecars: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(
         default_factory=list
     )
+    """Sidecars from the chart's sandbox.sidecars, run beside the agent."""
 
 
 class SkillSpec(KsquadModel):
+    """Instructions and tools an agent gains by naming the skill."""
+
     description: Annotated[str, StringConstraints(max_length=4096)] = ""
+    """What the skill is for."""
     instructions: Annotated[str, StringConstraints(max_length=64 * 1024)] = ""
+    """Added to the agent's instructions."""
     tool_refs: list[K8sName] = Field(default_factory=list)
+    """Tools the skill uses; each must be in the agent's allowedTools."""
     requires: SkillRequirements = Field(default_factory=SkillRequirements)
 
 
 class TeamSpec(KsquadModel):
+    """Agents that work together, and how many of their runs may be past Queued at once."""
+
     agents: list[K8sName] = Field(default_factory=list, max_length=64)
+    """The agents of a Run that names the Team and no agents, in preference order."""
     max_concurrent_runs: int | None = Field(default=None, ge=1, le=100_000)
+    """Runs naming the Team past Queued at once; the others wait, in order. Empty: no limit."""
 
 
 class ProjectSpec(KsquadModel):
+    """A body of work, and how many of its runs may be past Queued at once."""
+
     max_concurrent_runs: int | None = Field(default=None, ge=1, le=100_000)
+    """Runs naming the Project past Queued at once; the others wait, in order. Empty: no limit."""
