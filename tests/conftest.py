@@ -4,6 +4,7 @@ Each starts lazily, the first time a test asks for it, and stops at the end of t
 prerequisite raises with its reason (the test errors); nothing is skipped.
 """
 
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -164,6 +165,15 @@ def ksquad_cluster(cluster: ControlPlane) -> ControlPlane:
     cluster.kubectl("apply", "--server-side", "-f", str(CRDS))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
     cluster.wait_for_resource("runs.ksquad.io")
+    # Listing works a moment before writing does ("Resource kind ksquad.io/v1alpha1, Kind=Run not found"):
+    # wait until the API server takes a Run (a server-side dry run writes nothing).
+    probe = "apiVersion: ksquad.io/v1alpha1\nkind: Run\nmetadata: {name: probe, namespace: default}\nspec: {agents: [a]}\n"
+    for _ in range(300):
+        if cluster.kubectl("create", "--dry-run=server", "-f", "-", input=probe, check=False).returncode == 0:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the API server never took a Run after its CRD was established")
     for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
         cluster.kubectl(
             "apply",
