@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -161,6 +162,10 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     token = ensure_token_file(state / TOKEN_FILE)
     api_port = preferred_port(options.api_port)
     api_url = f"http://127.0.0.1:{api_port}"
+    # Held bound until the API serves on it: Temporal's dev server, started meanwhile, takes random free ports
+    # of its own (HTTP, metrics, its services) and once took this one ("address already in use").
+    api_reservation = socket.socket()
+    api_reservation.bind(("127.0.0.1", api_port))
     server = DevServer(
         db_file=state / "temporal.db",
         log_file=state / "temporal.log",
@@ -169,6 +174,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
     )
     async with contextlib.AsyncExitStack() as stack:
+        stack.callback(api_reservation.close)
         await stack.enter_async_context(server)
         client = await connect(server.target, codec=codec)
         store = await Store.open(f"sqlite:///{state / 'ksquad.db'}")
@@ -208,6 +214,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
         ui_origins = frozenset(f"http://{name}" for name in loopback_names(server.ui_port))
         app = api_app(runs, store, token, loopback_names(api_port), codec, ui_origins)
+        api_reservation.close()
         await stack.enter_async_context(http_server(app, api_port))
         dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)
         info_file = state / "dev.json"
