@@ -26,20 +26,27 @@ AGENT = "instant"
 MODEL = "instant"
 
 
-@contextlib.asynccontextmanager
-async def bench_stack(
+def stack_options(
     state_dir: Path, script: dict[str, list[dict[str, Any]]] | None = None, serve_worker: bool = True
-) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:
-    options = DevOptions(
+) -> DevOptions:
+    """`ksquad dev`'s stack on free ports, in `state_dir`, with the scripted model answering `script`."""
+    return DevOptions(
         state_dir=state_dir,
         temporal_port=0,
         ui_port=0,
         api_port=0,
         model_port=0,
-        model_script={"models": script or {MODEL: [{"text": "ok"}]}},
+        model_script={"models": script} if script is not None else None,
         scripted_model=True,
         serve_worker=serve_worker,
     )
+
+
+@contextlib.asynccontextmanager
+async def bench_stack(
+    state_dir: Path, script: dict[str, list[dict[str, Any]]] | None = None, serve_worker: bool = True
+) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:
+    options = stack_options(state_dir, script or {MODEL: [{"text": "ok"}]}, serve_worker)
     async with dev_stack(options) as dev:
         agent = await start_agent(dev)
         try:

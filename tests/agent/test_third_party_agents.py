@@ -16,9 +16,9 @@ from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from starlette.applications import Starlette
 
-from dev.stack import DevOptions, DevStack, dev_stack
+from dev.stack import DevStack, dev_stack
 from testbed.asgi import serving
-from testbed.embedded import wait_terminal
+from testbed.embedded import stack_options, wait_terminal
 
 NAMESPACE = "bench"  # wait_terminal's
 
@@ -73,14 +73,7 @@ async def echo_agent(as_artifact: bool) -> AsyncIterator[tuple[str, Echo]]:
 
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevStack]:
-    options = DevOptions(
-        state_dir=tmp_path / ".ksquad",
-        temporal_port=0,
-        ui_port=0,
-        api_port=0,
-        model_port=0,
-        scripted_model=True,
-    )
+    options = stack_options(tmp_path / ".ksquad")
     async with dev_stack(options) as stack:
         yield stack
 

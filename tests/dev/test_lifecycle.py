@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from dev.stack import DevOptions, DevStack, dev_stack
-from testbed.embedded import wait_terminal
+from dev.stack import DevStack, dev_stack
+from testbed.embedded import stack_options, wait_terminal
 
 NS = "bench"  # wait_terminal's namespace
 API = "ksquad.io/v1alpha1"
@@ -33,15 +33,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
 
 @pytest.fixture
 async def dev(tmp_path: Path) -> AsyncIterator[DevStack]:
-    options = DevOptions(
-        state_dir=tmp_path / ".ksquad",
-        temporal_port=0,
-        ui_port=0,
-        api_port=0,
-        model_port=0,
-        scripted_model=True,
-        model_script={"models": SCRIPT},
-    )
+    options = stack_options(tmp_path / ".ksquad", SCRIPT)
     async with dev_stack(options) as stack:
         yield stack
 
@@ -248,3 +240,4 @@ async def test_a_work_item_held_past_claim_seconds_fails_the_second_run_with_the
     assert final["reason"] == "ClaimTimeout" and "wi-shared" in final["message"], final
     assert (await status(dev, "first"))["phase"] == "Running", "the holder keeps its claim"
     await dev.runs.delete(NS, "first")
+
