@@ -241,3 +241,32 @@ async def test_a_work_item_held_past_claim_seconds_fails_the_second_run_with_the
     assert (await status(dev, "first"))["phase"] == "Running", "the holder keeps its claim"
     await dev.runs.delete(NS, "first")
 
+
+async def ksquad(dev: DevStack, *args: str) -> None:
+    """The `ksquad` command, as a user runs it against this stack."""
+    command = [
+        str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "ksquad"),
+        "--state-dir",
+        str(dev.state_dir),
+    ]
+    done = await asyncio.to_thread(subprocess.run, [*command, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+async def test_a_pause_while_rate_limited_takes_over_and_the_limit_holds_after_resume(dev: DevStack) -> None:
+    await dev.runs.apply([agent("limited-agent", "limited"), run("held", ["limited-agent"])])
+    limited = await until_phase(dev, "held", "Paused")
+    assert limited["pauseReason"] == "RateLimited"
+    await ksquad(dev, "runs", "pause", f"{NS}/held", "--reason", "hold it")
+    for _ in range(300):
+        if (held := await status(dev, "held"))["pauseReason"] == "Manual":
+            break
+        await asyncio.sleep(0.1)
+    assert (held["pauseReason"], held["reason"], held["message"]) == ("Manual", "Manual", "hold it"), held
+    await ksquad(dev, "runs", "resume", f"{NS}/held")
+    for _ in range(300):
+        if (again := await status(dev, "held"))["pauseReason"] == "RateLimited":
+            break
+        await asyncio.sleep(0.1)
+    assert again["resumeAt"] == limited["resumeAt"], "the provider's limit is not forgotten"
+    await ksquad(dev, "runs", "cancel", f"{NS}/held")
