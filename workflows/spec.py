@@ -77,7 +77,7 @@ class Timeouts(KsquadModel):
     """Each pause that waits for a signal: CredentialExpired, InputRequired, Manual."""
     queued_seconds: int = Field(default=86400, ge=1, le=30 * 86400)
     """Queued, waiting for a concurrency slot of the namespace, Team or Project."""
-    rate_limited_seconds: int = Field(default=86400, ge=60, le=30 * 86400)
+    rate_limited_seconds: int = Field(default=86400, ge=1, le=30 * 86400)
     """Paused(RateLimited) over all of the Run's pauses (each is capped at an hour): a credential that keeps
     answering 429 ends the Run Failed (RateLimitedTimeout) instead of keeping it alive."""
 

@@ -28,6 +28,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
     "slow": [{"delay": 30, "text": "too late"}],
     "steady": [{"delay": 3, "text": "done in turn"}],
     "no-retry-after": [{"error": 429}, {"text": "after the backoff"}],
+    "held-off": [{"error": 429, "retry_after": "120"}],  # every call: a limit short of a re-route
 }
 
 
@@ -164,13 +165,15 @@ async def test_input_asked_for_is_given_and_the_same_task_goes_on(dev: DevStack,
         ),
         ({"agents": ["asker"], "timeouts": {"pausedSeconds": 2}}, "InputRequiredTimeout"),
         ({"agents": ["ghost"], "timeouts": {"claimSeconds": 3}}, "ReferencesNotFound"),
+        ({"agents": ["held-off-agent"], "timeouts": {"rateLimitedSeconds": 3}}, "RateLimitedTimeout"),
     ],
-    ids=["run", "paused", "claim"],
+    ids=["run", "paused", "claim", "rate-limited"],
 )
 async def test_each_phase_timeout_ends_the_run_with_its_reason(
     dev: DevStack, spec: dict[str, Any], reason: str
 ) -> None:
-    await dev.runs.apply([agent("slow-agent", "slow"), agent("asker", "asks"), run("bounded", **spec)])
+    agents = [agent("slow-agent", "slow"), agent("asker", "asks"), agent("held-off-agent", "held-off")]
+    await dev.runs.apply([*agents, run("bounded", **spec)])
     assert await wait_terminal(dev, ["bounded"], within=60) == {"bounded": "Failed"}
     assert (await status(dev, "bounded"))["reason"] == reason
 
