@@ -3,14 +3,20 @@ agent results, signals, memos), so the history at rest and in the UI shows ciphe
 through the codec endpoint by someone allowed to.
 
 Search attributes and workflow ids are not payloads and stay readable: they carry no inputs or prompts
-(see `workflows.search_attributes`). The key is 32 random bytes in a file (the embedded default writes one
-under `.ksquad/`; on a cluster, mount a Secret and point `KSQUAD_CODEC_KEY_FILE` at it). Payloads name the
-key by a short id, so a payload written under an old key fails to decode with that id in the message.
+(see `workflows.search_attributes`). A key is 32 random bytes in a file (the embedded default writes one
+under `.ksquad/`; on a cluster, a Secret mounted as a directory). Keys form a ring: payloads are encrypted with
+the active key (`KSQUAD_CODEC_KEY_FILE`) and name it by a short id in their metadata; they decrypt with any key
+of the ring, the active one and every file of `KSQUAD_CODEC_KEYS` (a directory: the mounted Secret, whose
+files are read again when a payload names a key not seen yet, so a key added to the Secret is known before any
+process encrypts with it). Rotation: add the new key to the Secret, then make it the active one; remove an
+old key only once no open workflow's history and no retained one needs it.
 """
 
 import base64
 import hashlib
+import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,9 +24,11 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
+log = logging.getLogger(__name__)
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
 NONCE_BYTES = 12
+RELOAD_SECONDS = 5.0  # an unknown key id reads the key directory again at most this often
 
 
 class CodecKeyError(Exception):
@@ -54,10 +62,66 @@ def ensure_key_file(path: Path) -> bytes:
     return load_key(path)
 
 
+def key_id(key: bytes) -> bytes:
+    """The short id a payload names its key by (not the key: a hash prefix of it)."""
+    return hashlib.sha256(key).hexdigest()[:12].encode()
+
+
+class KeyRing:
+    """The active key, which encrypts, and every key that decrypts: the active one and the files of
+    `directory` (hidden files aside: a mounted Secret keeps its versions in `..data` links)."""
+
+    def __init__(self, active: bytes, directory: Path | None = None) -> None:
+        self.active = active
+        self.active_id = key_id(active)
+        self.directory = directory
+        self._keys: dict[bytes, AESGCM] = {self.active_id: AESGCM(active)}
+        self._read_at = float("-inf")
+        self._read()
+
+    @classmethod
+    def from_files(cls, active_file: Path, directory: Path | None = None) -> "KeyRing":
+        return cls(load_key(active_file), directory)
+
+    @property
+    def ids(self) -> list[str]:
+        return sorted(i.decode() for i in self._keys)
+
+    def _read(self) -> None:
+        self._read_at = time.monotonic()
+        if self.directory is None:
+            return
+        try:
+            files = sorted(f for f in self.directory.iterdir() if not f.name.startswith(".") and f.is_file())
+        except OSError as err:
+            log.warning("codec key directory %s: %s", self.directory, err.strerror)
+            return
+        for file in files:
+            try:
+                key = load_key(file)
+            except CodecKeyError as err:
+                log.warning("skipping %s", err)
+                continue
+            self._keys.setdefault(key_id(key), AESGCM(key))
+
+    def decrypter(self, wanted: bytes) -> AESGCM:
+        aes = self._keys.get(wanted)
+        if aes is None and time.monotonic() - self._read_at >= RELOAD_SECONDS:
+            self._read()  # a key added to the Secret since
+            aes = self._keys.get(wanted)
+        if aes is None:
+            raise ValueError(
+                f"payload encrypted with key {wanted.decode() or '(none named)'}, which this codec's key ring "
+                f"({', '.join(self.ids)}) does not hold: add that key to the codec key directory"
+            )
+        return aes
+
+
 class EncryptionCodec(PayloadCodec):
-    def __init__(self, key: bytes) -> None:
-        self.aes = AESGCM(key)
-        self.key_id = hashlib.sha256(key).hexdigest()[:12].encode()
+    def __init__(self, keys: bytes | KeyRing) -> None:
+        self.ring = keys if isinstance(keys, KeyRing) else KeyRing(keys)
+        self.aes = AESGCM(self.ring.active)
+        self.key_id = self.ring.active_id
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         encoded = []
@@ -73,11 +137,7 @@ class EncryptionCodec(PayloadCodec):
             if payload.metadata.get("encoding") != ENCODING:
                 decoded.append(payload)  # written without the codec (older history): as it is
                 continue
-            key_id = payload.metadata.get(KEY_ID, b"")
-            if key_id != self.key_id:
-                raise ValueError(
-                    f"payload encrypted with key {key_id.decode()}, this codec has {self.key_id.decode()}"
-                )
+            aes = self.ring.decrypter(payload.metadata.get(KEY_ID, b""))
             nonce, ciphertext = payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:]
-            decoded.append(Payload.FromString(self.aes.decrypt(nonce, ciphertext, None)))
+            decoded.append(Payload.FromString(aes.decrypt(nonce, ciphertext, None)))
         return decoded

@@ -15,10 +15,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from temporal_client.codec import EncryptionCodec, load_key
+from temporal_client.codec import EncryptionCodec, KeyRing
 from workflows import search_attributes as sa
 
-CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"
+CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"  # the active key: it encrypts
+CODEC_KEYS_ENV = "KSQUAD_CODEC_KEYS"  # a directory of keys that decrypt too (the mounted Secret)
 
 
 def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
@@ -29,9 +30,13 @@ def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
 
 
 def codec_from_env() -> EncryptionCodec | None:
-    """The codec whose key file `KSQUAD_CODEC_KEY_FILE` names, or None (payloads in clear)."""
+    """The codec of the key ring the environment names (`KSQUAD_CODEC_KEY_FILE` encrypts; it and the keys in
+    the directory `KSQUAD_CODEC_KEYS` decrypt), or None (payloads in clear)."""
     path = os.environ.get(CODEC_KEY_FILE_ENV)
-    return EncryptionCodec(load_key(Path(path))) if path else None
+    if not path:
+        return None
+    directory = os.environ.get(CODEC_KEYS_ENV)
+    return EncryptionCodec(KeyRing.from_files(Path(path), Path(directory) if directory else None))
 
 
 async def connect(

@@ -78,13 +78,14 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], "nothing cluster-wide"
 
 
-def test_the_codec_key_is_mounted_from_its_secret_into_every_process_that_talks_to_temporal() -> None:
+def test_the_codec_key_ring_is_mounted_from_its_secret_into_every_process_that_talks_to_temporal() -> None:
     with_codec = chart.render({**VALUES, "codec": {"keySecret": {"name": "ksquad-codec", "key": "key"}}})
     for deployment in (d for d in with_codec if d["kind"] == "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["KSQUAD_CODEC_KEY_FILE"] == "/var/run/ksquad/codec/key"
+        assert env["KSQUAD_CODEC_KEY_FILE"] == "/var/run/ksquad/codec/key", "the active key encrypts"
+        assert env["KSQUAD_CODEC_KEYS"] == "/var/run/ksquad/codec", "every key of the Secret decrypts"
         assert {"name": "codec-key", "mountPath": "/var/run/ksquad/codec", "readOnly": True} in container[
             "volumeMounts"
         ]

@@ -78,6 +78,7 @@ capabilities:
 {{- define "ksquad.codecEnv" -}}
 {{- if .Values.codec.keySecret.name }}
 - {name: KSQUAD_CODEC_KEY_FILE, value: /var/run/ksquad/codec/{{ .Values.codec.keySecret.key }}}
+- {name: KSQUAD_CODEC_KEYS, value: /var/run/ksquad/codec}
 {{- end }}
 {{- end -}}
 

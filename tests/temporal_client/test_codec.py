@@ -1,0 +1,64 @@
+"""The codec's key ring: the active key encrypts, every key of the ring decrypts, and a key added to the key
+directory after start is found when a payload names it (the rotation of docs/operating.md, step by step)."""
+
+import base64
+import os
+from pathlib import Path
+
+import pytest
+from temporalio.api.common.v1 import Payload
+
+from temporal_client import codec as codec_module
+from temporal_client.codec import KEY_ID, EncryptionCodec, KeyRing, key_id
+
+
+def write_key(directory: Path, name: str) -> bytes:
+    key = os.urandom(32)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(base64.b64encode(key).decode())
+    return key
+
+
+def payload(text: str) -> Payload:
+    return Payload(metadata={"encoding": b"json/plain"}, data=text.encode())
+
+
+async def test_the_active_key_encrypts_and_every_key_of_the_ring_decrypts(tmp_path: Path) -> None:
+    keys = tmp_path / "codec"
+    old = write_key(keys, "key")
+    (written_before,) = await EncryptionCodec(old).encode([payload('"before the rotation"')])
+    new = write_key(keys, "key-2027")
+
+    rotated = EncryptionCodec(KeyRing.from_files(keys / "key-2027", keys))
+    (written_after,) = await rotated.encode([payload('"after the rotation"')])
+
+    assert written_after.metadata[KEY_ID] == key_id(new), "the new key encrypts"
+    assert written_before.metadata[KEY_ID] == key_id(old)
+    decoded = await rotated.decode([written_before, written_after])
+    assert [p.data for p in decoded] == [b'"before the rotation"', b'"after the rotation"']
+
+
+async def test_a_key_added_to_the_directory_later_is_found_and_an_unknown_one_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = tmp_path / "codec"
+    write_key(keys, "key")
+    running = EncryptionCodec(KeyRing.from_files(keys / "key", keys))  # a process started before the rotation
+    monkeypatch.setattr(codec_module, "RELOAD_SECONDS", 0.0)
+
+    added = write_key(keys, "key-2027")  # the Secret gains a key; another process encrypts with it
+    (from_another_process,) = await EncryptionCodec(added).encode([payload('"new"')])
+    assert [p.data for p in await running.decode([from_another_process])] == [b'"new"']
+
+    (foreign,) = await EncryptionCodec(os.urandom(32)).encode([payload('"foreign"')])
+    with pytest.raises(ValueError, match="does not hold") as raised:
+        await running.decode([foreign])
+    assert foreign.metadata[KEY_ID].decode() in str(raised.value)
+
+
+def test_hidden_files_of_a_mounted_secret_are_not_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "codec"
+    active = write_key(keys, "key")
+    (keys / "..data").mkdir()  # how the kubelet lays out a Secret volume
+    (keys / ".hidden").write_text("not a key")
+    assert KeyRing.from_files(keys / "key", keys).ids == [key_id(active).decode()]
