@@ -23,6 +23,8 @@ PLURALS = {
 # Annotations on a Run that the bridge acts on.
 CANCEL_ANNOTATION = "ksquad.io/cancel-requested"  # the `cancel` signal, with its value as the reason
 PAUSE_ANNOTATION = "ksquad.io/pause-requested"  # set: the `pause` signal; removed: `resume`
+# The `input` signal's text: held until the Run waits for input (Paused, InputRequired), sent once, then removed.
+INPUT_ANNOTATION = "ksquad.io/input"
 TRIGGERED_BY_ANNOTATION = "ksquad.io/triggered-by"  # stamped at admission, immutable
 
 Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^https?://")]

@@ -6,7 +6,8 @@ Run to a reconciler, one at a time per Run:
   Run's uid in the memo and a search attribute): a workflow of this uid that exists, running or closed, is
   never started again, so a bridge restart or a replayed event cannot run a Run twice;
 - the annotation `ksquad.io/cancel-requested` becomes the `cancel` signal; `ksquad.io/pause-requested`
-  becomes `pause` when set and `resume` when removed;
+  becomes `pause` when set and `resume` when removed; `ksquad.io/input` becomes the `input` signal once the
+  Run waits for input, and is then removed (so an answer is given once, to the question it was meant for);
 - a Run being deleted has its workflow cancelled; once it ended Cancelled (or after a bounded wait), the
   finalizer goes and Kubernetes deletes the Run and, through owner references, its Job and outputs;
 - a closed workflow whose final status never reached the Run (an API outage at the end) has it written.
@@ -22,14 +23,19 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from crd_bridge.activities import BridgeActivities, run_path, status_body
-from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, TRIGGERED_BY_ANNOTATION
+from crd_bridge.resources import (
+    CANCEL_ANNOTATION,
+    INPUT_ANNOTATION,
+    PAUSE_ANNOTATION,
+    TRIGGERED_BY_ANNOTATION,
+)
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, Unreachable
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec, run_workflow_id
-from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
+from workflows.status import PauseReason, Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +53,7 @@ class RunReconciler:
         self.started: set[str] = set()  # uids whose workflow exists (a cache; Temporal is the truth)
         self.cancel_sent: set[str] = set()
         self.paused: dict[str, bool] = {}  # uid -> the pause annotation's state last forwarded
+        self.input_sent: dict[str, str] = {}  # uid -> the input forwarded whose annotation is not yet removed
         self.pending: dict[str, dict[str, Any]] = {}  # key -> the newest object seen
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.busy: set[str] = set()
@@ -171,7 +178,39 @@ class RunReconciler:
                     else handle.signal(RunWorkflow.resume)
                 )
                 self.paused[meta["uid"]] = pause is not None
+        if INPUT_ANNOTATION in meta.get("annotations", {}):
+            retry = await self.forward_input(run) or retry
         return retry
+
+    async def forward_input(self, run: dict[str, Any]) -> bool:
+        """Send the input annotation's text as the `input` signal while the Run waits for input, then remove the
+        annotation (guarded by the version read, so an answer written meanwhile is not lost). An answer written
+        before the question is held until it is asked; True to look again shortly."""
+        meta, status = run["metadata"], run.get("status") or {}
+        uid, text = meta["uid"], meta["annotations"][INPUT_ANNOTATION]
+        if Phase(status.get("phase") or "Pending").terminal:
+            return False
+        if self.input_sent.get(uid) != text:
+            if (status.get("phase"), status.get("pauseReason")) != (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
+                return False  # the watch brings the status that asks
+            try:
+                await self.workflows.handle(meta["namespace"], meta["name"]).signal(RunWorkflow.input, text)
+            except RPCError as err:
+                log.warning("forwarding input to %s/%s: %s", meta["namespace"], meta["name"], err)
+                return True
+            self.input_sent[uid] = text
+            log.info("forwarded the input annotation of %s/%s", meta["namespace"], meta["name"])
+        body = {
+            "metadata": {"annotations": {INPUT_ANNOTATION: None}, "resourceVersion": meta["resourceVersion"]}
+        }
+        try:
+            await self.kube.patch(run_path(meta["namespace"], meta["name"]), body)
+        except ApiError as err:
+            if err.status == 404:
+                return False
+            return err.status == 409  # changed meanwhile: look again at the newest version
+        self.input_sent.pop(uid, None)
+        return False
 
     async def ensure_workflow(self, run: dict[str, Any]) -> bool:
         meta = run["metadata"]

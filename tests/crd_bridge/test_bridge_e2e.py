@@ -248,3 +248,34 @@ async def test_the_ksquad_cli_applies_lists_pauses_resumes_and_cancels_runs_on_a
 
     unknown = await ksquad(tmp_path, "runs", "get", f"{stack.namespace}/nope", *on_cluster)
     assert unknown.code == 1 and unknown.err.strip() == f'Error: run "{stack.namespace}/nope" not found'
+
+
+async def test_ksquad_runs_input_on_a_cluster_answers_a_run_paused_for_input_once(
+    start_stack: StackFactory, model: ModelEndpoint, tmp_path: Path
+) -> None:
+    question = {"name": "ksquad_request_input", "arguments": {"question": "Which test is flaky?"}}
+    model.script("dev-model", {"tool_calls": [question]}, {"text": "fixed test_payment_retry"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model), run_doc("asked"))
+    on_cluster = ("--kubeconfig", str(stack.cluster.admin_kubeconfig))
+    # Before the question, an answer is refused: it could only be a guess at a question not yet asked.
+    early = await ksquad(tmp_path, "runs", "input", f"{stack.namespace}/asked", "too soon", *on_cluster)
+    assert early.code == 1 and "is not waiting for input" in early.err, early.err
+
+    run = await stack.wait_phase("asked", {"Paused"})
+    assert (run["status"]["pauseReason"], run["status"]["message"]) == (
+        "InputRequired",
+        "Which test is flaky?",
+    )
+    given = await ksquad(
+        tmp_path, "runs", "input", f"{stack.namespace}/asked", "test_payment_retry", *on_cluster
+    )
+    assert given.code == 0, given.err
+    run = await stack.wait_phase("asked", {"Succeeded", "Failed"})
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    assert (run["status"]["attempt"], run["status"]["message"]) == (1, "fixed test_payment_retry")
+    # The bridge removed the annotation once it was sent, so no later question gets this answer.
+    assert "ksquad.io/input" not in (await stack.run("asked"))["metadata"].get("annotations", {})
+    # One task went on: the model was asked twice (the question, then with the answer as the tool's result).
+    calls = [c for c in model.state.calls if c.model == "dev-model"]
+    assert len(calls) == 2 and calls[1].messages > calls[0].messages, calls

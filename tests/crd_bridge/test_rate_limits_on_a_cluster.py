@@ -2,6 +2,7 @@
 reference agent, the scripted model over HTTP, each ModelEndpoint with its own labelled Secret): a long limit
 re-routes the run and stays on its credential; one 429 pauses every run on that credential and no other."""
 
+import itertools
 from datetime import datetime
 from typing import Any
 
@@ -105,4 +106,23 @@ async def test_one_429_pauses_both_runs_on_its_credential_while_a_run_on_another
     resumed = sorted(c.at for c in calls_to(model, "model-a"))[2:]
     assert len(resumed) == 2 and all(at >= first_429 + 20 - 1 for at in resumed), (
         "no call before the limit ended"
+    )
+
+
+async def test_three_short_limits_in_a_row_reroute_the_run_to_the_next_agent(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("model-a", {"error": 429, "retry_after": "1"})  # every call
+    model.script("model-b", {"text": "agent-b answered"})
+    stack = await start_stack()
+    stack.apply(*two_credentials(model), run_doc("repeated", ["agent-a", "agent-b"]))
+    done = (await stack.wait_phase("repeated", {"Succeeded", "Failed"}))["status"]
+    assert (done["phase"], done["agent"], done["message"]) == ("Succeeded", "agent-b", "agent-b answered"), (
+        done
+    )
+    assert "Rerouted" in await reasons(stack, "repeated")
+    limited = sorted(c.at for c in calls_to(model, "model-a"))
+    assert len(limited) == 3, "three limits in a row, then the next agent: no fourth call to model-a"
+    assert all(later - earlier >= 1 - 0.05 for earlier, later in itertools.pairwise(limited)), (
+        "each call waited for the previous Retry-After"
     )
