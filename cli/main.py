@@ -209,8 +209,8 @@ async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int
 
 async def runs_command(args: argparse.Namespace) -> int:
     target: Target = (
-        ClusterTarget(args.kubeconfig)
-        if args.kubeconfig
+        ClusterTarget(args.kubeconfig, args.context)
+        if args.kubeconfig or args.context
         else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API"))
     )
     as_json = args.output == "json"
@@ -230,7 +230,7 @@ async def runs_command(args: argparse.Namespace) -> int:
             return 0
         action = args.action
         if action == "list":
-            items = await target.list(None if args.all_namespaces else args.namespace)
+            items = await target.list(None if args.all_namespaces else args.namespace or target.namespace)
             if as_json:
                 print(json.dumps({"items": items}, indent=2))
             elif not items:
@@ -243,7 +243,7 @@ async def runs_command(args: argparse.Namespace) -> int:
                     )
                 )
             return 0
-        namespace, name = split_name(args.name, args.namespace)
+        namespace, name = split_name(args.name, args.namespace or target.namespace)
         if action == "get":
             run = await target.get(namespace, name)
             if as_json:
@@ -348,7 +348,13 @@ def parser() -> argparse.ArgumentParser:
     def target_options(q: argparse.ArgumentParser, output: tuple[str, ...] = ("json",)) -> None:
         q.add_argument("-o", "--output", choices=output, help="machine-readable output")
         q.add_argument(
-            "--kubeconfig", help="use the cluster of this kubeconfig instead of the embedded stack"
+            "--kubeconfig",
+            help="use the cluster of this kubeconfig (several joined with ':', as in $KUBECONFIG) instead of "
+            "the embedded stack",
+        )
+        q.add_argument(
+            "--context",
+            help="the kubeconfig context to use (default: its current-context); implies a cluster",
         )
         q.add_argument("--api", help="the embedded stack's API (default: from .ksquad/dev.json)")
 
@@ -360,7 +366,7 @@ def parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list, inspect, follow and steer runs")
     actions = runs.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("list", help="the Runs of a namespace (-A: all)")
-    ls.add_argument("-n", "--namespace", default="default")
+    ls.add_argument("-n", "--namespace", help="default: the context's namespace on a cluster, else default")
     ls.add_argument("-A", "--all-namespaces", action="store_true")
     target_options(ls)
     for action, help_text in (
@@ -376,7 +382,9 @@ def parser() -> argparse.ArgumentParser:
     ):
         q = actions.add_parser(action, help=help_text)
         q.add_argument("name", help="NAME or NAMESPACE/NAME")
-        q.add_argument("-n", "--namespace", default="default")
+        q.add_argument(
+            "-n", "--namespace", help="default: the context's namespace on a cluster, else default"
+        )
         if action in (RunSignal.CANCEL, RunSignal.PAUSE):
             q.add_argument("--reason", help="recorded in the Run's status")
         if action == "artifacts":

@@ -12,11 +12,11 @@ from typing import Any, Protocol
 
 import httpx
 
-from crd_bridge.resources import CANCEL_ANNOTATION, PAUSE_ANNOTATION, PLURALS
-from kube import ApiError, Config, Kube, Unreachable, path
+from crd_bridge.resources import CANCEL_ANNOTATION, INPUT_ANNOTATION, PAUSE_ANNOTATION, PLURALS
+from kube import ApiError, Config, ConfigError, Kube, Unreachable, path
 from workflows.signals import RunSignal
 from workflows.spec import API_VERSION
-from workflows.status import Phase
+from workflows.status import PauseReason, Phase
 
 
 class CliError(Exception):
@@ -29,6 +29,7 @@ class CliError(Exception):
 
 class Target(Protocol):
     where: str
+    namespace: str  # where a name without a namespace is looked for
 
     async def apply(self, docs: list[Any]) -> list[dict[str, str]]: ...
     async def list(self, namespace: str | None) -> list[dict[str, Any]]: ...
@@ -43,6 +44,7 @@ class Target(Protocol):
 class EmbeddedTarget:
     def __init__(self, api: str, token: str) -> None:
         self.where = f"the embedded stack at {api}"
+        self.namespace = "default"
         self.http = httpx.AsyncClient(
             base_url=api,
             timeout=httpx.Timeout(60.0, connect=5.0),
@@ -150,12 +152,13 @@ class EmbeddedTarget:
 
 
 class ClusterTarget:
-    def __init__(self, kubeconfig: str | None) -> None:
+    def __init__(self, kubeconfig: str | None, context: str | None = None) -> None:
         try:
-            self.kube = Kube(Config.load(kubeconfig))
-        except FileNotFoundError as err:
+            self.kube = Kube(Config.load(kubeconfig, context))
+        except (FileNotFoundError, ConfigError) as err:
             raise CliError(str(err)) from None
         self.where = f"the cluster at {self.kube.config.server}"
+        self.namespace = self.kube.config.namespace
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -200,17 +203,22 @@ class ClusterTarget:
 
     async def signal(self, namespace: str, name: str, action: RunSignal, reason: str | None) -> None:
         """The bridge forwards these annotations as the workflow's signals."""
-        await self.get(namespace, name)
+        run = await self.get(namespace, name)
+        annotations: dict[str, str | None]
         if action == RunSignal.INPUT:
-            raise CliError(
-                f"input is not forwarded on {self.where} yet: temporal workflow signal -w {namespace}/{name} "
-                "--name input --input '\"ANSWER\"'"
-            )
-        annotations: dict[str, str | None] = {
-            RunSignal.CANCEL: {CANCEL_ANNOTATION: reason or "ksquad runs cancel"},
-            RunSignal.PAUSE: {PAUSE_ANNOTATION: reason or "ksquad runs pause"},
-            RunSignal.RESUME: {PAUSE_ANNOTATION: None},
-        }[action]  # type: ignore[assignment]
+            status = run.get("status") or {}
+            if (status.get("phase"), status.get("pauseReason")) != (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
+                shown = status.get("phase") or "Pending"
+                if status.get("pauseReason"):
+                    shown += f" ({status['pauseReason']})"
+                raise CliError(f"run {namespace}/{name} is not waiting for input: it is {shown}")
+            annotations = {INPUT_ANNOTATION: reason or ""}
+        else:
+            annotations = {
+                RunSignal.CANCEL: {CANCEL_ANNOTATION: reason or "ksquad runs cancel"},
+                RunSignal.PAUSE: {PAUSE_ANNOTATION: reason or "ksquad runs pause"},
+                RunSignal.RESUME: {PAUSE_ANNOTATION: None},
+            }[action]  # type: ignore[assignment]
         await self._call(
             "patch", path(API_VERSION, "runs", namespace, name), {"metadata": {"annotations": annotations}}
         )

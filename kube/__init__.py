@@ -1,23 +1,22 @@
-"""A small async Kubernetes API client on httpx, shared by the activities (sandboxes, outputs) and the bridge.
+"""A small async Kubernetes API client on httpx, shared by the activities (sandboxes, outputs), the bridge, the
+API and the CLI.
 
-Objects are plain dicts, as the API serves them. It reads a kubeconfig (client certificates, tokens, CA
-files or inline data) or the in-cluster service account, and offers get, list, create, patch (merge,
-strategic, JSON, server-side apply), delete and watch, with errors that keep the API's status and message.
+Objects are plain dicts, as the API serves them. Where the server is and who we are come from `kube.config`
+(the official client's kubeconfig and in-cluster loaders; credentials refreshed, never read once and kept);
+requests are get, list, create, patch (merge, strategic, JSON, server-side apply), delete and watch, with errors
+that keep the API's status and message.
 """
 
-import base64
 import builtins
 import json
-import os
-import ssl
-import tempfile
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 import httpx
-import yaml
+
+from kube.config import Config, ConfigError, Credentials, TokenFile
+
+__all__ = ["ApiError", "Config", "ConfigError", "Kube", "TokenFile", "Unreachable", "path"]
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -27,7 +26,6 @@ _CONTENT_TYPES = {
     "json": "application/json-patch+json",
     "apply": "application/apply-patch+yaml",
 }
-IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _METADATA_ONLY = "application/json;as=PartialObjectMetadata"
 
 
@@ -64,64 +62,23 @@ def path(
     return base
 
 
-@dataclass
-class Config:
-    server: str
-    ssl_context: ssl.SSLContext | bool
-    headers: dict[str, str]
-    namespace: str = "default"
+class _Authorization(httpx.Auth):
+    """Every request carries the credential as it is now; after a 401 the credential is loaded again and the
+    request tried once more (an exec plugin's token may be revoked before its expiry)."""
 
-    @classmethod
-    def load(cls, kubeconfig: str | None = None) -> "Config":
-        """The kubeconfig at `kubeconfig` or $KUBECONFIG or ~/.kube/config, else the in-cluster account."""
-        candidate = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-        if Path(candidate).is_file():
-            return cls.from_kubeconfig(Path(candidate))
-        if (IN_CLUSTER / "token").is_file():
-            return cls.in_cluster()
-        raise FileNotFoundError(f"no kubeconfig at {candidate} and not running in a cluster")
+    def __init__(self, credentials: Credentials) -> None:
+        self.credentials = credentials
 
-    @classmethod
-    def in_cluster(cls) -> "Config":
-        host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        context = ssl.create_default_context(cafile=str(IN_CLUSTER / "ca.crt"))
-        token = (IN_CLUSTER / "token").read_text().strip()
-        namespace = (IN_CLUSTER / "namespace").read_text().strip()
-        return cls(
-            f"https://{host}:{port}", context, {"Authorization": f"Bearer {token}"}, namespace=namespace
-        )
-
-    @classmethod
-    def from_kubeconfig(cls, file: Path) -> "Config":
-        doc = yaml.safe_load(file.read_text())
-        current = doc.get("current-context")
-        context = next(c["context"] for c in doc["contexts"] if c["name"] == current)
-        cluster = next(c["cluster"] for c in doc["clusters"] if c["name"] == context["cluster"])
-        user = next(u["user"] for u in doc["users"] if u["name"] == context["user"])
-
-        with tempfile.TemporaryDirectory(prefix="ksquad-kube-") as scratch:
-
-            def material(key: str) -> str | None:
-                """A file path for `key`; inline `<key>-data` goes to a private file that is gone once the
-                TLS context has read it (ssl loads certificates only from files)."""
-                if f"{key}-data" in user or f"{key}-data" in cluster:
-                    file = Path(scratch) / key
-                    file.touch(mode=0o600)
-                    file.write_bytes(base64.b64decode(user.get(f"{key}-data") or cluster[f"{key}-data"]))
-                    return str(file)
-                value = user.get(key) or cluster.get(key)
-                return str(value) if value else None
-
-            ca = material("certificate-authority")
-            tls = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
-            if cluster.get("insecure-skip-tls-verify"):
-                tls.check_hostname = False
-                tls.verify_mode = ssl.CERT_NONE
-            cert, key = material("client-certificate"), material("client-key")
-            if cert and key:
-                tls.load_cert_chain(cert, key)
-        headers = {"Authorization": f"Bearer {user['token']}"} if user.get("token") else {}
-        return cls(cluster["server"], tls, headers, namespace=context.get("namespace", "default"))
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        header = await self.credentials.authorization()
+        if header:
+            request.headers["Authorization"] = header
+        response = yield request
+        if response.status_code == 401 and await self.credentials.refreshed():
+            header = await self.credentials.authorization()
+            if header:
+                request.headers["Authorization"] = header
+            yield request
 
 
 class Kube:
@@ -131,10 +88,13 @@ class Kube:
         self.config = config
         self.http = httpx.AsyncClient(
             base_url=config.server,
-            headers=config.headers,
+            auth=_Authorization(config.credentials),
             verify=config.ssl_context,
             timeout=httpx.Timeout(timeout),
+            proxy=config.proxy,
         )
+        # The name the server's certificate is checked against, when it is not the server's host.
+        self._extensions = {"sni_hostname": config.tls_server_name} if config.tls_server_name else {}
 
     async def __aenter__(self) -> "Kube":
         return self
@@ -147,7 +107,7 @@ class Kube:
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Obj:
         try:
-            response = await self.http.request(method, url, **kwargs)
+            response = await self.http.request(method, url, extensions=self._extensions, **kwargs)
         except httpx.TransportError as err:
             raise Unreachable(f"{method} {url}: {type(err).__name__}: {err}") from None
         if response.status_code >= 400:
@@ -245,7 +205,11 @@ class Kube:
             params["labelSelector"] = labels
         try:
             async with self.http.stream(
-                "GET", url, params=params, timeout=httpx.Timeout(30.0, read=timeout_seconds + 30)
+                "GET",
+                url,
+                params=params,
+                timeout=httpx.Timeout(30.0, read=timeout_seconds + 30),
+                extensions=self._extensions,
             ) as response:
                 if response.status_code >= 400:
                     await response.aread()

@@ -1,13 +1,14 @@
-"""Liveness and readiness endpoints for a process's Kubernetes probes, served beside its real work."""
+"""Liveness and readiness endpoints for a process's Kubernetes probes, and its Prometheus metrics, served beside
+its real work."""
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
@@ -19,20 +20,35 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
 class Probes:
-    """`/healthz` answers while the process lives; `/readyz` answers 200 while `ready()` is true."""
+    """`/healthz` answers while the process lives; `/readyz` answers 200 while `ready()` is true (and says which
+    dependency is not); `/metrics` is `metrics()`, in Prometheus' text format, when given."""
 
     def __init__(
-        self, port: int, ready: Callable[[], bool], details: Callable[[], dict[str, object]] = dict
+        self,
+        port: int,
+        ready: Callable[[], bool],
+        details: Callable[[], dict[str, object]] = dict,
+        metrics: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         async def healthz(_: Request) -> JSONResponse:
             return JSONResponse({"ok": True, **details()})
 
         async def readyz(_: Request) -> JSONResponse:
             ok = ready()
-            return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+            return JSONResponse({"ready": ok, **details()}, status_code=200 if ok else 503)
 
-        app = Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz)])
+        async def exposition(_: Request) -> Response:
+            assert metrics is not None
+            return Response(await metrics(), media_type=METRICS_CONTENT_TYPE)
+
+        routes = [Route("/healthz", healthz), Route("/readyz", readyz)]
+        if metrics is not None:
+            routes.append(Route("/metrics", exposition))
+        app = Starlette(routes=routes)
         self.server = _QuietServer(
             uvicorn.Config(app, host="0.0.0.0", port=port, log_level="warning", lifespan="off")
         )

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -79,7 +80,7 @@ def cached_binaries_dir() -> Path:
 
 
 def write_kubeconfig(
-    path: Path, server: str, ca: Path, user: dict[str, str], namespace: str = "default"
+    path: Path, server: str, ca: Path, user: dict[str, Any], namespace: str = "default"
 ) -> Path:
     config = {
         "apiVersion": "v1",
