@@ -15,7 +15,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.store import Holder, StaleFence, Store, StoreError, StoreUnavailable, WorkItemHeld
+from activities.metrics import CLAIM_SECONDS, since_scheduled
+from store import Holder, StaleFence, Store, StoreError, StoreUnavailable, WorkItemHeld
 from workflows.activity_types import Activity, Claim, ClaimRequest, ClaimUpdate, RunRef
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,10 @@ class ClaimActivities:
         try:
             result = await self.store.claim(req.work_item_ref, holder_of(req.run), req.lease_seconds)
         except (WorkItemHeld, StoreUnavailable) as err:
+            outcome = "held" if isinstance(err, WorkItemHeld) else "error"
+            CLAIM_SECONDS.labels(outcome).observe(since_scheduled())
             raise as_activity_error(err) from None  # the message says it all; a chain would not fit
+        CLAIM_SECONDS.labels("claimed").observe(since_scheduled())
         if result.took_over_from:
             log.info(
                 "%s: took %s over from expired holder %s",

@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.claims import as_activity_error
-from activities.store import Store, StoreError
+from store import Store, StoreError
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
 from workflows.entity_types import (
     THROTTLED_UNTIL_MEMO,

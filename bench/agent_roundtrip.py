@@ -17,11 +17,11 @@ import httpx
 from temporalio.testing import ActivityEnvironment
 
 from activities.agents import AgentActivities
-from activities.store import Store
 from agent.contract import parse_contract
 from agent.model import complete
 from agent.scripted_model import ScriptedModel, build_app
 from bench.stats import percentiles, report
+from store import Store
 from testbed.asgi import serving
 from testbed.isolate import free_port
 from workflows.activity_types import AgentInvocation

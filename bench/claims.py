@@ -16,8 +16,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from activities.store import Holder, Store
 from bench.stats import percentiles, report
+from store import Holder, Store
 from testbed.postgres import PostgresServer
 
 

@@ -36,8 +36,8 @@ from starlette.routing import Route
 from temporalio.api.common.v1 import Payloads
 from temporalio.service import RPCError
 
-from activities.store import Store, StoreError
 from dev.embedded import EmbeddedRuns, UnknownRun
+from store import Store, StoreError
 from temporal_client.codec import EncryptionCodec
 from workflows.model import InvalidObject
 from workflows.signals import USER_SIGNALS, RunSignal

@@ -1,5 +1,5 @@
 """The embedded default's stand-in for the API server and the CRD bridge: manifests applied with
-`ksquad run -f` are kept in SQLite (activities.store.objects), each Run gets its workflow exactly as the
+`ksquad run -f` are kept in SQLite (store.objects), each Run gets its workflow exactly as the
 bridge would start it, and the `ksquad-bridge` task queue is served from here:
 
 - `resolve_references` resolves with the bridge's own rules (crd_bridge.resolve) over the applied objects;
@@ -22,10 +22,10 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities.store import StoreError
-from activities.store.objects import Applied, ObjectStore, StoredObject
 from crd_bridge.activities import status_body
 from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, resolve
+from store import StoreError
+from store.objects import Applied, ObjectStore, StoredObject
 from temporal_client.runs import RunWorkflows
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.contract import Resolution

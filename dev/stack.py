@@ -34,12 +34,12 @@ from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
-from activities.store import Store
-from activities.store.objects import ObjectStore
 from agent.scripted_model import ScriptedModel, build_app
 from dev.api import api_app, loopback_names
 from dev.devserver import DevServer, preferred_port
 from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
+from store import Store
+from store.objects import ObjectStore
 from temporal_client.codec import EncryptionCodec, ensure_key_file
 from temporal_client.connection import connect
 from worker.registry import build_worker

@@ -13,6 +13,7 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSe
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from temporal_client.codec import EncryptionCodec, KeyRing
@@ -47,13 +48,20 @@ async def connect(
     tls: bool = False,
     server_root_ca: bytes | None = None,
     codec: PayloadCodec | None = None,
+    runtime: Runtime | None = None,
 ) -> Client:
-    """A client with ksquad's data converter (and payload codec); `api_key` (Temporal Cloud) implies TLS."""
+    """A client with ksquad's data converter (and payload codec); `api_key` (Temporal Cloud) implies TLS.
+    `runtime` carries the SDK's metrics exporter (temporal_client.telemetry)."""
     tls_config: TLSConfig | bool = tls or api_key is not None
     if server_root_ca is not None:
         tls_config = TLSConfig(server_root_ca_cert=server_root_ca)
     return await Client.connect(
-        target, namespace=namespace, data_converter=data_converter(codec), api_key=api_key, tls=tls_config
+        target,
+        namespace=namespace,
+        data_converter=data_converter(codec),
+        api_key=api_key,
+        tls=tls_config,
+        runtime=runtime,
     )
 
 
@@ -75,8 +83,10 @@ class TemporalSettings:
             tls=env.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
         )
 
-    async def connect(self, codec: PayloadCodec | None = None) -> Client:
-        return await connect(self.address, self.namespace, api_key=self.api_key, tls=self.tls, codec=codec)
+    async def connect(self, codec: PayloadCodec | None = None, runtime: Runtime | None = None) -> Client:
+        return await connect(
+            self.address, self.namespace, api_key=self.api_key, tls=self.tls, codec=codec, runtime=runtime
+        )
 
 
 def with_converter(client: Client, codec: PayloadCodec | None = None) -> Client:

@@ -5,11 +5,12 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_ADDRESS      Temporal's frontend, host:port (default 127.0.0.1:7233)
   KSQUAD_TEMPORAL_NAMESPACE    Temporal namespace (default: default)
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
-  KSQUAD_CODEC_KEY_FILE        the payload codec's key (32 bytes, raw, base64 or hex); unset: payloads in clear
+  KSQUAD_CODEC_KEY_FILE        the payload codec's active key (32 bytes, raw, base64 or hex); unset: in clear
+  KSQUAD_CODEC_KEYS            a directory of keys that decrypt too (the codec Secret, mounted)
   KSQUAD_DATABASE_URL          the coordination store: postgresql://... (production) or sqlite:///FILE
   KSQUAD_SANDBOX_CONFIG        the sandbox settings (YAML; the chart's ConfigMap ksquad-sandbox)
   KSQUAD_TASK_QUEUE            the task queue served (default ksquad)
-  KSQUAD_HEALTH_PORT           /healthz and /readyz (default 8082)
+  KSQUAD_HEALTH_PORT           /healthz, /readyz (the store and Temporal) and /metrics (default 8082)
   KSQUAD_MAX_CACHED_WORKFLOWS  workflows kept in memory between tasks
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
@@ -31,10 +32,11 @@ from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxActivities, SandboxSettings
-from activities.store import Store
 from kube import Config, Kube
 from kube.probes import Probes
+from store import Store
 from temporal_client.connection import codec_from_env
+from temporal_client.telemetry import Telemetry
 from worker.registry import build_worker
 from worker.settings import Settings
 
@@ -53,7 +55,9 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             backend = KubernetesSandboxes(kube, sandbox_settings)
         else:
             backend = LocalSandboxes(sandbox_settings)
-        client = await settings.temporal.connect(codec_from_env())
+        telemetry = Telemetry()
+        stack.push_async_callback(telemetry.aclose)
+        client = await settings.temporal.connect(codec_from_env(), telemetry.runtime)
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
         activities: list[Callable[..., Any]] = [
@@ -79,7 +83,10 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         )
         readiness = Readiness(store, client)
         checking = asyncio.create_task(readiness.watch())
-        async with worker, Probes(settings.health_port, lambda: readiness.ready, readiness.details):
+        probes = Probes(
+            settings.health_port, lambda: readiness.ready, readiness.details, telemetry.exposition
+        )
+        async with worker, probes:
             await stop.wait()
         checking.cancel()
     log.info("stopped")

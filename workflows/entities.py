@@ -14,6 +14,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows import metrics
 from workflows.activity_types import WorkflowIds, find_closed_workflows
 from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
@@ -90,6 +91,7 @@ class CredentialThrottleWorkflow:
         self._signals += 1
         if sub.run_id not in self.state.subscribers:
             self.state.subscribers.append(sub.run_id)
+            metrics.throttle_size(self.state.key, len(self.state.subscribers))
         # A run joining during a limit learns of it at once, unless its subscription already knew it (read from
         # the memo before subscribing): then no signal is needed, which matters when thousands subscribe.
         if self._throttled() and sub.known_until != self.state.throttled_until:
@@ -100,6 +102,7 @@ class CredentialThrottleWorkflow:
         self._signals += 1
         if sub.run_id in self.state.subscribers:
             self.state.subscribers.remove(sub.run_id)
+            metrics.throttle_size(self.state.key, len(self.state.subscribers))
 
     @workflow.signal
     def limited(self, limit: CredentialLimit) -> None:
@@ -148,6 +151,7 @@ class CredentialThrottleWorkflow:
                 for gone in await signal_runs(notices, CREDENTIAL_THROTTLED):
                     if gone in self.state.subscribers:
                         self.state.subscribers.remove(gone)
+                metrics.throttle_size(self.state.key, len(self.state.subscribers))
             if self._renew_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self.state.to_notify = [run_id for run_id, _ in self._outbox]
@@ -198,6 +202,7 @@ class ConcurrencyGateWorkflow:
             run_id = self.state.waiting.pop(0)
             self.state.holders.append(run_id)
             self._granted.append(run_id)
+        metrics.gate_sizes(self.state.scope, len(self.state.waiting), len(self.state.holders))
 
     @workflow.query
     def state_query(self) -> GateState:

@@ -45,7 +45,8 @@ from activities.agents.invocation import (
     previous_task_id,
 )
 from activities.claims import as_activity_error, holder_of, keep_lease
-from activities.store import Store, StoreError
+from activities.metrics import AGENT_CALL_SECONDS, Stopwatch
+from store import Store, StoreError
 from workflows.activity_types import (
     Activity,
     AgentError,
@@ -97,6 +98,7 @@ class AgentActivities:
             raise as_activity_error(err) from None
         progress = Progress(task_id=previous_task_id())
         beat = asyncio.create_task(self._heartbeat(progress))
+        turn, outcome = Stopwatch(), "error"
         try:
             async with keep_lease(
                 self.store,
@@ -128,14 +130,21 @@ class AgentActivities:
                         raise ApplicationError(
                             f"lost the claim: {lease.reason}", type="StaleFence", non_retryable=True
                         )
-                    return work.result()
-                except ApplicationError:
+                    result = work.result()
+                    outcome = "completed"
+                    return result
+                except ApplicationError as err:
+                    outcome = err.type or "error"
                     self._cards.pop(inv.endpoint, None)  # the next attempt reads the card again
                     raise
                 finally:
                     await client.close()
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             beat.cancel()
+            AGENT_CALL_SECONDS.labels(outcome).observe(turn.seconds())
 
     async def _connect(self, http: httpx.AsyncClient, inv: AgentInvocation) -> Client:
         factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))

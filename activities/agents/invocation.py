@@ -39,7 +39,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.claims import as_activity_error
-from activities.store import Holder, StaleFence, StoreError
+from store import Holder, StaleFence, StoreError
 from workflows.activity_types import (
     CLAIM_LEASE_SECONDS,
     AgentError,

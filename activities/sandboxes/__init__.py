@@ -22,6 +22,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.metrics import SANDBOX_ACQUIRE_FAILURES, SANDBOX_ACQUIRE_SECONDS, since_scheduled
 from activities.sandboxes.kubernetes import KubernetesSandboxes, pod_ready
 from activities.sandboxes.local import LocalModel, LocalSandboxes
 from activities.sandboxes.manifests import (
@@ -73,9 +74,15 @@ class SandboxActivities:
     @activity.defn(name=Activity.ACQUIRE_SANDBOX)
     async def acquire_sandbox(self, req: SandboxRequest) -> Sandbox:
         try:
-            return await self.backend.acquire(req)
+            sandbox = await self.backend.acquire(req)
         except Unreachable as err:
+            SANDBOX_ACQUIRE_FAILURES.labels("KubernetesUnreachable").inc()
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+        except ApplicationError as err:
+            SANDBOX_ACQUIRE_FAILURES.labels(err.type or "ApplicationError").inc()
+            raise
+        SANDBOX_ACQUIRE_SECONDS.labels(sandbox.kind).observe(since_scheduled())
+        return sandbox
 
     @activity.defn(name=Activity.RELEASE_SANDBOX)
     async def release_sandbox(self, rel: SandboxRelease) -> None:

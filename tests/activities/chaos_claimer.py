@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from activities.store import Holder, StaleFence, Store, StoreUnavailable, WorkItemHeld
+from store import Holder, StaleFence, Store, StoreUnavailable, WorkItemHeld
 
 ITEM = "wi-chaos"
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.store import Store
+from store import Store
 from testbed.postgres import PostgresServer
 
 

@@ -10,8 +10,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.claims import ClaimActivities, keep_lease
-from activities.store import Holder, Store, WorkItemHeld
 from dev.devserver import DevServer
+from store import Holder, Store, WorkItemHeld
 from testbed.postgres import PostgresServer
 from tests.workflows.world import World, run_input, running_world_on, start_run
 from workflows.activity_types import Activity, ClaimRequest, ClaimUpdate, RunRef

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from activities.store import sync_url
-from activities.store.migrations import upgrade_sync
-from activities.store.schema import artifacts, claim_history
+from store import sync_url
+from store.migrations import upgrade_sync
+from store.schema import artifacts, claim_history
 from testbed.postgres import PostgresServer
 
 WORKERS = 6

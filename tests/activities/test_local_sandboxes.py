@@ -6,7 +6,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agents import AgentActivities
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
-from activities.store import Store
+from store import Store
 from testbed.agents import MODEL_KEY, ModelEndpoint, contract
 from workflows.activity_types import AgentInvocation, RunRef, SandboxRelease, SandboxRequest
 from workflows.spec import SandboxPolicy

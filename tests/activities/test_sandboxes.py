@@ -23,8 +23,8 @@ from activities.sandboxes import (
     SandboxSettings,
     job_name,
 )
-from activities.store import Store
 from kube import ApiError, Config, Kube, path
+from store import Store
 from testbed import chart
 from testbed.agents import MODEL_KEY, ModelEndpoint, contract
 from testbed.controlplane import ControlPlane

@@ -11,8 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from temporalio.testing import ActivityEnvironment
 
 from activities.entities import ResumePlaces
-from activities.store import Holder, StaleFence, Store, WorkItemHeld, sync_url
-from activities.store.schema import metadata
+from store import Holder, StaleFence, Store, WorkItemHeld, sync_url
+from store.schema import metadata
 from tests.activities.conftest import Clock
 from workflows.entity_types import ResumePlaceRequest
 

@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from activities.agents import AgentActivities, Timing
-from activities.store import Store
+from store import Store
 from temporal_client.connection import connect
 from tests.support.workflows import InvokeAgentOnce
 from worker.registry import build_worker

@@ -19,8 +19,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.agents import AgentActivities, Timing
-from activities.store import Holder, StaleFence, Store
 from agent.server import agent_card
+from store import Holder, StaleFence, Store
 from testbed.agents import AgentFactory, ModelEndpoint, ToolServer, contract
 from testbed.asgi import serving
 from workflows.activity_types import AgentInvocation, ContinueTask, RateLimitDetails, TaskPause

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 
-from activities.store import Holder, Store
 from dev.devserver import DevServer
+from store import Holder, Store
 from temporal_client.connection import connect
 from testbed.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from temporalio.client import Client
 
-from activities.store import Store
 from dev.devserver import DevServer
+from store import Store
 from testbed.agents import MODEL_KEY, ModelEndpoint
 from testbed.chart import CHART
 from testbed.controlplane import ControlPlane, cached_binaries_dir

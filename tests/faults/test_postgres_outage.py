@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from activities.store import Store
+from store import Store
 from testbed.embedded import MODEL, NAMESPACE, bench_stack, start_workers, stop_workers, wait_terminal
 from testbed.postgres import PostgresServer
 from tests.faults.audit import audit, runs, task_of

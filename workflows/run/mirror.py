@@ -10,6 +10,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from workflows import metrics
 from workflows import search_attributes as sa
 from workflows.activity_types import BRIDGE_TASK_QUEUE, mirror_status
 from workflows.policies import set_condition, transition
@@ -42,6 +43,8 @@ class StatusMirror:
         self._mirrored_revision = -1
         self._unsent_events: list[PhaseEvent] = []
         self._search_attributes: dict[str, Any] = {}
+        # When the current phase began (for its duration); after a continue-as-new, the last change's time.
+        self._phase_since: datetime | None = status.last_transition_time
 
     def move(
         self,
@@ -53,6 +56,7 @@ class StatusMirror:
         resume_at: datetime | None = None,
     ) -> None:
         now = workflow.now()
+        left, since = self.status.phase, self._phase_since
         self.status = transition(
             self.status,
             phase,
@@ -64,6 +68,9 @@ class StatusMirror:
             generation=self.run.generation,
         )
         workflow.set_current_details(f"**{phase.value}**: {message}")
+        metrics.phase_changed(left, phase, reason, now - since if since is not None else None)
+        if phase != left or since is None:
+            self._phase_since = now
         self._unsent_events.append(
             PhaseEvent(revision=self.status.revision, phase=phase, reason=reason, message=message, at=now)
         )

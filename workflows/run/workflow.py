@@ -26,6 +26,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.workflow import ActivityCancellationType
 
+from workflows import metrics
 from workflows.activity_types import (
     AgentError,
     AgentInvocation,
@@ -390,6 +391,8 @@ class RunWorkflow:
                     f"{key} kept answering 429: rate limited for timeouts.rateLimitedSeconds ({bound}s) in all",
                 )
             if self.status.phase != Phase.PAUSED or self.status.resume_at != until:
+                if self.status.pause_reason != PauseReason.RATE_LIMITED:
+                    metrics.rate_limit_paused(key)
                 self.mirror.move(
                     Phase.PAUSED,
                     pause_reason=PauseReason.RATE_LIMITED,
@@ -407,7 +410,8 @@ class RunWorkflow:
                     CANCEL_OR_PAUSE,
                 )
             except TimeoutError:
-                pass
+                if workflow.now() >= until:
+                    metrics.resumed_late(key, workflow.now() - until)
             except Interrupted as interrupted:
                 self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
                 await self.pauses.hold_or_raise(interrupted)

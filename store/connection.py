@@ -7,7 +7,7 @@ from typing import ParamSpec, TypeVar
 
 from sqlalchemy import exc
 
-from activities.store.records import StoreUnavailable
+from store.records import StoreUnavailable
 
 P = ParamSpec("P")
 T = TypeVar("T")

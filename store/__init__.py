@@ -21,9 +21,9 @@ from sqlalchemy import exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from activities.store import migrations
-from activities.store.connection import as_utc, async_url, sync_url, unavailable, utcnow
-from activities.store.records import (
+from store import migrations
+from store.connection import as_utc, async_url, sync_url, unavailable, utcnow
+from store.records import (
     ClaimResult,
     Event,
     HistoryEntry,
@@ -33,7 +33,7 @@ from activities.store.records import (
     StoreUnavailable,
     WorkItemHeld,
 )
-from activities.store.schema import (
+from store.schema import (
     artifacts,
     claim_history,
     claims,

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import sqlalchemy as sa
 
-from activities.store import Store
-from activities.store.connection import as_utc, unavailable
-from activities.store.schema import objects, run_events
+from store import Store
+from store.connection import as_utc, unavailable
+from store.schema import objects, run_events
 
 API_VERSION = "ksquad.io/v1alpha1"
 Applied = Literal["created", "configured", "unchanged"]

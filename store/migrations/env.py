@@ -1,9 +1,9 @@
-"""Alembic environment of the coordination store (run by `activities.store.migrate`, no alembic.ini)."""
+"""Alembic environment of the coordination store (run by `store.migrate`, no alembic.ini)."""
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from activities.store.schema import metadata
+from store.schema import metadata
 
 config = context.config
 
