@@ -44,3 +44,18 @@ class InvokeAgentOnce:
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=5),
         )
         return result
+
+
+@workflow.defn
+class MeasuredWorkflow:
+    """Records one phase change, waits on a timer (a second workflow task: replayed when nothing is cached),
+    then another change."""
+
+    @workflow.run
+    async def run(self) -> None:
+        from workflows import metrics
+        from workflows.status import Phase
+
+        metrics.phase_changed(Phase.PENDING, Phase.RUNNING, "Started", timedelta(seconds=2))
+        await workflow.sleep(timedelta(milliseconds=200), summary="a second workflow task")
+        metrics.phase_changed(Phase.RUNNING, Phase.SUCCEEDED, "Done", timedelta(seconds=1))
