@@ -23,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from crd_bridge.activities import status_body
+from crd_bridge.events import phase_records
 from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, resolve
 from store import StoreError
 from store.objects import Applied, ObjectStore, StoredObject
@@ -142,26 +143,6 @@ class EmbeddedBridge:
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
-        events = [
-            (
-                "phase",
-                f"{e.phase}"
-                + (f" ({e.reason})" if e.reason else "")
-                + (f": {e.message}" if e.message else ""),
-                {
-                    "phase": e.phase.value,
-                    "reason": e.reason,
-                    "message": e.message,
-                    "revision": e.revision,
-                    "attempt": snapshot.status.attempt,
-                    "at": e.at.isoformat(),
-                    "resumeAt": snapshot.status.resume_at.isoformat()
-                    if snapshot.status.resume_at and e.phase == Phase.PAUSED
-                    else None,
-                },
-            )
-            for e in snapshot.events
-        ]
         try:
             await self.objects.write_run_status(
                 snapshot.namespace,
@@ -169,7 +150,7 @@ class EmbeddedBridge:
                 snapshot.uid,
                 snapshot.status.revision,
                 status_body(snapshot),
-                events,
+                phase_records(snapshot),
             )
         except StoreError as err:
             raise ApplicationError(str(err), type="StoreUnavailable") from None

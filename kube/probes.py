@@ -3,7 +3,7 @@ its real work."""
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import uvicorn
 from starlette.applications import Starlette
@@ -63,3 +63,32 @@ class Probes:
         if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+
+
+class Readiness:
+    """Ready while every dependency answers: each check (store ping, Temporal health, the API server...) runs
+    every few seconds; `details()` says which one does not, for /healthz and /readyz."""
+
+    def __init__(self, checks: Mapping[str, Callable[[], Awaitable[bool]]], every: float = 5.0) -> None:
+        self.checks = checks
+        self.every = every
+        self.state = dict.fromkeys(checks, False)
+
+    @property
+    def ready(self) -> bool:
+        return all(self.state.values())
+
+    def details(self) -> dict[str, object]:
+        return dict(self.state)
+
+    async def check(self) -> None:
+        for name, check in self.checks.items():
+            try:
+                self.state[name] = await asyncio.wait_for(check(), self.every)
+            except Exception:  # a dependency that fails to answer is not ready, whatever the error
+                self.state[name] = False
+
+    async def watch(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self.every)

@@ -28,6 +28,7 @@ from store.records import (
     Event,
     HistoryEntry,
     Holder,
+    PhaseRecord,
     StaleFence,
     StoreError,
     StoreUnavailable,
@@ -42,11 +43,14 @@ from store.schema import (
     run_sequences,
 )
 
+MIGRATION_LOCK = 0x6B737164  # "ksqd": the advisory lock key of schema migrations
+
 __all__ = [
     "ClaimResult",
     "Event",
     "HistoryEntry",
     "Holder",
+    "PhaseRecord",
     "StaleFence",
     "Store",
     "StoreError",
@@ -109,8 +113,11 @@ class Store:
 
     @unavailable
     async def migrate(self) -> None:
-        """Bring the schema to the newest revision (a no-op when it is there already)."""
+        """Bring the schema to the newest revision (a no-op when it is there already). On PostgreSQL the
+        migration holds an advisory lock: workers and bridges starting together migrate one after another."""
         async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
             await conn.run_sync(migrations.upgrade)
 
     @asynccontextmanager
@@ -401,6 +408,42 @@ class Store:
             )
         ).scalar_one()
         return int(seq)
+
+    @unavailable
+    async def append_phase_events(self, run_uid: str, run: str, events: list[PhaseRecord]) -> int:
+        """Append the phase changes of a run's status to its log (the stream that carries the agent's progress
+        too), each revision once: a snapshot sent again, or by another bridge replica, adds nothing. Returns how
+        many were new."""
+        async with self.transaction() as c:
+            # Hold the run's sequence row first: two writers of one run take turns from here on.
+            hold = self._insert(run_sequences).values(run_uid=run_uid, last_seq=0)
+            await c.execute(
+                hold.on_conflict_do_update(
+                    index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq}
+                )
+            )
+            recorded = (
+                await c.execute(
+                    sa.select(sa.func.max(run_events.c.revision)).where(run_events.c.run_uid == run_uid)
+                )
+            ).scalar_one()
+            fresh = [e for e in sorted(events, key=lambda e: e.revision) if e.revision > (recorded or 0)]
+            for event in fresh:
+                await c.execute(
+                    sa.insert(run_events).values(
+                        run_uid=run_uid,
+                        run=run,
+                        seq=await self.next_seq(c, run_uid),
+                        fence=0,
+                        attempt=event.attempt,
+                        kind="phase",
+                        message=event.message,
+                        data=event.data,
+                        revision=event.revision,
+                        at=self.clock(),
+                    )
+                )
+            return len(fresh)
 
     @unavailable
     async def next_in_line(self, name: str) -> int:

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from store import Store
 from store.connection import as_utc, unavailable
+from store.records import PhaseRecord
 from store.schema import objects, run_events
 
 API_VERSION = "ksquad.io/v1alpha1"
@@ -141,10 +142,10 @@ class ObjectStore:
         uid: str,
         revision: int,
         status: dict[str, Any],
-        events: list[tuple[str, str, dict[str, Any]]],
+        events: list[PhaseRecord],
     ) -> bool:
-        """Store the status unless the Run has a newer one or is another Run (or gone); then append `events`
-        ((kind, message, data) each) to the run's log. True when written."""
+        """Store the status unless the Run has a newer one or is another Run (or gone); then append its phase
+        `events` to the run's log. True when written."""
         async with self.store.transaction() as c:
             written = await c.execute(
                 sa.update(objects)
@@ -159,7 +160,7 @@ class ObjectStore:
             )
             if not written.rowcount:
                 return False
-            for kind, message, data in events:
+            for event in events:
                 seq = await self.store.next_seq(c, uid)
                 await c.execute(
                     sa.insert(run_events).values(
@@ -167,10 +168,11 @@ class ObjectStore:
                         run=f"{namespace}/{name}",
                         seq=seq,
                         fence=0,
-                        attempt=int(data.get("attempt") or 0),
-                        kind=kind,
-                        message=message,
-                        data=data,
+                        attempt=event.attempt,
+                        kind="phase",
+                        message=event.message,
+                        data=event.data,
+                        revision=event.revision,
                         at=self.store.clock(),
                     )
                 )

@@ -59,6 +59,16 @@ class Event:
 
 
 @dataclass(frozen=True)
+class PhaseRecord:
+    """A phase change of a run's status, as its event log keeps it."""
+
+    revision: int
+    message: str
+    data: dict[str, Any]
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
     action: str
     holder_uid: str

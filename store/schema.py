@@ -80,7 +80,10 @@ run_events = sa.Table(
     sa.Column("data", sa.JSON, nullable=True),
     sa.Column("triggered_by", sa.String(512), nullable=True),
     sa.Column("at", Timestamp, nullable=False),
+    # phase events: the status revision they record (one event per revision; migration 0003)
+    sa.Column("revision", sa.BigInteger, nullable=True),
     sa.UniqueConstraint("run_uid", "seq"),
+    sa.Index("ix_run_events_run_uid_revision", "run_uid", "revision"),
 )
 
 comments = sa.Table(

@@ -6,6 +6,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from temporalio.api.enums.v1 import IndexedValueType
@@ -115,3 +116,11 @@ async def register_search_attributes(client: Client) -> list[str]:
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing)
         )
     return sorted(missing)
+
+
+async def temporal_answers(client: Client) -> bool:
+    """Temporal's frontend answers its health check (for readiness probes)."""
+    try:
+        return bool(await client.service_client.check_health(timeout=timedelta(seconds=5)))
+    except RPCError:
+        return False

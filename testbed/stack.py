@@ -89,6 +89,7 @@ class Stack:
                 "KSQUAD_LEASE_NAME": f"bridge-{self.namespace}",
                 "POD_NAME": f"bridge-{uuid.uuid4().hex[:6]}",
                 "KSQUAD_CANCEL_WAIT_SECONDS": "30",
+                "KSQUAD_DATABASE_URL": self.database_url,  # phase events, for the cluster API's streams
             }
             module = "crd_bridge.main"
         else:
@@ -105,7 +106,7 @@ class Stack:
             )
             env = {
                 **self.env("worker"),
-                "KSQUAD_DATABASE_URL": f"sqlite:///{self.root / 'ksquad.db'}",
+                "KSQUAD_DATABASE_URL": self.database_url,
                 "KSQUAD_SANDBOX_CONFIG": str(config),
             }
             module = "worker.main"
@@ -148,6 +149,11 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+    @property
+    def database_url(self) -> str:
+        """The store the worker and the bridge share (SQLite here; PostgreSQL on the installed chart)."""
+        return f"sqlite:///{self.root / 'ksquad.db'}"
 
     def log(self, component: str) -> str:
         return (self.root / f"{component}.log").read_text()

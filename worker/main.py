@@ -21,21 +21,17 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
-
-from temporalio.client import Client
-from temporalio.service import RPCError
 
 from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxActivities, SandboxSettings
 from kube import Config, Kube
-from kube.probes import Probes
+from kube.probes import Probes, Readiness
 from store import Store
-from temporal_client.connection import codec_from_env
+from temporal_client.connection import codec_from_env, temporal_answers
 from temporal_client.telemetry import Telemetry
 from worker.registry import build_worker
 from worker.settings import Settings
@@ -81,7 +77,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             store.engine.url.render_as_string(),
             sandbox_settings.backend,
         )
-        readiness = Readiness(store, client)
+        readiness = Readiness({"store": store.ping, "temporal": lambda: temporal_answers(client)})
         checking = asyncio.create_task(readiness.watch())
         probes = Probes(
             settings.health_port, lambda: readiness.ready, readiness.details, telemetry.exposition
@@ -90,30 +86,6 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             await stop.wait()
         checking.cancel()
     log.info("stopped")
-
-
-class Readiness:
-    """Ready while the worker can do its work: the store and Temporal both answer (checked every few seconds)."""
-
-    def __init__(self, store: Store, client: Client, every: float = 5.0) -> None:
-        self.store, self.client, self.every = store, client, every
-        self.store_ok = self.temporal_ok = False
-
-    @property
-    def ready(self) -> bool:
-        return self.store_ok and self.temporal_ok
-
-    def details(self) -> dict[str, object]:
-        return {"store": self.store_ok, "temporal": self.temporal_ok}
-
-    async def watch(self) -> None:
-        while True:
-            self.store_ok = await self.store.ping()
-            try:
-                self.temporal_ok = await self.client.service_client.check_health(timeout=timedelta(seconds=5))
-            except RPCError:
-                self.temporal_ok = False
-            await asyncio.sleep(self.every)
 
 
 def main(argv: list[str] | None = None) -> None:

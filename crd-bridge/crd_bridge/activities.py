@@ -5,20 +5,25 @@ objects on behalf of a workflow.
 - `mirror_status`: the workflow's status onto the Run's status subresource. Writes are guarded twice: a
   snapshot with a revision at or below the stored one is dropped (a late or retried write never rolls the
   status back), and the write carries the resourceVersion it read (a concurrent writer makes it retry).
-  Each phase change becomes an Event.
+  Each phase change becomes an Event and, with a store, an entry of the run's event log (the cluster API's
+  event streams), once per revision.
 """
 
 import logging
+import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from crd_bridge.events import RUN_API, EventRecorder
+from crd_bridge.events import RUN_API, EventRecorder, phase_records
+from crd_bridge.metrics import APPLY_TO_STATUS_SECONDS, MIRROR_LAG_SECONDS, RUNS_BY_PHASE, STATUS_WRITES
 from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, resolve
 from crd_bridge.resources import PLURALS
 from kube import ApiError, Kube, Unreachable, path
+from store import Store, StoreError
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.contract import Resolution
 from workflows.status import StatusSnapshot
@@ -43,26 +48,46 @@ class SeenRun:
     uid: str
     resource_version: str
     revision: int
+    phase: str | None = None
 
 
 class BridgeActivities:
     def __init__(
-        self, kube: Kube, instance: str, namespace_limit: int | None = None, allow: AllowLists = ANYTHING
+        self,
+        kube: Kube,
+        instance: str,
+        namespace_limit: int | None = None,
+        allow: AllowLists = ANYTHING,
+        store: Store | None = None,
     ) -> None:
         self.kube = kube
+        # Where phase changes are logged for the event streams of the cluster API (None: Events only).
+        self.store = store
         self.events = EventRecorder(kube, instance)
         self.namespace_limit = namespace_limit
         self.allow = allow
         # The newest version of each Run this replica has seen (the leader's watch, and its own writes): a status
         # write starts from it instead of reading the Run. A stale entry costs a conflict, then a read.
         self.seen: dict[tuple[str, str], SeenRun] = {}
+        self.watching = False  # the leader's watch feeds `seen` with every Run
+        self.arrived: dict[str, float] = {}  # uid -> when a Run without status was first seen
+        RUNS_BY_PHASE.phases = self._phases
+
+    def _phases(self) -> list[str] | None:
+        return [s.phase or "" for s in self.seen.values()] if self.watching else None
 
     def saw(self, run: dict[str, Any], deleted: bool = False) -> None:
         key = (run["metadata"]["namespace"], run["metadata"]["name"])
         if deleted:
-            self.seen.pop(key, None)
-        else:
-            self.seen[key] = _seen(run)
+            gone = self.seen.pop(key, None)
+            if gone is not None:
+                self.arrived.pop(gone.uid, None)
+            return
+        seen = self.seen[key] = _seen(run)
+        if seen.phase is None:
+            self.arrived.setdefault(seen.uid, time.monotonic())
+        elif (since := self.arrived.pop(seen.uid, None)) is not None:
+            APPLY_TO_STATUS_SECONDS.observe(time.monotonic() - since)
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
@@ -97,10 +122,24 @@ class BridgeActivities:
         try:
             written = await self.write_status(snapshot)
         except Unreachable as err:  # retried by Temporal; the run goes on meanwhile
+            STATUS_WRITES.labels("failed").inc()
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+        except ApplicationError:
+            STATUS_WRITES.labels("failed").inc()
+            raise
         if written:
+            changed = snapshot.status.last_transition_time
+            if changed is not None:
+                MIRROR_LAG_SECONDS.observe(max(0.0, (datetime.now(UTC) - changed).total_seconds()))
             for event in snapshot.events:
                 await self.events.record(snapshot.namespace, snapshot.name, snapshot.uid, event)
+        if self.store is not None and snapshot.events:
+            try:
+                await self.store.append_phase_events(
+                    snapshot.uid, f"{snapshot.namespace}/{snapshot.name}", phase_records(snapshot)
+                )
+            except StoreError as err:  # the mirror sends these events again with its next status
+                raise ApplicationError(str(err), type="StoreUnavailable") from None
 
     async def write_status(self, snapshot: StatusSnapshot) -> bool:
         """Write the snapshot unless the Run has a newer one, or is gone, or is another Run of that name."""
@@ -117,6 +156,7 @@ class BridgeActivities:
                 if seen.uid != snapshot.uid:
                     return False
             if snapshot.status.revision <= seen.revision:
+                STATUS_WRITES.labels("stale").inc()
                 log.debug(
                     "%s/%s: dropped r%d (have r%d)",
                     snapshot.namespace,
@@ -128,6 +168,7 @@ class BridgeActivities:
             body = {"metadata": {"resourceVersion": seen.resource_version}, "status": status_body(snapshot)}
             try:
                 self.saw(await self.kube.patch(run_path(snapshot.namespace, snapshot.name, "status"), body))
+                STATUS_WRITES.labels("written").inc()
                 return True
             except ApiError as err:
                 if err.status == 409:
@@ -147,4 +188,7 @@ class BridgeActivities:
 
 def _seen(run: dict[str, Any]) -> SeenRun:
     meta = run["metadata"]
-    return SeenRun(meta["uid"], meta["resourceVersion"], int((run.get("status") or {}).get("revision") or 0))
+    status = run.get("status") or {}
+    return SeenRun(
+        meta["uid"], meta["resourceVersion"], int(status.get("revision") or 0), status.get("phase")
+    )

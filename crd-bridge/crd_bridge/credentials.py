@@ -65,7 +65,7 @@ class CredentialWatcher:
         query = f"{sa.NAMESPACE.name} = '{namespace}' AND ExecutionStatus = 'Running' AND WorkflowType = 'RunWorkflow'"
         async for workflow in self.temporal.list_workflows(query):
             try:
-                handle = self.temporal.get_workflow_handle_for(RunWorkflow.run, workflow.id)
+                handle = self.temporal.get_workflow_handle(workflow.id)
                 await handle.signal(RunWorkflow.credential_refreshed, f"{namespace}/{secret}")
                 self.signalled += 1
             except RPCError as err:

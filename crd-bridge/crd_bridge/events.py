@@ -6,12 +6,39 @@ import logging
 from datetime import UTC, datetime
 
 from kube import ApiError, Kube, path
-from workflows.status import Phase, PhaseEvent
+from store import PhaseRecord
+from workflows.status import Phase, PhaseEvent, StatusSnapshot
 
 log = logging.getLogger(__name__)
 RUN_API = "ksquad.io/v1alpha1"
 # The newest revision counted: a retried snapshot is not counted twice.
 REVISION_ANNOTATION = "ksquad.io/revision"
+
+
+def phase_records(snapshot: StatusSnapshot) -> list[PhaseRecord]:
+    """The snapshot's phase changes as the run's event log keeps them (what `ksquad runs watch` shows)."""
+    status = snapshot.status
+    return [
+        PhaseRecord(
+            revision=e.revision,
+            message=f"{e.phase}"
+            + (f" ({e.reason})" if e.reason else "")
+            + (f": {e.message}" if e.message else ""),
+            data={
+                "phase": e.phase.value,
+                "reason": e.reason,
+                "message": e.message,
+                "revision": e.revision,
+                "attempt": status.attempt,
+                "at": e.at.isoformat(),
+                "resumeAt": status.resume_at.isoformat()
+                if status.resume_at and e.phase == Phase.PAUSED
+                else None,
+            },
+            attempt=status.attempt,
+        )
+        for e in snapshot.events
+    ]
 
 
 def _micro_time(at: datetime) -> str:

@@ -2,13 +2,17 @@
 
 Every replica serves the `ksquad-bridge` task queue (resolve_references, mirror_status: both safe to run
 anywhere); the replica holding the Lease also reconciles Runs and watches credentials. Health on
-`KSQUAD_HEALTH_PORT` (8081): `/healthz` (alive), `/readyz` (serving the task queue).
+`KSQUAD_HEALTH_PORT` (8081): `/healthz` (alive), `/readyz` (serving the task queue, and the API server, Temporal
+and the store answer), `/metrics` (crd_bridge.metrics, with the Temporal SDK's).
 
 Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_ADDRESS      Temporal's frontend, host:port (default 127.0.0.1:7233)
   KSQUAD_TEMPORAL_NAMESPACE    Temporal namespace (default: default)
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
-  KSQUAD_CODEC_KEY_FILE        the payload codec's key (32 bytes, raw, base64 or hex); unset: payloads in clear
+  KSQUAD_CODEC_KEY_FILE        the payload codec's active key (32 bytes, raw, base64 or hex); unset: in clear
+  KSQUAD_CODEC_KEYS            a directory of keys that decrypt too (the codec Secret, mounted)
+  KSQUAD_DATABASE_URL          the store where phase changes are logged for the cluster API's event streams
+                               (the worker's); unset: Run status and Events only
   KSQUAD_WATCH_NAMESPACES      the Run namespaces, comma-separated
   KSQUAD_LEASE_NAMESPACE       where the leader's Lease is (KSQUAD_LEASE_NAME, default ksquad-bridge)
   KSQUAD_TASK_QUEUE            where Run workflows are started (default ksquad)
@@ -16,13 +20,14 @@ Settings come from the environment (the chart sets them):
   KSQUAD_ALLOWED_IMAGES, KSQUAD_ALLOWED_RUNTIME_CLASSES, KSQUAD_ALLOWED_AGENT_ENDPOINTS
                                what Agents' images, Runs' runtime classes and Agents' endpoints (hosts, host:port,
                                CIDRs) may be, comma-separated; unset: anything
-  KSQUAD_HEALTH_PORT           /healthz and /readyz (default 8081)
+  KSQUAD_HEALTH_PORT           /healthz, /readyz and /metrics (default 8081)
   POD_NAME                     this replica's identity in the Lease
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -37,8 +42,10 @@ from crd_bridge.leader import LeaderElector, LostLeadership
 from crd_bridge.runs import RunReconciler
 from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
-from kube.probes import Probes
-from temporal_client.connection import codec_from_env
+from kube.probes import Probes, Readiness
+from store import Store
+from temporal_client.connection import codec_from_env, temporal_answers
+from temporal_client.telemetry import Telemetry
 from workflows.activity_types import BRIDGE_TASK_QUEUE
 
 log = logging.getLogger("ksquad.bridge")
@@ -46,30 +53,53 @@ SHUTDOWN_SECONDS = 10.0
 
 
 async def serve(settings: BridgeSettings) -> int:
-    state = {"ready": False, "leader": False}
+    state = {"serving": False, "leader": False}
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    probes = Probes(settings.health_port, lambda: state["ready"], lambda: {"leader": state["leader"]})
-    async with Kube(Config.load(settings.kubeconfig)) as kube, probes:
-        temporal = await settings.temporal.connect(codec_from_env())
+    async with contextlib.AsyncExitStack() as resources:
+        kube = await resources.enter_async_context(Kube(Config.load(settings.kubeconfig)))
+        store = await Store.open(settings.database_url) if settings.database_url else None
+        if store is not None:
+            resources.push_async_callback(store.close)
+        telemetry = Telemetry()
+        resources.push_async_callback(telemetry.aclose)
+        temporal = await settings.temporal.connect(codec_from_env(), telemetry.runtime)
+
+        async def api_server_answers() -> bool:
+            await kube.get("/version")
+            return True
+
+        checks = {"kubernetes": api_server_answers, "temporal": lambda: temporal_answers(temporal)}
+        if store is not None:
+            checks["store"] = store.ping
+        readiness = Readiness(checks)
+        await readiness.check()
+        resources.push_async_callback(_cancel, asyncio.create_task(readiness.watch()))
+        probes = Probes(
+            settings.health_port,
+            lambda: state["serving"] and readiness.ready,
+            lambda: {**readiness.details(), "leader": state["leader"]},
+            telemetry.exposition,
+        )
+        await resources.enter_async_context(probes)
         bridge = BridgeActivities(
-            kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow
+            kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow, store
         )
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0
         serving = asyncio.create_task(worker.run())
         try:
-            state["ready"] = True
+            state["serving"] = True
             elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, settings.identity)
             stopping: asyncio.Task[Any] = asyncio.create_task(stop.wait())
             acquiring = asyncio.create_task(elector.acquire())
             await asyncio.wait([stopping, acquiring], return_when=asyncio.FIRST_COMPLETED)
             if acquiring.done():
-                state["leader"] = True
+                state["leader"] = bridge.watching = True
                 reconciler = RunReconciler(kube, temporal, settings, bridge)
                 tasks: list[asyncio.Task[Any]] = [
                     asyncio.create_task(reconciler.run()),
@@ -87,9 +117,15 @@ async def serve(settings: BridgeSettings) -> int:
             else:
                 acquiring.cancel()
         finally:
-            state["ready"] = False
+            state["serving"] = False
             await _stop_worker(worker, serving, code)
     return code
+
+
+async def _cancel(task: "asyncio.Task[None]") -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _stop_worker(worker: Worker, serving: "asyncio.Task[None]", code: int) -> None:

@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 from crd_bridge.activities import BridgeActivities, run_path, status_body
+from crd_bridge.metrics import RECONCILES
 from crd_bridge.resources import (
     CANCEL_ANNOTATION,
     INPUT_ANNOTATION,
@@ -126,8 +127,10 @@ class RunReconciler:
             self.busy.add(key)
             try:
                 retry = await self.reconcile(run)
+                RECONCILES.labels("retry" if retry else "done").inc()
             except Exception:
                 log.exception("reconciling %s", key)
+                RECONCILES.labels("error").inc()
                 retry = True
             finally:
                 self.busy.discard(key)

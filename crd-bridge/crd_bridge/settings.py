@@ -24,6 +24,7 @@ class BridgeSettings:
     temporal: TemporalSettings = field(default_factory=TemporalSettings)
     worker_task_queue: str = WORKER_TASK_QUEUE  # where Run workflows are started
     kubeconfig: str | None = None
+    database_url: str | None = None  # the store for phase events (the cluster API's streams); None: none
     watch_namespaces: list[str] = field(default_factory=list)  # empty: every namespace
     lease_namespace: str = "ksquad-system"
     lease_name: str = "ksquad-bridge"
@@ -42,6 +43,7 @@ class BridgeSettings:
             temporal=TemporalSettings.from_env(env),
             worker_task_queue=env.get("KSQUAD_TASK_QUEUE", cls.worker_task_queue),
             kubeconfig=env.get("KUBECONFIG") or None,
+            database_url=env.get("KSQUAD_DATABASE_URL") or None,
             watch_namespaces=_list(env.get("KSQUAD_WATCH_NAMESPACES")),
             lease_namespace=env.get("KSQUAD_LEASE_NAMESPACE", env.get("POD_NAMESPACE", cls.lease_namespace)),
             lease_name=env.get("KSQUAD_LEASE_NAME", cls.lease_name),

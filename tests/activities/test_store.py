@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from temporalio.testing import ActivityEnvironment
 
 from activities.entities import ResumePlaces
-from store import Holder, StaleFence, Store, WorkItemHeld, sync_url
+from store import Holder, PhaseRecord, StaleFence, Store, WorkItemHeld, sync_url
 from store.schema import metadata
 from tests.activities.conftest import Clock
 from workflows.entity_types import ResumePlaceRequest
@@ -184,7 +184,7 @@ async def test_migrations_run_from_empty_are_idempotent_and_match_the_schema(sto
     finally:
         engine.dispose()
     assert diff == [], "the migrations create exactly the schema the code uses"
-    assert version == "0002"
+    assert version == "0003"
 
 
 async def test_a_later_attempts_artifact_replaces_the_earlier_one(store: Store) -> None:
@@ -208,3 +208,29 @@ async def test_places_in_the_resume_ramp_are_unique_and_in_order_for_concurrent_
         places.reserve_resume_place, request.model_copy(update={"until": until + timedelta(hours=1)})
     )
     assert other == until + timedelta(hours=1), "a new limit starts its own ramp"
+
+
+def phase(revision: int) -> PhaseRecord:
+    return PhaseRecord(revision=revision, message=f"r{revision}", data={"revision": revision}, attempt=1)
+
+
+async def test_phase_events_are_logged_once_per_revision_beside_the_agents_progress(store: Store) -> None:
+    claim = await store.claim("wi-1", A, 60)
+    assert await store.append_phase_events(A.uid, A.run, [phase(1), phase(2)]) == 2
+    await store.append_event(A, claim.fence, 1, "progress", "working", work_item_ref="wi-1")
+    # A snapshot sent again (a retried or coalesced status) carries revisions logged already.
+    assert await store.append_phase_events(A.uid, A.run, [phase(2), phase(3)]) == 1
+    # Two bridge replicas sending the same snapshot at once: each revision still once.
+    both = await asyncio.gather(
+        *(store.append_phase_events(A.uid, A.run, [phase(4), phase(5)]) for _ in range(2))
+    )
+    assert sorted(both) == [0, 2]
+    events = await store.events(A.uid)
+    assert [(e.seq, e.kind, e.message) for e in events] == [
+        (1, "phase", "r1"),
+        (2, "phase", "r2"),
+        (3, "progress", "working"),
+        (4, "phase", "r3"),
+        (5, "phase", "r4"),
+        (6, "phase", "r5"),
+    ]
