@@ -72,7 +72,7 @@ async def main(runs: int, retry_after: str, resume_per_second: str) -> dict[str,
         }
         async with bench_stack(Path(tmp), script, serve_worker=False) as (dev, _agent):
             assert dev.scripted is not None and dev.server.process is not None
-            [worker] = start_workers(dev, 1)
+            [worker] = await start_workers(dev, 1)
             try:
                 return await measure(
                     dev, worker.pid, dev.server.process.pid, runs, retry_after, resume_per_second

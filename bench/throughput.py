@@ -24,7 +24,7 @@ async def main(runs: int, worker_counts: list[int]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         async with bench_stack(Path(tmp), serve_worker=False) as (dev, _agent):
             for count in worker_counts:
-                workers = start_workers(dev, count)
+                workers = await start_workers(dev, count)
                 try:
                     warm = run_docs(f"warm{count}", 5)
                     await dev.runs.apply(warm)

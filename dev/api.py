@@ -21,21 +21,20 @@ Errors are JSON `{"error": "...", "problems": [...]}`: 400 for a body that is no
 that is not application/json, 421 for another Host, 422 for invalid objects.
 """
 
-import asyncio
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from temporalio.api.common.v1 import Payloads
 from temporalio.service import RPCError
 
+from api.codec import codec_app
+from api.streams import parse_cursor, stream_events
 from dev.embedded import EmbeddedRuns, UnknownRun
 from store import Store, StoreError
 from temporal_client.codec import EncryptionCodec
@@ -44,8 +43,6 @@ from workflows.signals import USER_SIGNALS, RunSignal
 from workflows.status import Phase
 
 log = logging.getLogger(__name__)
-SSE_POLL_SECONDS = 0.2
-SSE_KEEPALIVE_SECONDS = 15.0
 MAX_BODY_BYTES = 4 << 20  # an apply of a thousand Runs is about half a megabyte
 
 
@@ -147,13 +144,20 @@ def api_app(
     @_errors
     async def events(request: Request) -> Response:
         run = await runs.get(*key(request))
-        cursor = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
         try:
-            after = int(cursor)
-        except ValueError:
-            return error(422, f"Last-Event-ID must be an event number (got {cursor!r})")
+            after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
+        except ValueError as err:
+            return error(422, str(err))
+
+        async def ended(_: str | None) -> dict[str, Any] | None:
+            current = await runs.objects.get("Run", run.namespace, run.name)
+            if current is None or current.uid != run.uid:
+                return {"reason": "deleted"}
+            phase = Phase((current.status or {}).get("phase", "Pending"))
+            return {"phase": phase.value} if phase.terminal else None
+
         return StreamingResponse(
-            _stream(runs, store, run.namespace, run.name, run.uid, after, request),
+            stream_events(store, run.uid, after, request.is_disconnected, ended),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -278,86 +282,3 @@ def _replay(body: bytes, receive: Any) -> Any:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
-
-
-def sse(event_id: int | None, event: str, data: Any) -> bytes:
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-async def _stream(
-    runs: EmbeddedRuns, store: Store, namespace: str, name: str, uid: str, after: int, request: Request
-) -> AsyncIterator[bytes]:
-    """The run's events after `after`, then new ones as they come; `end` once the run finished and every
-    event was sent (or the Run was deleted)."""
-    loop = asyncio.get_running_loop()
-    last_sent = loop.time()
-    while not await request.is_disconnected():
-        for event in await store.events(uid, after):
-            after = event.seq
-            last_sent = loop.time()
-            yield sse(
-                event.seq,
-                event.kind,
-                {
-                    "seq": event.seq,
-                    "kind": event.kind,
-                    "message": event.message,
-                    "data": event.data,
-                    "attempt": event.attempt,
-                    "at": event.at.isoformat(),
-                },
-            )
-        run = await runs.objects.get("Run", namespace, name)
-        if run is None or run.uid != uid:
-            yield sse(None, "end", {"reason": "deleted"})
-            return
-        phase = Phase((run.status or {}).get("phase", "Pending"))
-        if phase.terminal and not await store.events(uid, after, limit=1):
-            yield sse(None, "end", {"phase": phase.value})
-            return
-        if loop.time() - last_sent > SSE_KEEPALIVE_SECONDS:
-            last_sent = loop.time()
-            yield b": keep-alive\n\n"
-        await asyncio.sleep(SSE_POLL_SECONDS)
-
-
-def codec_app(codec: EncryptionCodec, origins: frozenset[str]) -> Starlette:
-    """Temporal's remote codec protocol (`POST /encode`, `POST /decode`, Payloads as protobuf JSON), for the
-    Temporal UI and `temporal --codec-endpoint`, with CORS for the UI's `origins`. It decodes for anyone who
-    reaches it: serve it behind a Guard (api_app does)."""
-
-    def cors(request: Request) -> dict[str, str]:
-        origin = request.headers.get("origin")
-        if origin and origin in origins:
-            return {
-                "Access-Control-Allow-Origin": origin,
-                "Access-Control-Allow-Credentials": "true",
-                "Access-Control-Allow-Methods": "POST, OPTIONS",
-                "Access-Control-Allow-Headers": "Content-Type, X-Namespace, Authorization",
-                "Vary": "Origin",
-            }
-        return {}
-
-    def endpoint(transform: Callable[[list[Any]], Awaitable[list[Any]]]) -> Handler:
-        async def handle(request: Request) -> Response:
-            headers = cors(request)
-            if request.method == "OPTIONS":
-                return Response(status_code=204, headers=headers)
-            try:
-                payloads = json_format.Parse(await request.body(), Payloads())
-                result = Payloads(payloads=await transform(list(payloads.payloads)))
-            except Exception as err:  # a malformed body or a payload of another key: say which
-                return JSONResponse(
-                    {"error": f"{type(err).__name__}: {err}"}, status_code=400, headers=headers
-                )
-            return Response(json_format.MessageToJson(result), media_type="application/json", headers=headers)
-
-        return handle
-
-    return Starlette(
-        routes=[
-            Route("/encode", endpoint(codec.encode), methods=["POST", "OPTIONS"]),
-            Route("/decode", endpoint(codec.decode), methods=["POST", "OPTIONS"]),
-        ]
-    )

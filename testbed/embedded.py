@@ -122,30 +122,52 @@ async def wait_terminal(dev: DevStack, names: list[str], within: float) -> dict[
         await asyncio.sleep(0.2)
 
 
-def start_workers(
-    dev: DevStack, count: int, database_url: str | None = None
+async def start_workers(
+    dev: DevStack, count: int, database_url: str | None = None, ready_within: float = 90
 ) -> list[subprocess.Popen[bytes]]:
     """`ksquad-worker` processes on the stack's Temporal, codec key and SQLite (or `database_url`): the stack
-    itself serves no worker."""
-    workers = []
+    itself serves no worker. Returns once each says it is ready (its store and Temporal answer); a worker that
+    exits or never gets ready fails the caller with its log (`worker-<n>.log` in the stack's state folder)."""
+    workers, ports, logs = [], [], []
     for _ in range(count):
+        port = free_port()
+        log = dev.state_dir / f"worker-{len(list(dev.state_dir.glob('worker-*.log')))}.log"
         env = {
             **os.environ,
             "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
             "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
             "KSQUAD_SANDBOX_BACKEND": "local",
             "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"),
-            "KSQUAD_HEALTH_PORT": str(free_port()),
+            "KSQUAD_HEALTH_PORT": str(port),
         }
-        workers.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "worker.main"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,
+        with log.open("ab") as out:
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "worker.main"],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent,
+                )
             )
-        )
+        ports.append(port)
+        logs.append(log)
+    async with httpx.AsyncClient() as http:
+        for worker, port, log in zip(workers, ports, logs, strict=True):
+            deadline = time.monotonic() + ready_within
+            while True:
+                if worker.poll() is not None:
+                    raise RuntimeError(
+                        f"ksquad-worker exited ({worker.returncode}): {log.read_text()[-3000:]}"
+                    )
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get(f"http://127.0.0.1:{port}/readyz", timeout=2)).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"ksquad-worker not ready in {ready_within}s: {log.read_text()[-3000:]}"
+                    )
+                await asyncio.sleep(0.2)
     return workers
 
 

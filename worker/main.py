@@ -24,13 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
+
 from activities.agents import AgentActivities
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxActivities, SandboxSettings
 from kube import Config, Kube
 from kube.probes import Probes, Readiness
-from store import Store
+from store import Store, StoreError
 from temporal_client.connection import codec_from_env, temporal_answers
 from temporal_client.telemetry import Telemetry
 from worker.registry import build_worker
@@ -42,7 +44,7 @@ log = logging.getLogger("ksquad.worker")
 async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
     if settings.database_url.startswith("sqlite:///"):
         Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    store = await Store.open(settings.database_url)  # migrates to the newest schema first
+    store = await open_store(settings.database_url)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.close)
         backend: KubernetesSandboxes | LocalSandboxes
@@ -86,6 +88,22 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             await stop.wait()
         checking.cancel()
     log.info("stopped")
+
+
+async def open_store(url: str, attempts: int = 30) -> Store:
+    """The store, migrated to the newest schema; a database that does not answer yet (PostgreSQL starting, or a
+    SQLite file another process is writing) is tried again with backoff before the worker gives up."""
+    delay = 0.5
+    for attempt in range(1, attempts + 1):
+        try:
+            return await Store.open(url)
+        except (OperationalError, StoreError) as err:
+            if attempt == attempts:
+                raise
+            log.warning("the store does not answer (%s); again in %.1fs", str(err).splitlines()[0], delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    raise AssertionError("unreachable")
 
 
 def main(argv: list[str] | None = None) -> None:

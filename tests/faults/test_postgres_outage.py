@@ -27,7 +27,7 @@ async def test_claims_fail_closed_while_postgres_is_down_and_runs_go_on_after(
         for doc in first + later:
             doc["spec"]["workItemRef"] = f"wi-{doc['metadata']['name']}"
         names = {d["metadata"]["name"] for d in first + later}
-        [worker] = start_workers(dev, 1, database_url=outage_postgres.dsn)
+        [worker] = await start_workers(dev, 1, database_url=outage_postgres.dsn)
         try:
             await dev.runs.apply(first)
             for _ in range(300):  # every first run holds its claim and waits on the model

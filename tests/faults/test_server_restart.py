@@ -24,7 +24,7 @@ async def test_a_restarted_temporal_server_loses_and_doubles_nothing(
         assert dev.server.db_file is not None, "the embedded server keeps its state in a file"
         docs = runs("s", RUNS)
         names = {d["metadata"]["name"] for d in docs}
-        [worker] = start_workers(dev, 1)
+        [worker] = await start_workers(dev, 1)
         unfinished_at_restarts = []
         try:
             await dev.runs.apply(docs)

@@ -20,7 +20,7 @@ async def test_a_thousand_runs_created_at_once_all_finish_once(
     async with bench_stack(tmp_path, serve_worker=False) as (dev, _agent):
         docs = runs("burst", RUNS)
         names = {d["metadata"]["name"] for d in docs}
-        [worker] = start_workers(dev, 1)
+        [worker] = await start_workers(dev, 1)
         try:
             started = time.monotonic()
             await dev.runs.apply(docs)

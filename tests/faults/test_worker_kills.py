@@ -27,7 +27,7 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
     async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
         docs = runs("k", RUNS)
         names = {d["metadata"]["name"] for d in docs}
-        [worker] = start_workers(dev, 1)
+        [worker] = await start_workers(dev, 1)
         kills, unfinished_at_kills = 0, []
         try:
             await dev.runs.apply(docs)
@@ -49,7 +49,7 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
                 kills += 1
                 unfinished_at_kills.append(left)
                 await asyncio.sleep(rng.uniform(0, 1.0))
-                [worker] = start_workers(dev, 1)
+                [worker] = await start_workers(dev, 1)
             await wait_terminal(dev, sorted(names), within=600)
         finally:
             stop_workers([worker])

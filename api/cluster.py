@@ -1,0 +1,389 @@
+"""`ksquad-api`: the cluster's twin of the embedded stack's API, a Deployment of the `ksquad` image.
+
+    POST /codec/encode, /codec/decode     Temporal's remote codec protocol, for the Temporal UI and the temporal CLI
+    GET|POST /codec/login                 a form that keeps the shared codec token in a cookie, for a UI that
+                                          decodes with `includeCredentials` and has no login of its own
+    GET  /runs/{namespace}/{name}/events  server-sent events: the run's phases and agent progress, numbered;
+                                          `Last-Event-ID` (or ?after=N) resumes after that event
+    GET  /runs/{namespace}/{name}/artifacts/{artifact}   an artifact's content, as the agent made it
+
+Who may call what:
+- the codec: the shared codec token (`Authorization: Bearer <token>`, or the cookie set by /codec/login), or a
+  bearer token the Kubernetes API server accepts (what the Temporal UI passes with `passAccessToken` when it logs
+  users in with the same OIDC provider as the cluster) whose user may `get` `runs/codec` in group ksquad.io
+  cluster-wide (the chart's ClusterRole `ksquad-codec-decoder`); payloads do not say which Run they belong to;
+- a run's events and artifacts: a bearer token the API server accepts, whose user may `get` that Run (a
+  SubjectAccessReview): who cannot read a Run cannot read its prompts or answers either.
+Answers: 401 without credentials (or with ones the API server refuses), 403 when RBAC says no, 404 for a Run
+that does not exist, 503 when the store or the API server does not answer. Health and metrics are on their own
+port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /metrics.
+
+Settings, from the environment (the chart sets them):
+  KSQUAD_DATABASE_URL          the worker's store (run events and artifacts)
+  KSQUAD_CODEC_KEY_FILE        the codec's active key; KSQUAD_CODEC_KEYS a directory of keys that decrypt too
+  KSQUAD_CODEC_TOKEN_FILE      the shared codec token (a mounted Secret; read again when it changes)
+  KSQUAD_API_UI_ORIGINS        the Temporal UI's origins, comma-separated (CORS for the codec)
+  KSQUAD_API_PORT              the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
+  KSQUAD_API_TLS_CERT_FILE, KSQUAD_API_TLS_KEY_FILE   serve HTTPS (the UI sends its access token only to https)
+  KUBECONFIG                   the cluster (default: the pod's service account)
+"""
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from prometheus_client import Counter, Gauge
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+
+from api.codec import codec_app
+from api.kubernetes_auth import Access, KubernetesAuth, User
+from api.streams import parse_cursor, stream_events
+from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
+from kube.probes import Probes, Readiness
+from store import Store, StoreError
+from temporal_client.connection import codec_from_env
+from temporal_client.telemetry import Telemetry
+
+log = logging.getLogger("ksquad.api")
+RUN_API = "ksquad.io/v1alpha1"
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
+CODEC_COOKIE = "ksquad-codec"
+RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
+
+REQUESTS = Counter("ksquad_api_requests", "requests to ksquad-api, by route and status", ["route", "code"])
+STREAMS = Gauge("ksquad_api_event_streams", "event streams open now")
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+@dataclass
+class ApiSettings:
+    database_url: str
+    codec_token_file: Path | None = None
+    ui_origins: frozenset[str] = frozenset()
+    port: int = 8080
+    health_port: int = 8081
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    kubeconfig: str | None = None
+
+    @classmethod
+    def from_env(cls) -> "ApiSettings":
+        env = os.environ
+        if not env.get("KSQUAD_DATABASE_URL"):
+            raise SystemExit("ksquad-api: set KSQUAD_DATABASE_URL to the worker's store (postgresql://...)")
+        token = env.get("KSQUAD_CODEC_TOKEN_FILE")
+        return cls(
+            database_url=env["KSQUAD_DATABASE_URL"],
+            codec_token_file=Path(token) if token else None,
+            ui_origins=frozenset(
+                o.strip() for o in env.get("KSQUAD_API_UI_ORIGINS", "").split(",") if o.strip()
+            ),
+            port=int(env.get("KSQUAD_API_PORT", "8080")),
+            health_port=int(env.get("KSQUAD_HEALTH_PORT", "8081")),
+            tls_cert_file=env.get("KSQUAD_API_TLS_CERT_FILE") or None,
+            tls_key_file=env.get("KSQUAD_API_TLS_KEY_FILE") or None,
+            kubeconfig=env.get("KUBECONFIG") or None,
+        )
+
+
+@dataclass
+class Caller:
+    """Who sent a request: a Kubernetes user (by bearer token), or the holder of the shared codec token."""
+
+    user: User | None = None
+    codec_token: bool = False
+    refusal: Response | None = field(default=None, repr=False)
+
+
+def bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def cluster_api(
+    store: Store, kube: Kube, auth: KubernetesAuth, settings: ApiSettings, codec: Any
+) -> Starlette:
+    shared = TokenFile(settings.codec_token_file) if settings.codec_token_file else None
+    secure_cookie = bool(settings.tls_cert_file)
+
+    async def codec_token_matches(given: str | None) -> bool:
+        if shared is None or not given:
+            return False
+        expected = (await shared.authorization() or "").removeprefix("Bearer ")
+        return hmac.compare_digest(given.encode(), expected.encode())
+
+    async def kubernetes_user(request: Request) -> Caller:
+        token = bearer(request)
+        if token is None:
+            return Caller(refusal=error(401, "send Authorization: Bearer <a token the cluster accepts>"))
+        try:
+            user = await auth.user(token)
+        except (ApiError, Unreachable) as err:
+            return Caller(refusal=error(503, f"the Kubernetes API server did not review the token: {err}"))
+        if user is None:
+            return Caller(refusal=error(401, "the Kubernetes API server does not accept this token"))
+        return Caller(user=user)
+
+    async def may(caller: Caller, access: Access) -> Response | None:
+        assert caller.user is not None
+        try:
+            if await auth.allowed(caller.user, access):
+                return None
+        except PermissionError as err:
+            return error(503, str(err))
+        what = f"{access.resource}/{access.subresource}" if access.subresource else access.resource
+        where = f" in namespace {access.namespace}" if access.namespace else " cluster-wide"
+        target = f" {access.name}" if access.name else ""
+        return error(403, f"{caller.user.name} may not {access.verb} {what}.{access.group}{target}{where}")
+
+    async def authorize_codec(request: Request) -> Response | None:
+        token = bearer(request)
+        if await codec_token_matches(token) or await codec_token_matches(request.cookies.get(CODEC_COOKIE)):
+            return None
+        if token is None:
+            return error(
+                401,
+                "send the codec token (Authorization: Bearer, or sign in at /codec/login for the cookie), or a "
+                "token the cluster accepts",
+            )
+        caller = await kubernetes_user(request)
+        if caller.refusal is not None:
+            return caller.refusal
+        return await may(caller, Access("get", "runs", subresource="codec"))
+
+    async def login_form(request: Request) -> Response:
+        return HTMLResponse(
+            "<!doctype html><title>ksquad codec</title><form method=post action='/codec/login'>"
+            "<label>Codec token <input type=password name=token autocomplete=off></label>"
+            "<button>Sign in</button></form><p>The Temporal UI then decodes through this endpoint "
+            "(its codec settings: this endpoint, with <em>include cross-origin credentials</em>).</p>"
+        )
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        token = form.get("token")
+        if not isinstance(token, str) or not await codec_token_matches(token):
+            return error(401, "that is not the codec token")
+        response = RedirectResponse("/codec/login?signed-in=1", status_code=303)
+        # HttpOnly: no page script reads it; Lax: sent by the UI's fetch from the same site, not by other sites.
+        response.set_cookie(
+            CODEC_COOKIE,
+            token,
+            path="/codec",
+            httponly=True,
+            samesite="lax",
+            secure=secure_cookie,
+            max_age=43200,
+        )
+        return response
+
+    async def run_for(request: Request, verb: str = "get") -> tuple[dict[str, Any] | None, Response | None]:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        caller = await kubernetes_user(request)
+        if caller.refusal is not None:
+            return None, caller.refusal
+        refusal = await may(caller, Access(verb, "runs", namespace=namespace, name=name))
+        if refusal is not None:
+            return None, refusal
+        try:
+            run: dict[str, Any] = await kube.get(path(RUN_API, "runs", namespace, name))
+        except ApiError as err:
+            if err.status == 404:
+                return None, error(404, f'run "{namespace}/{name}" not found')
+            return None, error(503, f"reading run {namespace}/{name}: {err}")
+        except Unreachable as err:
+            return None, error(503, f"the Kubernetes API server does not answer: {err}")
+        return run, None
+
+    async def events(request: Request) -> Response:
+        run, refusal = await run_for(request)
+        if refusal is not None:
+            return refusal
+        assert run is not None
+        try:
+            after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
+        except ValueError as err:
+            return error(422, str(err))
+        meta = run["metadata"]
+        uid, url = meta["uid"], path(RUN_API, "runs", meta["namespace"], meta["name"])
+        last_check, terminal_since = 0.0, None
+
+        async def ended(last_phase: str | None) -> dict[str, Any] | None:
+            """The end once the run's last phase was sent (the bridge logs it just after the status); a Run
+            gone, or terminal for a while with no such entry (a bridge without a store), ends it too."""
+            nonlocal last_check, terminal_since
+            if last_phase in TERMINAL_PHASES:
+                return {"phase": last_phase}
+            now = asyncio.get_running_loop().time()
+            if now - last_check < RUN_CHECK_SECONDS:
+                return None
+            last_check = now
+            try:
+                current = await kube.get(url)
+            except ApiError as err:
+                return {"reason": "deleted"} if err.status == 404 else None
+            except Unreachable:
+                return None  # look again later; the stream goes on
+            if current["metadata"]["uid"] != uid:
+                return {"reason": "deleted"}
+            if _phase(current) in TERMINAL_PHASES:
+                terminal_since = terminal_since or now
+                if now - terminal_since >= RUN_CHECK_SECONDS:
+                    return {"phase": _phase(current)}
+            return None
+
+        async def body() -> Any:
+            STREAMS.inc()
+            try:
+                async for chunk in stream_events(store, uid, after, request.is_disconnected, ended):
+                    yield chunk
+            finally:
+                STREAMS.dec()
+
+        return StreamingResponse(
+            body(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def artifact(request: Request) -> Response:
+        run, refusal = await run_for(request)
+        if refusal is not None:
+            return refusal
+        assert run is not None
+        name = request.path_params["artifact"]
+        try:
+            found = await store.artifact(run["metadata"]["uid"], name)
+        except StoreError as err:
+            return error(503, f"the store does not answer: {err}")
+        if found is None:
+            return error(
+                404, f"run {run['metadata']['namespace']}/{run['metadata']['name']} has no artifact {name!r}"
+            )
+        media_type, content = found
+        return Response(content, media_type=media_type or "application/octet-stream")
+
+    async def no_codec(request: Request) -> Response:
+        return error(404, "no codec is configured (codec.keySecret): workflow payloads are in clear")
+
+    login_routes = [Route("/login", login_form, methods=["GET"]), Route("/login", login, methods=["POST"])]
+    codec_routes = (
+        codec_app(codec, settings.ui_origins, authorize_codec, login_routes)
+        if codec is not None
+        else Starlette(routes=[Route("/{rest:path}", no_codec, methods=["GET", "POST", "OPTIONS"])])
+    )
+    return Starlette(
+        routes=[
+            Route("/runs/{namespace}/{name}/events", counted("events", events)),
+            Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
+            Mount("/codec", codec_routes),
+        ]
+    )
+
+
+def counted(
+    route: str, handler: Callable[[Request], Awaitable[Response]]
+) -> Callable[[Request], Awaitable[Response]]:
+    async def wrapped(request: Request) -> Response:
+        response = await handler(request)
+        REQUESTS.labels(route, str(response.status_code)).inc()
+        return response
+
+    return wrapped
+
+
+def _phase(run: dict[str, Any]) -> str:
+    return str((run.get("status") or {}).get("phase") or "")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield  # the process handles its signals itself
+
+
+async def serve(settings: ApiSettings) -> None:
+    codec = codec_from_env()
+    if codec is None:
+        raise SystemExit(
+            "ksquad-api: set KSQUAD_CODEC_KEY_FILE: without the codec's keys there is nothing to decode"
+        )
+    store = await Store.open(settings.database_url, migrate=False)
+    telemetry = Telemetry()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(store.close)
+        stack.push_async_callback(telemetry.aclose)
+        kube = await stack.enter_async_context(Kube(Config.load(settings.kubeconfig)))
+
+        async def api_server_answers() -> bool:
+            await kube.get("/version")
+            return True
+
+        readiness = Readiness({"store": store.ping, "kubernetes": api_server_answers})
+        await readiness.check()
+        checking = asyncio.create_task(readiness.watch())
+        app = cluster_api(store, kube, KubernetesAuth(kube), settings, codec)
+        server = _Server(
+            uvicorn.Config(
+                app,
+                host="0.0.0.0",
+                port=settings.port,
+                log_level="warning",
+                lifespan="off",
+                ssl_certfile=settings.tls_cert_file,
+                ssl_keyfile=settings.tls_key_file,
+            )
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with Probes(
+            settings.health_port, lambda: readiness.ready, readiness.details, telemetry.exposition
+        ):
+            serving = asyncio.create_task(server.serve())
+            log.info(
+                "serving on :%d (health :%d), key ring %s",
+                settings.port,
+                settings.health_port,
+                codec.ring.ids,
+            )
+            await asyncio.wait(
+                [serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            server.should_exit = True
+            await serving
+        checking.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        prog="ksquad-api", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(ApiSettings.from_env()))
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Who a caller is and what they may do, asked of the Kubernetes API server: a TokenReview of the caller's
+bearer token (a service account's, an OIDC id token the API server trusts, an exec plugin's), then a
+SubjectAccessReview of the caller for what the request touches. So the RBAC that says who can `get` a Run says
+who can read its events and artifacts, and nothing of ksquad's keeps its own list of users.
+
+Answers are cached for a few seconds per token (a stream of requests from one UI page asks once)."""
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kube import ApiError, Kube, path
+
+CACHE_SECONDS = 10.0
+CACHE_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: dict[str, list[str]] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Access:
+    """What is asked: a verb on a resource, the way `kubectl auth can-i` asks it."""
+
+    verb: str
+    resource: str
+    group: str = "ksquad.io"
+    namespace: str = ""  # "": cluster-wide
+    name: str = ""
+    subresource: str = ""
+
+
+class KubernetesAuth:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._users: dict[str, tuple[float, User | None]] = {}
+        self._decisions: dict[tuple[str, Access], tuple[float, bool]] = {}
+
+    async def user(self, token: str) -> User | None:
+        """The token's user, or None when the API server does not accept the token."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        cached = self._users.get(key)
+        if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
+            return cached[1]
+        review = await self.kube.create(
+            path("authentication.k8s.io/v1", "tokenreviews"),
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        )
+        status = review.get("status") or {}
+        found: User | None = None
+        if status.get("authenticated"):
+            info = status.get("user") or {}
+            found = User(
+                name=info.get("username", ""),
+                uid=info.get("uid", ""),
+                groups=tuple(info.get("groups") or ()),
+                extra={k: list(v) for k, v in (info.get("extra") or {}).items()},
+            )
+        self._remember(self._users, key, found)
+        return found
+
+    async def allowed(self, user: User, access: Access) -> bool:
+        key = (user.name + "\0" + ",".join(user.groups), access)
+        cached = self._decisions.get(key)
+        if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
+            return cached[1]
+        attributes: dict[str, Any] = {
+            "verb": access.verb,
+            "group": access.group,
+            "resource": access.resource,
+            "namespace": access.namespace,
+            "name": access.name,
+            "subresource": access.subresource,
+        }
+        try:
+            review = await self.kube.create(
+                path("authorization.k8s.io/v1", "subjectaccessreviews"),
+                {
+                    "apiVersion": "authorization.k8s.io/v1",
+                    "kind": "SubjectAccessReview",
+                    "spec": {
+                        "user": user.name,
+                        "uid": user.uid,
+                        "groups": list(user.groups),
+                        "extra": user.extra,
+                        "resourceAttributes": {k: v for k, v in attributes.items() if v},
+                    },
+                },
+            )
+        except ApiError as err:
+            raise PermissionError(
+                f"cannot ask the API server who may {access.verb} {access.resource}: {err}"
+            ) from err
+        allowed = bool((review.get("status") or {}).get("allowed"))
+        self._remember(self._decisions, key, allowed)
+        return allowed
+
+    @staticmethod
+    def _remember(cache: dict[Any, tuple[float, Any]], key: Any, value: Any) -> None:
+        if len(cache) >= CACHE_ENTRIES:
+            now = time.monotonic()
+            for stale in [k for k, (at, _) in cache.items() if now - at >= CACHE_SECONDS]:
+                del cache[stale]
+            while len(cache) >= CACHE_ENTRIES:
+                del cache[next(iter(cache))]
+        cache[key] = (time.monotonic(), value)

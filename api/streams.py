@@ -1,0 +1,69 @@
+"""A run's events as server-sent events: its phase changes and its agent's progress, from the store's log, in
+order and numbered (the event id is the log's sequence number), so a client that reconnects with
+`Last-Event-ID` gets exactly what it has not seen. The stream ends (`event: end`) when the run has finished
+and every event was sent, or when the Run is gone."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from store import Event, Store
+
+POLL_SECONDS = 0.2
+KEEPALIVE_SECONDS = 15.0
+
+# What ends a stream, given the phase of the last phase event sent (None before one): None while the run goes
+# on, else the `end` event's data ({"phase": ...} or {"reason": ...}).
+Ending = Callable[[str | None], Awaitable[dict[str, Any] | None]]
+
+
+def sse(event_id: int | None, event: str, data: Any) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def event_data(event: Event) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "kind": event.kind,
+        "message": event.message,
+        "data": event.data,
+        "attempt": event.attempt,
+        "at": event.at.isoformat(),
+    }
+
+
+def parse_cursor(value: str | None) -> int:
+    """`Last-Event-ID` (or ?after=): an event number; ValueError naming it otherwise."""
+    try:
+        after = int(value or "0")
+    except ValueError:
+        raise ValueError(f"Last-Event-ID must be an event number (got {value!r})") from None
+    if after < 0:
+        raise ValueError(f"Last-Event-ID must not be negative (got {after})")
+    return after
+
+
+async def stream_events(
+    store: Store, uid: str, after: int, disconnected: Callable[[], Awaitable[bool]], ended: Ending
+) -> AsyncIterator[bytes]:
+    """The run's events after `after`, then new ones as they come, then `end` (see the module)."""
+    loop = asyncio.get_running_loop()
+    last_sent = loop.time()
+    phase: str | None = None
+    while not await disconnected():
+        for event in await store.events(uid, after):
+            after = event.seq
+            last_sent = loop.time()
+            if event.kind == "phase" and isinstance(event.data, dict):
+                phase = event.data.get("phase")
+            yield sse(event.seq, event.kind, event_data(event))
+        end = await ended(phase)
+        if end is not None and not await store.events(uid, after, limit=1):
+            yield sse(None, "end", end)
+            return
+        if loop.time() - last_sent > KEEPALIVE_SECONDS:
+            last_sent = loop.time()
+            yield b": keep-alive\n\n"
+        await asyncio.sleep(POLL_SECONDS)
