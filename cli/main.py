@@ -209,7 +209,7 @@ async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int
 
 async def runs_command(args: argparse.Namespace) -> int:
     target: Target = (
-        ClusterTarget(args.kubeconfig, args.context)
+        ClusterTarget(args.kubeconfig, args.context, args.api or os.environ.get("KSQUAD_API"))
         if args.kubeconfig or args.context
         else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API"))
     )
@@ -356,7 +356,11 @@ def parser() -> argparse.ArgumentParser:
             "--context",
             help="the kubeconfig context to use (default: its current-context); implies a cluster",
         )
-        q.add_argument("--api", help="the embedded stack's API (default: from .ksquad/dev.json)")
+        q.add_argument(
+            "--api",
+            help="the embedded stack's API (default: from .ksquad/dev.json); with a cluster, ksquad-api's URL "
+            "(default: the ConfigMap ksquad-api of the Run's namespace)",
+        )
 
     r = sub.add_parser("run", help="apply Runs and the objects they reference")
     r.add_argument("-f", "--filename", action="append", required=True, help="a YAML file ('-' for stdin)")

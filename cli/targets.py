@@ -6,7 +6,7 @@ prints both the same way."""
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -17,6 +17,8 @@ from kube import ApiError, Config, ConfigError, Kube, Unreachable, path
 from workflows.signals import RunSignal
 from workflows.spec import API_VERSION
 from workflows.status import PauseReason, Phase
+
+API_CONFIGMAP = "ksquad-api"  # in each Run namespace: {"url": where ksquad-api serves} (the chart's api.url)
 
 
 class CliError(Exception):
@@ -39,6 +41,51 @@ class Target(Protocol):
     def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes: ...
     async def close(self) -> None: ...
+
+
+async def server_sent_events(
+    http: httpx.AsyncClient,
+    url: str,
+    after: int,
+    headers: Callable[[], Awaitable[dict[str, str]]] | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """A run's event stream from an API of ksquad's (the embedded one or ksquad-api), until its `end`. A dropped
+    connection (the API restarting, its pod replaced) is resumed with Last-Event-ID from the last event seen,
+    so nothing is repeated or lost."""
+    while True:
+        try:
+            extra = await headers() if headers is not None else {}
+            async with http.stream(
+                "GET",
+                url,
+                headers={**extra, "Last-Event-ID": str(after)},
+                timeout=httpx.Timeout(10.0, read=60.0),
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    try:
+                        message = response.json().get("error")
+                    except ValueError:
+                        message = None
+                    if response.status_code >= 500:  # restarting, or its dependencies not back yet
+                        await asyncio.sleep(1.0)
+                        continue
+                    raise CliError(message or f"HTTP {response.status_code} from {url}")
+                kind, data = "message", ""
+                async for line in response.aiter_lines():
+                    if line.startswith("event:"):
+                        kind = line.removeprefix("event:").strip()
+                    elif line.startswith("data:"):
+                        data = line.removeprefix("data:").strip()
+                    elif not line and data:
+                        payload = json.loads(data)
+                        if kind == "end":
+                            return
+                        after = int(payload.get("seq") or after)
+                        yield payload
+                        kind, data = "message", ""
+        except (httpx.TransportError, httpx.StreamError):
+            await asyncio.sleep(1.0)  # go on from the last event seen
 
 
 class EmbeddedTarget:
@@ -120,39 +167,16 @@ class EmbeddedTarget:
 
     async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
         """The run's events (server-sent), resuming after the last one seen if the connection drops."""
-        while True:
-            try:
-                async with self.http.stream(
-                    "GET",
-                    f"/runs/{namespace}/{name}/events",
-                    headers={"Last-Event-ID": str(after)},
-                    timeout=httpx.Timeout(10.0, read=60.0),
-                ) as response:
-                    if response.status_code >= 400:
-                        await response.aread()
-                        raise CliError(response.json().get("error") or f"HTTP {response.status_code}")
-                    kind, data = "message", ""
-                    async for line in response.aiter_lines():
-                        if line.startswith("event:"):
-                            kind = line.removeprefix("event:").strip()
-                        elif line.startswith("data:"):
-                            data = line.removeprefix("data:").strip()
-                        elif not line and data:
-                            payload = json.loads(data)
-                            if kind == "end":
-                                return
-                            after = int(payload.get("seq") or after)
-                            yield payload
-                            kind, data = "message", ""
-            except (httpx.TransportError, httpx.StreamError):
-                await asyncio.sleep(1.0)  # the stack restarting: go on from the last event seen
+        async for event in server_sent_events(self.http, f"/runs/{namespace}/{name}/events", after):
+            yield event
 
     async def close(self) -> None:
         await self.http.aclose()
 
 
 class ClusterTarget:
-    def __init__(self, kubeconfig: str | None, context: str | None = None) -> None:
+    def __init__(self, kubeconfig: str | None, context: str | None = None, api: str | None = None) -> None:
+        self.api = api.rstrip("/") if api else None
         try:
             self.kube = Kube(Config.load(kubeconfig, context))
         except (FileNotFoundError, ConfigError) as err:
@@ -228,15 +252,74 @@ class ClusterTarget:
         await self._call("delete", path(API_VERSION, "runs", namespace, name))
 
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes:
-        # The content lives in the worker's database, which the cluster's API server does not serve.
+        """The content, from ksquad-api (it lives in the worker's store, which the API server does not serve)."""
         await self.get(namespace, name)
-        raise CliError(
-            f"artifact content is not served on {self.where}: the Run's status lists its artifacts "
-            f"(ksquad runs artifacts {namespace}/{name}); their content is in the ksquad database's artifacts table"
-        )
+        url = await self.api_url(namespace)
+        header = await self.kube.config.credentials.authorization()
+        if url is None or header is None:
+            raise CliError(
+                f"artifact content is served by ksquad-api, which {self.where} does not name"
+                + (
+                    " (no ConfigMap ksquad-api: set the chart's api.url, or pass --api)"
+                    if url is None
+                    else ""
+                )
+                + (
+                    " and needs a bearer token (this kubeconfig uses client certificates)"
+                    if header is None
+                    else ""
+                )
+                + f"; the Run's status lists its artifacts: ksquad runs artifacts {namespace}/{name}"
+            )
+        async with httpx.AsyncClient(base_url=url, verify=self.kube.config.ssl_context, timeout=60) as http:
+            try:
+                response = await http.get(
+                    f"/runs/{namespace}/{name}/artifacts/{artifact}", headers={"Authorization": header}
+                )
+            except httpx.TransportError as err:
+                raise CliError(f"ksquad-api at {url} does not answer: {err}") from None
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("error")
+            except ValueError:
+                message = None
+            raise CliError(message or f"HTTP {response.status_code} from ksquad-api")
+        return response.content
+
+    async def api_url(self, namespace: str) -> str | None:
+        """Where ksquad-api serves: --api / KSQUAD_API, else the ConfigMap ksquad-api the chart puts in each Run
+        namespace (when its api.url is set), else None."""
+        if self.api:
+            return self.api
+        try:
+            found = await self.kube.get(path("v1", "configmaps", namespace, API_CONFIGMAP))
+        except (ApiError, Unreachable):
+            return None
+        url = (found.get("data") or {}).get("url")
+        return str(url).rstrip("/") if url else None
 
     async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
-        """Phase changes, read from the Run's status (the cluster keeps no per-run event log for the CLI)."""
+        """The run's phases and agent progress from ksquad-api, with this kubeconfig's credentials; without an API
+        (or with credentials the API cannot check, such as client certificates), its phases from its status."""
+        await self.get(namespace, name)
+        url = await self.api_url(namespace)
+        if url is not None and await self.kube.config.credentials.authorization():
+
+            async def authorization() -> dict[str, str]:
+                header = await self.kube.config.credentials.authorization()
+                return {"Authorization": header} if header else {}
+
+            async with httpx.AsyncClient(base_url=url, verify=self.kube.config.ssl_context) as http:
+                async for event in server_sent_events(
+                    http, f"/runs/{namespace}/{name}/events", after, authorization
+                ):
+                    yield event
+            return
+        async for event in self.polled_events(namespace, name, after):
+            yield event
+
+    async def polled_events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
+        """Phase changes, read from the Run's status once a second (no agent progress: that is ksquad-api's)."""
         seen = after
         while True:
             run = await self.get(namespace, name)

@@ -46,7 +46,8 @@ async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     log_file = tmp_path_factory.mktemp("temporal") / "dev-server.log"
     # Pods reach it on the node's address. Given a single non-loopback --ip, the dev server's own services
     # cannot reach each other (they announce 127.0.0.1): inside the test bed's namespaces it listens on all.
-    async with DevServer(ip="0.0.0.0" if isolated() else "127.0.0.1", ui=False, log_file=log_file) as server:
+    # With its UI: tests/chart/ shows decoded payloads in it through ksquad-api's codec endpoint.
+    async with DevServer(ip="0.0.0.0" if isolated() else "127.0.0.1", ui=True, log_file=log_file) as server:
         yield server
         histories = await scan_histories(await Client.connect(server.target))
         logs = scan_logs(tmp_path_factory.getbasetemp())

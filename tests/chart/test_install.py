@@ -3,172 +3,35 @@ the seed's Run applied byte for byte succeeds in a cold sandbox of the agent ima
 the pods and the run still succeeds, once; killing the leading bridge hands the Lease to the other replica;
 a RuntimeClass the cluster lacks fails a Run at once; `helm uninstall` removes everything the chart made.
 
-The tests of this module share one release and run in order (each builds on the state the previous left).
+The tests of tests/chart/ share one release (tests/chart/conftest.py) and run in order, each building on the
+state the previous left; tests/chart/test_uninstall.py, last, uninstalls it.
 """
 
 import asyncio
-import base64
 import json
-import secrets
-import subprocess
-import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import pytest
 import yaml
-from temporalio.client import Client
 
-from dev.devserver import DevServer
-from store import Store
 from testbed.agents import MODEL_KEY, ModelEndpoint
 from testbed.chart import CHART
-from testbed.controlplane import ControlPlane, cached_binaries_dir
+from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
 from testbed.isolate import NODE_ADDRESS
-from testbed.postgres import PostgresServer
-from workflows.status import Phase
-
-ROOT = Path(__file__).parents[2]
-SEED = ROOT / "examples" / "fix-flaky-tests.yaml"
-SQUAD = ROOT / "examples" / "cluster-squad.yaml"
-HOME = "ksquad"  # the release's namespace: the README's
-NS = "ksquad-system"  # the Runs': the seed Run's
-RELEASE = "ksquad"
-SEED_TASK = "Stabilize the flaky payment-retry test."
-T = TypeVar("T")
-
-
-@dataclass
-class Release:
-    cluster: ControlPlane
-    store: Store
-    temporal: Client
-    values: list[str]
-
-    def helm(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return helm(self.cluster, *args, check=check, timeout=timeout)
-
-    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-        return self.cluster.kubectl(*args, input=input)
-
-    def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
-
-    def run(self, name: str) -> dict[str, Any]:
-        run: dict[str, Any] = self.get("run", name, "-n", NS)
-        return run
-
-    def squad(self, model: ModelEndpoint) -> None:
-        """examples/cluster-squad.yaml, its ModelEndpoint pointed at the scripted model (as a user edits it)."""
-        docs = list(yaml.safe_load_all(SQUAD.read_text()))
-        for doc in docs:
-            if doc["kind"] == "ModelEndpoint":
-                doc["spec"].update(url=model.url, model="dev-model")
-        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-
-
-def helm(
-    cluster: ControlPlane, *args: str, check: bool = True, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    cmd = [str(cached_binaries_dir() / "helm"), "--kubeconfig", str(cluster.admin_kubeconfig), *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and done.returncode != 0:
-        raise AssertionError(
-            f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
-        )
-    return done
-
-
-def diagnose(cluster: ControlPlane) -> str:
-    """What a user would look at when an install does not come up: pods, events, each container's log."""
-    parts = []
-    for namespace in (HOME, NS):
-        parts += [
-            cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout,
-            cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout[
-                -3000:
-            ],
-        ]
-        for pod in cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.split():
-            logs = cluster.kubectl("logs", "-n", namespace, pod, "--tail=40", check=False)
-            parts.append(f"--- {pod}\n{logs.stdout}{logs.stderr}")
-    return "\n".join(parts)
-
-
-async def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 120, interval: float = 0.5
-) -> T:
-    """Polls `probe` in a thread: the scripted model serves in this event loop, which must keep running."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await asyncio.to_thread(probe)
-        if value:
-            return value
-        await asyncio.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-async def phase_of(release: Release, name: str, phases: set[str], timeout: float = 180) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        run = release.run(name)
-        return run if run.get("status", {}).get("phase") in phases else None
-
-    try:
-        return await wait_for(f"{name} to reach {phases}", reached, timeout)
-    except AssertionError as err:
-        status = json.dumps(release.run(name).get("status"))[:3000]
-        raise AssertionError(f"{err}\nstatus: {status}\n{diagnose(release.cluster)}") from None
-
-
-def terminal_events(release: Release, uid: str) -> int:
-    """How many times the Run's Events (one per phase change, counted when repeated) say it ended."""
-    events = release.get("events", "-n", NS, "--field-selector", f"involvedObject.uid={uid}")["items"]
-    ends = tuple(f"{p.value}:" for p in Phase if p.terminal)
-    return sum(int(e.get("count") or 1) for e in events if e["message"].startswith(ends))
-
-
-@pytest.fixture(scope="module")
-async def release(
-    ksquad_cluster: ControlPlane, postgres: PostgresServer, dev_server: DevServer
-) -> AsyncIterator[Release]:
-    """Installed as the README says: the namespace, the database and codec Secrets, `helm install --wait`."""
-    cluster = ksquad_cluster
-    database = postgres.create_database(f"helm_{uuid.uuid4().hex[:8]}")
-    for namespace in (HOME, NS):
-        cluster.kubectl("create", "namespace", namespace)
-        cluster.wait_for_default_service_account(namespace)
-    url = database.replace("postgresql+psycopg://", "postgresql://")
-    cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-database", f"--from-literal=url={url}")
-    key = base64.b64encode(secrets.token_bytes(32)).decode()
-    cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-codec", f"--from-literal=key={key}")
-    values = [
-        "--set",
-        f"namespaces={{{NS}}}",
-        "--set",
-        f"temporal.address={NODE_ADDRESS}:{dev_server.port}",
-        "--set",
-        "codec.keySecret.name=ksquad-codec",
-    ]
-    started = time.monotonic()
-    installed = helm(
-        cluster, "install", RELEASE, str(CHART), "-n", HOME, *values, "--wait", "--timeout", "5m", check=False
-    )
-    if installed.returncode != 0:
-        raise AssertionError(f"helm install failed: {installed.stderr}\n{diagnose(cluster)}")
-    print(f"[helm install --wait] {time.monotonic() - started:.1f}s\n{installed.stdout}", flush=True)
-    store = await Store.open(database, migrate=False)
-    try:
-        yield Release(cluster, store, await Client.connect(dev_server.target), values)
-    finally:
-        await store.close()
-        if helm(cluster, "status", RELEASE, "-n", HOME, check=False).returncode == 0:
-            cluster.kubectl("delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s", check=False)
-            helm(cluster, "uninstall", RELEASE, "-n", HOME, "--wait", check=False)
+from tests.chart.conftest import (
+    HOME,
+    NS,
+    RELEASE,
+    SEED,
+    SEED_TASK,
+    Release,
+    helm,
+    phase_of,
+    terminal_events,
+    wait_for,
+)
 
 
 def test_install_without_namespaces_fails_and_says_what_to_set(ksquad_cluster: ControlPlane) -> None:
@@ -186,7 +49,9 @@ def test_the_chart_runs_from_its_images_as_its_service_accounts(release: Release
     by_component: dict[str, list[dict[str, Any]]] = {}
     for pod in pods:
         by_component.setdefault(pod["metadata"]["labels"]["app.kubernetes.io/component"], []).append(pod)
-    assert {k: len(v) for k, v in by_component.items()} == {"bridge": 2, "worker": 1}, "two bridge replicas"
+    assert {k: len(v) for k, v in by_component.items()} == {"api": 1, "bridge": 2, "worker": 1}, (
+        "two bridge replicas"
+    )
     for component, group in by_component.items():
         for pod in group:
             (container,) = pod["status"]["containerStatuses"]
@@ -306,7 +171,7 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
         return names if not names & before else None
 
     after = await wait_for("every pod of the release to be replaced", replaced, timeout=120)
-    assert len(after) == 3, after
+    assert len(after) == 4, after
 
     run = await phase_of(release, "across-upgrade", {"Succeeded", "Failed"}, timeout=240)
     status = run["status"]
@@ -474,30 +339,6 @@ async def test_killing_the_leading_bridge_hands_the_lease_to_the_other_within_it
     # The dead leader renewed at most renew_seconds (5) before it died: the Lease is free at most its duration
     # (15 s) after the kill, and the standby asks every 2 s (the same machine's clock: no skew to allow for).
     assert handed_over <= lease["leaseDurationSeconds"] + 2 + 1
-
-
-async def test_helm_uninstall_removes_everything_it_made_but_the_crds(release: Release) -> None:
-    # As the docs say: first the Runs.
-    release.kubectl("delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s")
-    release.helm("uninstall", RELEASE, "-n", HOME, "--wait")
-    selector = f"app.kubernetes.io/instance={RELEASE}"
-    namespaced = "deployments,replicasets,pods,serviceaccounts,roles,rolebindings,configmaps,poddisruptionbudgets,networkpolicies,leases"
-
-    def left() -> list[str]:
-        return [
-            f"{o['kind']} {o['metadata']['name']}"
-            for o in release.get(namespaced, "-A", "-l", selector)["items"]
-        ]
-
-    try:  # pods end after their grace period, once their Deployments are gone
-        await wait_for("the release's objects to be gone", lambda: not left(), timeout=90)
-    except AssertionError:
-        raise AssertionError(f"left after helm uninstall: {left()}") from None
-    cluster_wide = "mutatingadmissionpolicies,mutatingadmissionpolicybindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
-    assert not release.get(cluster_wide, "-l", selector)["items"]
-    assert not release.get("leases", "-n", HOME)["items"], "the bridge's Lease went too"
-    crds = release.get("crd")["items"]
-    assert {"runs.ksquad.io", "agents.ksquad.io"} <= {c["metadata"]["name"] for c in crds}, "the CRDs stay"
 
 
 def _time(value: str) -> datetime:

@@ -1,0 +1,188 @@
+"""The release every test of tests/chart/ shares (installed once, as the README tells a user, and uninstalled by
+tests/chart/test_uninstall.py, whose name sorts last), and what those tests use to look at it."""
+
+import asyncio
+import base64
+import json
+import secrets
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from temporalio.client import Client
+
+from dev.devserver import DevServer
+from store import Store
+from testbed.agents import ModelEndpoint
+from testbed.chart import CHART
+from testbed.controlplane import ControlPlane, cached_binaries_dir
+from testbed.isolate import NODE_ADDRESS
+from testbed.postgres import PostgresServer
+from workflows.status import Phase
+
+ROOT = Path(__file__).parents[2]
+SEED = ROOT / "examples" / "fix-flaky-tests.yaml"
+SQUAD = ROOT / "examples" / "cluster-squad.yaml"
+HOME = "ksquad"  # the release's namespace: the README's
+NS = "ksquad-system"  # the Runs': the seed Run's
+RELEASE = "ksquad"
+API_NODE_PORT = 30480
+API_URL = f"http://{NODE_ADDRESS}:{API_NODE_PORT}"
+SEED_TASK = "Stabilize the flaky payment-retry test."
+T = TypeVar("T")
+
+
+def ui_origin(dev_server: DevServer) -> str:
+    """The Temporal UI as a browser on the node opens it: the same host as ksquad-api's node port, so the codec
+    cookie is same-site."""
+    return f"http://{NODE_ADDRESS}:{dev_server.ui_port}"
+
+
+@dataclass
+class Release:
+    cluster: ControlPlane
+    store: Store
+    temporal: Client
+    values: list[str]
+    codec_token: str  # ksquad-api's shared codec token
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return helm(self.cluster, *args, check=check, timeout=timeout)
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cluster.kubectl(*args, input=input)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", "-o", "json", *args).stdout)
+
+    def run(self, name: str) -> dict[str, Any]:
+        run: dict[str, Any] = self.get("run", name, "-n", NS)
+        return run
+
+    def squad(self, model: ModelEndpoint) -> None:
+        """examples/cluster-squad.yaml, its ModelEndpoint pointed at the scripted model (as a user edits it)."""
+        docs = list(yaml.safe_load_all(SQUAD.read_text()))
+        for doc in docs:
+            if doc["kind"] == "ModelEndpoint":
+                doc["spec"].update(url=model.url, model="dev-model")
+        self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def helm(
+    cluster: ControlPlane, *args: str, check: bool = True, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    cmd = [str(cached_binaries_dir() / "helm"), "--kubeconfig", str(cluster.admin_kubeconfig), *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"helm {' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
+    return done
+
+
+def diagnose(cluster: ControlPlane) -> str:
+    """What a user would look at when an install does not come up: pods, events, each container's log."""
+    parts = []
+    for namespace in (HOME, NS):
+        parts += [
+            cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout,
+            cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout[
+                -3000:
+            ],
+        ]
+        for pod in cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.split():
+            logs = cluster.kubectl("logs", "-n", namespace, pod, "--tail=40", check=False)
+            parts.append(f"--- {pod}\n{logs.stdout}{logs.stderr}")
+    return "\n".join(parts)
+
+
+async def wait_for(
+    what: str, probe: Callable[[], T | None], timeout: float = 120, interval: float = 0.5
+) -> T:
+    """Polls `probe` in a thread: the scripted model serves in this event loop, which must keep running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await asyncio.to_thread(probe)
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+async def phase_of(release: Release, name: str, phases: set[str], timeout: float = 180) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        run = release.run(name)
+        return run if run.get("status", {}).get("phase") in phases else None
+
+    try:
+        return await wait_for(f"{name} to reach {phases}", reached, timeout)
+    except AssertionError as err:
+        status = json.dumps(release.run(name).get("status"))[:3000]
+        raise AssertionError(f"{err}\nstatus: {status}\n{diagnose(release.cluster)}") from None
+
+
+def terminal_events(release: Release, uid: str) -> int:
+    """How many times the Run's Events (one per phase change, counted when repeated) say it ended."""
+    events = release.get("events", "-n", NS, "--field-selector", f"involvedObject.uid={uid}")["items"]
+    ends = tuple(f"{p.value}:" for p in Phase if p.terminal)
+    return sum(int(e.get("count") or 1) for e in events if e["message"].startswith(ends))
+
+
+@pytest.fixture(scope="package")
+async def release(
+    ksquad_cluster: ControlPlane, postgres: PostgresServer, dev_server: DevServer
+) -> AsyncIterator[Release]:
+    """Installed as the README says: the namespace, the database and codec Secrets, `helm install --wait`."""
+    cluster = ksquad_cluster
+    database = postgres.create_database(f"helm_{uuid.uuid4().hex[:8]}")
+    for namespace in (HOME, NS):
+        cluster.kubectl("create", "namespace", namespace)
+        cluster.wait_for_default_service_account(namespace)
+    url = database.replace("postgresql+psycopg://", "postgresql://")
+    cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-database", f"--from-literal=url={url}")
+    key = base64.b64encode(secrets.token_bytes(32)).decode()
+    cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-codec", f"--from-literal=key={key}")
+    codec_token = secrets.token_urlsafe(24)
+    cluster.kubectl(
+        "-n", HOME, "create", "secret", "generic", "ksquad-codec-token", f"--from-literal=token={codec_token}"
+    )
+    values = [
+        "--set",
+        f"namespaces={{{NS}}}",
+        "--set",
+        f"temporal.address={NODE_ADDRESS}:{dev_server.port}",
+        "--set",
+        "codec.keySecret.name=ksquad-codec",
+        # ksquad-api on a port of the node (the test bed's stand-in for an Ingress), beside the Temporal UI
+        "--set",
+        "api.service.type=NodePort",
+        "--set",
+        f"api.service.nodePort={API_NODE_PORT}",
+        "--set",
+        f"api.url={API_URL}",
+        "--set",
+        f"api.uiOrigins={{{ui_origin(dev_server)}}}",
+        "--set",
+        "api.codecTokenSecret.name=ksquad-codec-token",
+    ]
+    started = time.monotonic()
+    installed = helm(
+        cluster, "install", RELEASE, str(CHART), "-n", HOME, *values, "--wait", "--timeout", "5m", check=False
+    )
+    if installed.returncode != 0:
+        raise AssertionError(f"helm install failed: {installed.stderr}\n{diagnose(cluster)}")
+    print(f"[helm install --wait] {time.monotonic() - started:.1f}s\n{installed.stdout}", flush=True)
+    store = await Store.open(database, migrate=False)
+    try:
+        yield Release(cluster, store, await Client.connect(dev_server.target), values, codec_token)
+    finally:
+        await store.close()
+        if helm(cluster, "status", RELEASE, "-n", HOME, check=False).returncode == 0:
+            cluster.kubectl("delete", "runs", "--all", "-n", NS, "--wait=true", "--timeout=90s", check=False)
+            helm(cluster, "uninstall", RELEASE, "-n", HOME, "--wait", check=False)

@@ -1,0 +1,394 @@
+"""ksquad-api on the installed chart, as operators and users meet it: `ksquad runs watch --kubeconfig` streams a
+Run's phases and agent progress through it and resumes when its pod is replaced, without repeating or losing
+an event; its events and artifacts are for whoever Kubernetes RBAC lets get the Run; the Temporal UI (Debian's
+Chromium) shows decoded inputs, results and summaries through its codec endpoint, which refuses callers without
+credentials; a codec key rotated while a run is paused leaves every history readable; and /metrics of the
+worker, the bridges and the API count what happened.
+
+Runs here use an Agent and ModelEndpoint of their own (api-agent, api-endpoint), so test_install.py's seed
+steps stay as the README has them.
+"""
+
+import asyncio
+import base64
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from google.protobuf import json_format
+from playwright.async_api import async_playwright
+from temporalio.api.common.v1 import Payloads
+
+from dev.devserver import DevServer
+from testbed.agents import MODEL_KEY, ModelEndpoint
+from testbed.chart import CHART
+from tests.chart.conftest import API_URL, HOME, NS, RELEASE, Release, phase_of, ui_origin, wait_for
+from tests.support.dev import ksquad
+
+MODEL = "api-model"
+ANSWER = "Answered through the cluster."
+KEY_ID = "encryption-key-id"
+
+
+def squad(release: Release, model: ModelEndpoint) -> None:
+    docs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "api-key", "namespace": NS, "labels": {"ksquad.io/credential": "true"}},
+            "stringData": {"apiKey": MODEL_KEY},
+        },
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "ModelEndpoint",
+            "metadata": {"name": "api-endpoint", "namespace": NS},
+            "spec": {"url": model.url, "model": MODEL, "credentialSecretRef": {"name": "api-key"}},
+        },
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Agent",
+            "metadata": {"name": "api-agent", "namespace": NS},
+            "spec": {"modelEndpointRef": "api-endpoint", "systemPrompt": "You answer through the cluster."},
+        },
+    ]
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def start_run(release: Release, name: str, task: str, **spec: Any) -> None:
+    run = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"agents": ["api-agent"], "inputs": {"task": task}, **spec},
+    }
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump(run))
+
+
+def account(release: Release, name: str, can_get_runs: bool) -> tuple[str, Path]:
+    """A ServiceAccount of the Run namespace standing for a user: its token, and a kubeconfig with it."""
+    release.kubectl("-n", NS, "create", "serviceaccount", name)
+    if can_get_runs:
+        release.kubectl(
+            "-n", NS, "create", "role", f"{name}-runs", "--verb=get,list", "--resource=runs.ksquad.io"
+        )
+        release.kubectl(
+            "-n",
+            NS,
+            "create",
+            "rolebinding",
+            f"{name}-runs",
+            f"--role={name}-runs",
+            f"--serviceaccount={NS}:{name}",
+        )
+        release.kubectl("-n", NS, "create", "role", f"{name}-cm", "--verb=get", "--resource=configmaps")
+        release.kubectl(
+            "-n",
+            NS,
+            "create",
+            "rolebinding",
+            f"{name}-cm",
+            f"--role={name}-cm",
+            f"--serviceaccount={NS}:{name}",
+        )
+    token = release.kubectl("-n", NS, "create", "token", name, "--duration=1h").stdout.strip()
+    return token, release.cluster.token_kubeconfig(f"api-{name}", token, NS)
+
+
+def api_pod(release: Release) -> str:
+    pods = release.get("pods", "-n", HOME, "-l", "app.kubernetes.io/component=api")["items"]
+    ready = [
+        p["metadata"]["name"]
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+        and all(c.get("ready") for c in p["status"].get("containerStatuses") or [{}])
+    ]
+    return ready[0] if ready else ""
+
+
+async def test_the_api_refuses_callers_without_credentials_and_those_rbac_refuses(release: Release) -> None:
+    await wait_for("ksquad-api to answer on its node port", lambda: api_pod(release), timeout=120)
+    stranger, _ = account(release, "stranger", can_get_runs=False)
+    async with httpx.AsyncClient(base_url=API_URL, timeout=30) as http:
+        decode = await http.post("/codec/decode", json={"payloads": []})
+        assert decode.status_code == 401, decode.text
+        assert "codec token" in decode.json()["error"]
+        assert (await http.get(f"/runs/{NS}/anything/events")).status_code == 401
+        forged = await http.get(
+            f"/runs/{NS}/anything/events", headers={"Authorization": "Bearer not-a-token"}
+        )
+        assert forged.status_code == 401, "a token the API server does not accept"
+        refused = await http.get(
+            f"/runs/{NS}/anything/events", headers={"Authorization": f"Bearer {stranger}"}
+        )
+        assert refused.status_code == 403, refused.text
+        assert (
+            f"system:serviceaccount:{NS}:stranger may not get runs.ksquad.io anything"
+            in refused.json()["error"]
+        )
+        no_decoder = await http.post(
+            "/codec/decode", json={"payloads": []}, headers={"Authorization": f"Bearer {stranger}"}
+        )
+        assert no_decoder.status_code == 403, "a cluster user who may not get runs/codec"
+
+
+async def test_ksquad_runs_watch_streams_a_run_through_the_api_across_its_restart(
+    release: Release, model: ModelEndpoint, tmp_path: Path
+) -> None:
+    model.script(MODEL, {"delay": 25, "text": ANSWER})
+    squad(release, model)
+    _, reader = account(release, "reader", can_get_runs=True)
+    start_run(release, "watched", "Answer through the cluster.")
+    await phase_of(release, "watched", {"Running"}, timeout=120)
+    watch = await asyncio.create_subprocess_exec(
+        str(Path(os.environ.get("VIRTUAL_ENV", ".venv")) / "bin" / "ksquad"),
+        "runs",
+        "watch",
+        f"{NS}/watched",
+        "--kubeconfig",
+        str(reader),
+        "-o",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert watch.stdout is not None
+    seen: list[dict[str, Any]] = []
+    while not any(e["kind"] == "phase" and e["data"]["phase"] == "Running" for e in seen):
+        seen.append(json.loads(await asyncio.wait_for(watch.stdout.readline(), 60)))
+    old = api_pod(release)
+    release.kubectl("-n", HOME, "delete", "pod", old, "--wait=false")
+    new = await wait_for("a new ksquad-api pod", lambda: (p := api_pod(release)) != old and p, timeout=120)
+    out, err = await asyncio.wait_for(watch.communicate(), 180)
+    assert watch.returncode == 0, err.decode()
+    seen += [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+
+    run = release.run("watched")
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    logged = await release.store.events(run["metadata"]["uid"])
+    assert [e["seq"] for e in seen] == [e.seq for e in logged], (
+        "every event once, in order, across the restart"
+    )
+    assert {e["kind"] for e in seen} > {"phase"}, "the agent's progress, not only phases"
+    assert seen[-1]["data"]["phase"] == "Succeeded"
+    assert new != old
+
+    # The artifact's content, through the API, for the same user.
+    got = await ksquad(tmp_path, "runs", "artifacts", f"{NS}/watched", "answer", "--kubeconfig", str(reader))
+    assert got.code == 0, got.err
+    assert got.out == ANSWER
+
+
+async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
+    release: Release, dev_server: DevServer, tmp_path: Path
+) -> None:
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
+    (workflow,) = [w async for w in release.temporal.list_workflows(f"WorkflowId = '{NS}/watched'")]
+    ui = ui_origin(dev_server)
+    page_url = f"{ui}/namespaces/default/workflows/{NS}%2Fwatched/{workflow.run_id}/history"
+    settings = {
+        "endpoint": json.dumps(f"{API_URL}/codec"),
+        "overrideRemoteCodecConfiguration": "true",
+        "includeCredentials": "true",
+        "passAccessToken": "false",
+    }
+    script = "".join(f"localStorage.setItem({k!r}, {v!r});" for k, v in settings.items())
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=chromium,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            context = await browser.new_context()
+            await context.add_init_script(f"if (location.origin === {ui!r}) {{ {script} }}")
+            page = await context.new_page()
+            # Not signed in: the codec refuses, the UI says so and shows no plaintext.
+            await page.goto(page_url)
+            await page.wait_for_selector('[data-testid="data-encoder-status-error"]', timeout=30000)
+            assert ANSWER not in await page.content()
+            # Signed in with the shared token: the cookie goes with the UI's codec requests.
+            await page.goto(f"{API_URL}/codec/login")
+            await page.fill("input[name=token]", release.codec_token)
+            await page.click("button")
+            await page.goto(page_url)
+            for text in ("Answer through the cluster.", ANSWER, "sandbox for attempt 1"):
+                await page.wait_for_selector(f"text={text}", timeout=30000)
+            await page.screenshot(path=str(tmp_path / "temporal-ui-decoded.png"), full_page=True)
+        finally:
+            await browser.close()
+
+
+async def decode_through_api(release: Release, payloads: list[Any]) -> tuple[int, list[Any]]:
+    body = json_format.MessageToJson(Payloads(payloads=payloads))
+    async with httpx.AsyncClient(base_url=API_URL, timeout=30) as http:
+        response = await http.post(
+            "/codec/decode",
+            content=body,
+            headers={"Authorization": f"Bearer {release.codec_token}", "Content-Type": "application/json"},
+        )
+    if response.status_code != 200:
+        return response.status_code, []
+    return 200, list(json_format.Parse(response.text, Payloads()).payloads)
+
+
+async def history_payloads(release: Release, workflow_id: str) -> list[Any]:
+    """Every payload of the workflow's history (the raw client: no codec), found by walking the events."""
+    found: list[Any] = []
+
+    def walk(message: Any) -> None:
+        for field, value in message.ListFields():
+            if field.message_type is None:
+                continue
+            items = value if field.label == field.LABEL_REPEATED else [value]
+            for item in items:
+                if field.message_type.full_name == "temporal.api.common.v1.Payload":
+                    found.append(item)
+                elif hasattr(item, "ListFields"):
+                    walk(item)
+                elif hasattr(item, "values"):  # a map field
+                    for inner in item.values():
+                        if hasattr(inner, "ListFields"):
+                            walk(inner)
+
+    history = await release.temporal.get_workflow_handle(workflow_id).fetch_history()
+    for event in history.events:
+        walk(event)
+    return found
+
+
+async def test_a_codec_key_rotated_while_a_run_is_paused_leaves_every_history_readable(
+    release: Release, model: ModelEndpoint
+) -> None:
+    model.script(MODEL, {"error": 429, "retry_after": "90"}, {"text": "after the rotation"})
+    squad(release, model)
+    start_run(release, "rotated", "Survive a key rotation.")
+    paused = (await phase_of(release, "rotated", {"Paused"}, timeout=120))["status"]
+    assert paused["pauseReason"] == "RateLimited"
+
+    # docs/operating.md's rotation: add the key to the Secret, then make it the active one.
+    new_key = base64.b64encode(secrets.token_bytes(32)).decode()
+    release.kubectl(
+        "-n",
+        HOME,
+        "patch",
+        "secret",
+        "ksquad-codec",
+        "--type=merge",
+        "-p",
+        json.dumps({"stringData": {"k2": new_key}}),
+    )
+    rotation = ["--set", "codec.keySecret.key=k2"]
+    upgrade = [
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "-n",
+        HOME,
+        *release.values,
+        *rotation,
+        "--wait",
+        "--timeout",
+        "5m",
+    ]
+    await asyncio.to_thread(release.helm, *upgrade)
+    release.values += rotation
+    assert release.run("rotated")["status"]["phase"] == "Paused", "rolled while the run waited"
+
+    done = (await phase_of(release, "rotated", {"Succeeded", "Failed"}, timeout=240))["status"]
+    assert (done["phase"], done["message"]) == ("Succeeded", "after the rotation"), done
+
+    payloads = await history_payloads(release, f"{NS}/rotated")
+    key_ids = {p.metadata[KEY_ID].decode() for p in payloads if KEY_ID in p.metadata}
+    assert len(key_ids) == 2, f"written under the old key, then the new one: {key_ids}"
+    code, decoded = await decode_through_api(release, payloads)
+    assert code == 200 and len(decoded) == len(payloads)
+    assert not [p for p in decoded if p.metadata.get("encoding") == b"binary/encrypted"]
+    # A history of before the rotation, wholly under the old key, still decodes.
+    old = await history_payloads(release, f"{NS}/watched")
+    code, decoded = await decode_through_api(release, old)
+    assert code == 200 and b"Answer through the cluster." in b"".join(p.data for p in decoded)
+
+
+def scrape(release: Release, component: str) -> str:
+    """The /metrics of every pod of a component, concatenated (each pod's health port, on its own address)."""
+    texts = []
+    for pod in release.get("pods", "-n", HOME, "-l", f"app.kubernetes.io/component={component}")["items"]:
+        if pod["metadata"].get("deletionTimestamp") or not pod["status"].get("podIP"):
+            continue
+        (container,) = pod["spec"]["containers"]
+        port = next(p["containerPort"] for p in container["ports"] if p["name"] == "health")
+        texts.append(httpx.get(f"http://{pod['status']['podIP']}:{port}/metrics", timeout=10).text)
+    return "\n".join(texts)
+
+
+def total(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples `name{...}` whose labels include `labels` (over every pod scraped)."""
+    found = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        present = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
+        if all(present.get(k) == v for k, v in labels.items()):
+            found += float(line.rsplit(" ", 1)[1])
+    return found
+
+
+async def test_metrics_of_the_worker_bridges_and_api_count_what_happened(
+    release: Release, model: ModelEndpoint
+) -> None:
+    model.script(MODEL, {"text": "counted"})
+    model.script("api-broken", {"error": 500})
+    squad(release, model)
+    release.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Agent",
+                "metadata": {"name": "api-broken-agent", "namespace": NS},
+                "spec": {"modelEndpointRef": "api-endpoint", "model": "api-broken"},
+            }
+        ),
+    )
+    before = {c: await asyncio.to_thread(scrape, release, c) for c in ("worker", "bridge", "api")}
+    for name in ("counted-1", "counted-2"):
+        start_run(release, name, f"Count {name}.")
+    start_run(
+        release, "counted-failure", "Fail once.", agents=["api-broken-agent"], retryPolicy={"maxRetries": 0}
+    )
+    for name in ("counted-1", "counted-2", "counted-failure"):
+        await phase_of(release, name, {"Succeeded", "Failed"}, timeout=180)
+    await asyncio.sleep(1)  # the last status writes
+    after = {c: await asyncio.to_thread(scrape, release, c) for c in ("worker", "bridge", "api")}
+
+    def delta(component: str, name: str, **labels: str) -> float:
+        return total(after[component], name, **labels) - total(before[component], name, **labels)
+
+    assert delta("worker", "ksquad_runs_finished_total", phase="Succeeded") == 2
+    assert delta("worker", "ksquad_runs_finished_total", phase="Failed") == 1
+    assert delta("worker", "ksquad_run_phase_seconds_count", phase="Running") == 3, "each left Running once"
+    assert delta("worker", "ksquad_sandbox_acquire_seconds_count", kind="cold") == 3, "one Job per attempt"
+    assert delta("worker", "ksquad_agent_call_seconds_count", outcome="completed") == 2
+    assert delta("worker", "ksquad_agent_call_seconds_count") == 3
+    assert delta("worker", "ksquad_claim_seconds_count") == 0, "these runs name no work item"
+    assert total(after["worker"], "temporal_workflow_completed_total") > 0, "the SDK's figures too"
+    assert delta("bridge", "ksquad_apply_to_status_seconds_count") == 3, "each new Run's first status, once"
+    assert delta("bridge", "ksquad_status_mirror_lag_seconds_count") >= 3, "statuses written (coalesced)"
+    assert delta("bridge", "ksquad_runs", phase="Succeeded") == 2, "the leader's view of Runs by phase"
+    assert total(after["api"], "ksquad_api_requests_total", route="events") >= 1
