@@ -45,7 +45,7 @@ def test_helm_lint_is_clean() -> None:
 def test_deployments_have_probes_resources_and_a_locked_down_security_context() -> None:
     docs = chart.render(VALUES)
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
-    assert set(deployments) == {"ksquad-bridge", "ksquad-worker"}
+    assert set(deployments) == {"ksquad-api", "ksquad-bridge", "ksquad-worker"}
     for deployment in deployments.values():
         pod = deployment["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -59,10 +59,12 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
             "capabilities": {"drop": ["ALL"]},
         }
         env = {e["name"]: e for e in container["env"]}
-        assert env["KSQUAD_TEMPORAL_API_KEY"]["valueFrom"]["secretKeyRef"] == {
-            "name": "temporal-cloud",
-            "key": "apiKey",
-        }
+        assert "secretKeyRef" in env["KSQUAD_DATABASE_URL"]["valueFrom"], "the DSN comes from a Secret"
+        if deployment["metadata"]["name"] != "ksquad-api":  # the API talks to no Temporal
+            assert env["KSQUAD_TEMPORAL_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+                "name": "temporal-cloud",
+                "key": "apiKey",
+            }
     worker_env = {
         e["name"]: e for e in deployments["ksquad-worker"]["spec"]["template"]["spec"]["containers"][0]["env"]
     }
@@ -75,7 +77,18 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
         ("NetworkPolicy", "payments"),
         ("NetworkPolicy", "search"),
     }
-    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")], "nothing cluster-wide"
+    cluster_wide = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].startswith("Cluster")}
+    assert cluster_wide == {
+        # ksquad-api asks the API server who a caller is and what they may do: the built-in delegator role
+        ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
+        # for people, not for ksquad: who may read decoded payloads with their own token
+        ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
+    }
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == "system:auth-delegator"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ksquad-api", "namespace": chart.RELEASE_NAMESPACE}
+    ]
 
 
 def test_the_codec_key_ring_is_mounted_from_its_secret_into_every_process_that_talks_to_temporal() -> None:

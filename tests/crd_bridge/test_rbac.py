@@ -1,7 +1,7 @@
 # mypy: disable-error-code="no-untyped-call, misc"
-"""Least privilege, proven: the bridge and the worker hold only the rules the chart renders, and each rule is
-needed. For every (role, group, resource, verb) the chart grants, the test makes the call of the bridge's or the
-worker's own code that needs it, as the chart's ServiceAccount: allowed with the chart's Role, refused (403) once
+"""Least privilege, proven: the bridge, the worker and the API hold only the rules the chart renders, and each rule
+is needed. For every (role, group, resource, verb) the chart grants in Run namespaces, the test makes the call of
+the component's own code that needs it, as the chart's ServiceAccount: allowed with the chart's Role, refused (403) once
 the rule is removed. A call the chart does not grant is refused too, and the one way the bridge could read a
 Secret's value (RBAC cannot grant metadata alone) is what the docs say it is."""
 
@@ -30,6 +30,7 @@ from workflows.spec import SandboxPolicy, parse_run_spec
 from workflows.status import Phase, RunStatus, StatusSnapshot
 
 RUN_API = "ksquad.io/v1alpha1"
+ACCOUNTS = ("ksquad-bridge", "ksquad-worker", "ksquad-api")
 
 Call = Callable[[Kube, "Fixture"], Awaitable[Any]]
 
@@ -173,6 +174,9 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ("ksquad-worker", "", "configmaps", "create"): publish_outputs,
     ("ksquad-worker", "", "configmaps", "update"): publish_outputs,
     ("ksquad-worker", "", "events", "list"): why_no_pod,
+    # ksquad-api (api/cluster.py, run_for): the Run whose events or artifacts a caller asks for, once RBAC said
+    # the caller may get it; its uid keys the store's records.
+    ("ksquad-api", "ksquad.io", "runs", "get"): lambda k, f: k.get(run_url(f)),
 }
 
 # Calls the chart must NOT grant (each refused as it stands).
@@ -185,6 +189,8 @@ NOT_GRANTED: dict[str, Call] = {
         run_url(f, sub="status"), {"status": {"message": "no"}}
     ),
     "worker creates pods directly": lambda k, f: k.create(path("v1", "pods", f.ns), pod(f.unique("pod"))),
+    "api lists Runs": lambda k, f: k.list(path(RUN_API, "runs", f.ns)),
+    "api reads a Secret": lambda k, f: k.get(path("v1", "secrets", f.ns, "subject")),
 }
 
 
@@ -261,7 +267,7 @@ class Rbac:
 
     async def outcome(self, role: str, call: Call) -> int:
         """The HTTP status of the call (200 when it went through), as the role's ServiceAccount."""
-        account = "ksquad-bridge" if role.startswith("ksquad-bridge") else "ksquad-worker"
+        account = next(a for a in ACCOUNTS if role.startswith(a))
         try:
             await call(self.kubes[account], Fixture(self.ns, self.run_uid))
         except ApiError as err:
@@ -381,7 +387,7 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
     )
     run_uid = json.loads(admin("get", "kr", "subject", "-n", ns, "-o", "json").stdout)["metadata"]["uid"]
     state = Rbac(ksquad_cluster, ns, docs, run_uid)
-    for account in ("ksquad-bridge", "ksquad-worker"):
+    for account in ACCOUNTS:
         token = admin(
             "create", "token", account, "-n", chart.RELEASE_NAMESPACE, "--duration=1h"
         ).stdout.strip()
@@ -466,7 +472,7 @@ def recreate_victim(rbac: Rbac, resource: str) -> None:
 
 @pytest.mark.parametrize("what", list(NOT_GRANTED))
 async def test_what_the_chart_does_not_grant_is_refused(rbac: Rbac, what: str) -> None:
-    role = "ksquad-bridge" if what.startswith("bridge") else "ksquad-worker"
+    role = f"ksquad-{what.split()[0]}"
     assert await rbac.outcome(role, NOT_GRANTED[what]) == 403
 
 
