@@ -23,7 +23,7 @@ Settings, from the environment (the chart sets them):
   KSQUAD_CODEC_KEY_FILE        the codec's active key; KSQUAD_CODEC_KEYS a directory of keys that decrypt too
   KSQUAD_CODEC_TOKEN_FILE      the shared codec token (a mounted Secret; read again when it changes)
   KSQUAD_API_UI_ORIGINS        the Temporal UI's origins, comma-separated (CORS for the codec)
-  KSQUAD_API_PORT              the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
+  KSQUAD_API_LISTEN_PORT       the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
   KSQUAD_API_TLS_CERT_FILE, KSQUAD_API_TLS_KEY_FILE   serve HTTPS (the UI sends its access token only to https)
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
@@ -94,7 +94,7 @@ class ApiSettings:
             ui_origins=frozenset(
                 o.strip() for o in env.get("KSQUAD_API_UI_ORIGINS", "").split(",") if o.strip()
             ),
-            port=int(env.get("KSQUAD_API_PORT", "8080")),
+            port=int(env.get("KSQUAD_API_LISTEN_PORT", "8080")),
             health_port=int(env.get("KSQUAD_HEALTH_PORT", "8081")),
             tls_cert_file=env.get("KSQUAD_API_TLS_CERT_FILE") or None,
             tls_key_file=env.get("KSQUAD_API_TLS_KEY_FILE") or None,
