@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import yaml
 from google.protobuf import json_format
+from google.protobuf.message import Message
 from playwright.async_api import async_playwright
 from temporalio.api.common.v1 import Payloads
 
@@ -131,6 +132,10 @@ async def test_the_api_refuses_callers_without_credentials_and_those_rbac_refuse
             f"system:serviceaccount:{NS}:stranger may not get runs.ksquad.io anything"
             in refused.json()["error"]
         )
+        artifact = await http.get(
+            f"/runs/{NS}/anything/artifacts/answer", headers={"Authorization": f"Bearer {stranger}"}
+        )
+        assert artifact.status_code == 403, "nor its artifacts"
         no_decoder = await http.post(
             "/codec/decode", json={"payloads": []}, headers={"Authorization": f"Bearer {stranger}"}
         )
@@ -249,20 +254,22 @@ async def history_payloads(release: Release, workflow_id: str) -> list[Any]:
     """Every payload of the workflow's history (the raw client: no codec), found by walking the events."""
     found: list[Any] = []
 
-    def walk(message: Any) -> None:
+    def walk(message: Message) -> None:
+        if message.DESCRIPTOR.full_name == "temporal.api.common.v1.Payload":
+            found.append(message)
+            return
         for field, value in message.ListFields():
             if field.message_type is None:
                 continue
-            items = value if field.label == field.LABEL_REPEATED else [value]
+            if field.message_type.GetOptions().map_entry:
+                items = list(value.values())
+            elif isinstance(value, Message):
+                items = [value]
+            else:
+                items = list(value)  # a repeated field
             for item in items:
-                if field.message_type.full_name == "temporal.api.common.v1.Payload":
-                    found.append(item)
-                elif hasattr(item, "ListFields"):
+                if isinstance(item, Message):
                     walk(item)
-                elif hasattr(item, "values"):  # a map field
-                    for inner in item.values():
-                        if hasattr(inner, "ListFields"):
-                            walk(inner)
 
     history = await release.temporal.get_workflow_handle(workflow_id).fetch_history()
     for event in history.events:
@@ -374,6 +381,13 @@ async def test_metrics_of_the_worker_bridges_and_api_count_what_happened(
     )
     for name in ("counted-1", "counted-2", "counted-failure"):
         await phase_of(release, name, {"Succeeded", "Failed"}, timeout=180)
+    # A user reads one run's events through the API, and a stranger is refused.
+    reader, _ = account(release, "metrics-reader", can_get_runs=True)
+    stranger, _ = account(release, "metrics-stranger", can_get_runs=False)
+    async with httpx.AsyncClient(base_url=API_URL, timeout=30) as http:
+        for token, code in ((reader, 200), (stranger, 403)):
+            got = await http.get(f"/runs/{NS}/counted-1/events", headers={"Authorization": f"Bearer {token}"})
+            assert got.status_code == code, got.text
     await asyncio.sleep(1)  # the last status writes
     after = {c: await asyncio.to_thread(scrape, release, c) for c in ("worker", "bridge", "api")}
 
@@ -391,4 +405,6 @@ async def test_metrics_of_the_worker_bridges_and_api_count_what_happened(
     assert delta("bridge", "ksquad_apply_to_status_seconds_count") == 3, "each new Run's first status, once"
     assert delta("bridge", "ksquad_status_mirror_lag_seconds_count") >= 3, "statuses written (coalesced)"
     assert delta("bridge", "ksquad_runs", phase="Succeeded") == 2, "the leader's view of Runs by phase"
-    assert total(after["api"], "ksquad_api_requests_total", route="events") >= 1
+    assert delta("api", "ksquad_api_requests_total", route="events", code="200") == 1
+    assert delta("api", "ksquad_api_requests_total", route="events", code="403") == 1
+    assert total(after["api"], "ksquad_api_event_streams") == 0, "the finished run's stream ended"
