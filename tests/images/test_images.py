@@ -153,7 +153,10 @@ def test_the_images_lock_holds_every_dependency_of_the_project() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {re.split(r"[\[<>=!~; ]", d, maxsplit=1)[0] for d in project["dependencies"]}
-    normalise = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+
+    def normalise(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
     locked = {
         normalise(line.split("==", 1)[0])
         for line in (ROOT / "images" / "requirements.lock").read_text().splitlines()
