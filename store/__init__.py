@@ -429,21 +429,27 @@ class Store:
             ).scalar_one()
             fresh = [e for e in sorted(events, key=lambda e: e.revision) if e.revision > (recorded or 0)]
             for event in fresh:
-                await c.execute(
-                    sa.insert(run_events).values(
-                        run_uid=run_uid,
-                        run=run,
-                        seq=await self.next_seq(c, run_uid),
-                        fence=0,
-                        attempt=event.attempt,
-                        kind="phase",
-                        message=event.message,
-                        data=event.data,
-                        revision=event.revision,
-                        at=self.clock(),
-                    )
-                )
+                await self.insert_phase_event(c, run_uid, run, event)
             return len(fresh)
+
+    async def insert_phase_event(
+        self, c: AsyncConnection, run_uid: str, run: str, event: PhaseRecord
+    ) -> None:
+        """One phase change into the run's log, numbered after what is there (unfenced: status, not work)."""
+        await c.execute(
+            sa.insert(run_events).values(
+                run_uid=run_uid,
+                run=run,
+                seq=await self.next_seq(c, run_uid),
+                fence=0,
+                attempt=event.attempt,
+                kind="phase",
+                message=event.message,
+                data=event.data,
+                revision=event.revision,
+                at=self.clock(),
+            )
+        )
 
     @unavailable
     async def next_in_line(self, name: str) -> int:

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from store import Store
 from store.connection import as_utc, unavailable
 from store.records import PhaseRecord
-from store.schema import objects, run_events
+from store.schema import objects
 
 API_VERSION = "ksquad.io/v1alpha1"
 Applied = Literal["created", "configured", "unchanged"]
@@ -161,19 +161,5 @@ class ObjectStore:
             if not written.rowcount:
                 return False
             for event in events:
-                seq = await self.store.next_seq(c, uid)
-                await c.execute(
-                    sa.insert(run_events).values(
-                        run_uid=uid,
-                        run=f"{namespace}/{name}",
-                        seq=seq,
-                        fence=0,
-                        attempt=event.attempt,
-                        kind="phase",
-                        message=event.message,
-                        data=event.data,
-                        revision=event.revision,
-                        at=self.store.clock(),
-                    )
-                )
+                await self.store.insert_phase_event(c, uid, f"{namespace}/{name}", event)
             return True

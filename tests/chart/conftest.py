@@ -55,6 +55,24 @@ class Release:
     def helm(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return helm(self.cluster, *args, check=check, timeout=timeout)
 
+    async def upgrade(self, changed: list[str]) -> None:
+        """`helm upgrade` with the release's values and `changed` (kept for later upgrades), waiting for the
+        pods, in a thread: the scripted model answers from this event loop."""
+        args = [
+            "upgrade",
+            RELEASE,
+            str(CHART),
+            "-n",
+            HOME,
+            *self.values,
+            *changed,
+            "--wait",
+            "--timeout",
+            "5m",
+        ]
+        await asyncio.to_thread(self.helm, *args)
+        self.values += changed
+
     def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
         return self.cluster.kubectl(*args, input=input)
 

@@ -28,8 +28,7 @@ from temporalio.api.common.v1 import Payloads
 
 from dev.devserver import DevServer
 from testbed.agents import MODEL_KEY, ModelEndpoint
-from testbed.chart import CHART
-from tests.chart.conftest import API_URL, HOME, NS, RELEASE, Release, phase_of, ui_origin, wait_for
+from tests.chart.conftest import API_URL, HOME, NS, Release, phase_of, ui_origin, wait_for
 from tests.support.dev import ksquad
 
 MODEL = "api-model"
@@ -299,20 +298,7 @@ async def test_a_codec_key_rotated_while_a_run_is_paused_leaves_every_history_re
         json.dumps({"stringData": {"k2": new_key}}),
     )
     rotation = ["--set", "codec.keySecret.key=k2"]
-    upgrade = [
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "-n",
-        HOME,
-        *release.values,
-        *rotation,
-        "--wait",
-        "--timeout",
-        "5m",
-    ]
-    await asyncio.to_thread(release.helm, *upgrade)
-    release.values += rotation
+    await release.upgrade(rotation)
     assert release.run("rotated")["status"]["phase"] == "Paused", "rolled while the run waited"
 
     done = (await phase_of(release, "rotated", {"Succeeded", "Failed"}, timeout=240))["status"]

@@ -7,7 +7,6 @@ The tests of tests/chart/ share one release (tests/chart/conftest.py) and run in
 state the previous left; tests/chart/test_uninstall.py, last, uninstalls it.
 """
 
-import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -151,20 +150,7 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
         "--set",
         "bridge.resources.requests.cpu=60m",
     ]
-    upgrade = [
-        "upgrade",
-        RELEASE,
-        str(CHART),
-        "-n",
-        HOME,
-        *release.values,
-        *changed,
-        "--wait",
-        "--timeout",
-        "5m",
-    ]
-    await asyncio.to_thread(release.helm, *upgrade)  # (the scripted model answers from this event loop)
-    release.values += changed
+    await release.upgrade(changed)
 
     def replaced() -> set[str] | None:
         names = {p["metadata"]["name"] for p in release.get("pods", "-n", HOME, "-l", selector)["items"]}
