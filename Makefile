@@ -15,10 +15,11 @@ $(BIN)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/ksquad dev --demo
 
-# The test control plane (kube-apiserver, kube-controller-manager, etcd) and helm, built from the Go module
-# proxy once into ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
+# The test control plane (kube-apiserver, kube-controller-manager, etcd), helm and Temporal's production server,
+# built from the Go module proxy once into ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
 testbins:
 	testbed/build-control-plane.sh >/dev/null
+	testbed/build-temporal.sh >/dev/null
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
 # podman and mmdebstrap (the images), containerd, runc, the CNI plugins and nftables (the test cluster's node),

@@ -23,7 +23,7 @@ from workflows import search_attributes
 log = logging.getLogger(__name__)
 
 # temporalio's SearchAttributeIndexedValueType names as the CLI spells them
-_CLI_TYPES = {
+CLI_TYPES = {
     "KEYWORD": "Keyword",
     "TEXT": "Text",
     "INT": "Int",
@@ -58,7 +58,7 @@ def search_attribute_flags(keys: tuple[SearchAttributeKey[Any], ...]) -> list[st
     for key in keys:
         flags += [
             "--search-attribute",
-            f"{key.name}={_CLI_TYPES[key.indexed_value_type.name.removeprefix('INDEXED_VALUE_TYPE_')]}",
+            f"{key.name}={CLI_TYPES[key.indexed_value_type.name.removeprefix('INDEXED_VALUE_TYPE_')]}",
         ]
     return flags
 
@@ -180,3 +180,22 @@ class DevServer:
     async def __aexit__(self, *exc: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             await self.stop()
+
+
+@dataclass
+class ExternalTemporal(DevServer):
+    """A Temporal that runs already (a production cluster, the test bed's production server): the embedded stack
+    connects to it instead of starting the dev server, and neither starts nor stops it."""
+
+    address: str = "127.0.0.1:7233"
+    ui: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.address
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None

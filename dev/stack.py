@@ -36,7 +36,7 @@ from activities.entities import ResumePlaces
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
 from agent.scripted_model import ScriptedModel, build_app
 from dev.api import api_app, loopback_names
-from dev.devserver import DevServer, preferred_port
+from dev.devserver import DevServer, ExternalTemporal, preferred_port
 from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
 from store import Store
 from store.objects import ObjectStore
@@ -85,6 +85,7 @@ class DevOptions:
     model_script: dict[str, Any] | None = None  # for the scripted model (default MODEL_SCRIPT)
     scripted_model: bool = False  # the scripted model even when OPENAI_BASE_URL is set (the demo)
     serve_worker: bool = True  # False: workers are separate `ksquad-worker` processes (bench.throughput)
+    temporal_address: str | None = None  # a Temporal that runs already, instead of the dev server
 
 
 @dataclass
@@ -102,8 +103,8 @@ class DevStack:
 
     @property
     def ui_url(self) -> str:
-        assert self.server.ui_url is not None
-        return self.server.ui_url
+        """The Temporal UI (the dev server's; an external Temporal's UI is its operator's to name)."""
+        return self.server.ui_url or "(none: Temporal runs elsewhere)"
 
     def info(self) -> dict[str, Any]:
         return {
@@ -166,12 +167,16 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     # of its own (HTTP, metrics, its services) and once took this one ("address already in use").
     api_reservation = socket.socket()
     api_reservation.bind(("127.0.0.1", api_port))
-    server = DevServer(
-        db_file=state / "temporal.db",
-        log_file=state / "temporal.log",
-        port=preferred_port(options.temporal_port),
-        ui_port=preferred_port(options.ui_port),
-        extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
+    server = (
+        ExternalTemporal(address=options.temporal_address)
+        if options.temporal_address
+        else DevServer(
+            db_file=state / "temporal.db",
+            log_file=state / "temporal.log",
+            port=preferred_port(options.temporal_port),
+            ui_port=preferred_port(options.ui_port),
+            extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
+        )
     )
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(api_reservation.close)

@@ -149,6 +149,8 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
         "sandbox.allowedRuntimeClasses={gvisor,kata}",
         "--set",
         "bridge.resources.requests.cpu=60m",
+        "--set",
+        "api.resources.requests.cpu=60m",  # (the API's pod template changes too: every pod rolls)
     ]
     await release.upgrade(changed)
 

@@ -1,6 +1,7 @@
 """Cancellation from every phase, by Temporal's cancel and by the `cancel` signal: teardown runs, nothing leaks."""
 
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -10,8 +11,9 @@ from temporalio.exceptions import CancelledError
 from tests.workflows.world import Outcome, World, block, failed, hang, ok, rate_limited, run_input, start_run
 from workflows.activity_types import Activity
 from workflows.contract import ConcurrencyScope
-from workflows.entity_types import GateState, gate_workflow_id
+from workflows.entity_types import GateState, ThrottleNotice, gate_workflow_id
 from workflows.run import RunWorkflow
+from workflows.signals import RunSignal
 from workflows.status import Phase, RunStatus
 
 SCOPE = ConcurrencyScope(key="team/ksquad-system/payments-squad", limit=1)
@@ -139,3 +141,21 @@ async def test_cancel_from_every_phase_tears_down_and_leaks_nothing(
         assert "ksquad-system/r" not in gate.holders + gate.waiting
         world.release("holder")
     assert final.phase == Phase.CANCELLED
+
+
+async def test_a_temporal_cancel_while_another_runs_limit_stops_the_attempt_is_not_lost(
+    client: Client, world: World
+) -> None:
+    # Another run's 429 on this run's credential stops its attempt; Temporal's cancel arrives while the agent's
+    # task is still being stopped. It was swallowed with the task's own cancellation: the run retried instead.
+    handle = await running(client, world)
+    until = datetime.now(UTC) + timedelta(hours=1)
+    notice = ThrottleNotice(key="ksquad-system/dev-1-key", until=until, strikes=1)
+    await handle.signal(RunSignal.CREDENTIAL_THROTTLED, notice)
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    final = await world.until_phase("r", "Cancelled")
+    assert final.attempt == 1, "no new attempt after the cancel"
+    assert "wi-1" not in world.claims and not world.sandboxes, "torn down"

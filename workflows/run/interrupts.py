@@ -12,6 +12,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
 T = TypeVar("T")
+# A Temporal cancel that arrives while another interrupt stops the work is kept (workflow.patched: runs that
+# swallowed one before replay as they ran).
+CANCEL_KEPT_PATCH = "cancel-kept-while-interrupted"
 
 
 class Interrupt(StrEnum):
@@ -82,8 +85,23 @@ class Interrupts:
 
 
 async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
+    """Cancel `task` and wait until it has ended, whatever it ends with. A cancellation of the waiting run itself
+    (Temporal's cancel, arriving while another interrupt stops the work) is not the task's ending and goes on
+    up: swallowing it with the task's own CancelledError lost the run's cancellation (it went on to retry)."""
     if task.done():
         return
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, ActivityError, TemporalCancelledError, ApplicationError):
-        await task
+    try:
+        await workflow.wait([task])  # raises only when this coroutine itself is cancelled
+    except asyncio.CancelledError:
+        if not task.done():
+            await workflow.wait([task])  # let the work finish stopping (its teardown needs that), then go on
+        if workflow.patched(CANCEL_KEPT_PATCH):
+            raise
+        # Recorded before the patch: the run went on without its cancellation, and replays the same way.
+    finally:
+        if task.done() and not task.cancelled():
+            with contextlib.suppress(
+                asyncio.CancelledError, ActivityError, TemporalCancelledError, ApplicationError
+            ):
+                task.result()  # retrieved: the work's own ending is not this caller's error
