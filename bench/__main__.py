@@ -27,6 +27,12 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "bridge": ([], ["--runs", "60", "--rates", "4"]),
     "overhead": ([], ["--runs", "20", "--batch", "10", "--rounds", "2"]),
     "throughput": ([], ["--runs", "60"]),
+    # the same two on Temporal's production server (PostgreSQL persistence and visibility), side by side
+    "overhead@production": (
+        ["--temporal", "production"],
+        ["--runs", "20", "--batch", "10", "--rounds", "2", "--temporal", "production"],
+    ),
+    "throughput@production": (["--temporal", "production"], ["--runs", "60", "--temporal", "production"]),
     "paused": ([], ["--runs", "500"]),
 }
 
@@ -58,6 +64,27 @@ ROWS: list[Row] = [
     ),
     ("throughput", "runs/s, 1 worker process", lambda d: dig(d, "1_worker", "runs_per_second"), "", None),
     ("throughput", "runs/s, 2 worker processes", lambda d: dig(d, "2_workers", "runs_per_second"), "", None),
+    (
+        "overhead@production",
+        "run latency ksquad / bare (p50)",
+        lambda d: dig(d, "latency_one_at_a_time", "ratio_p50"),
+        "<= 1.25",
+        lambda v: v <= 1.25,
+    ),
+    (
+        "overhead@production",
+        "throughput ksquad / bare",
+        lambda d: dig(d, "throughput_batches", "ksquad_share_of_bare"),
+        ">= 0.8",
+        lambda v: v >= 0.8,
+    ),
+    (
+        "throughput@production",
+        "runs/s, 1 worker process",
+        lambda d: dig(d, "1_worker", "runs_per_second"),
+        "",
+        None,
+    ),
     ("paused", "runs paused at once", lambda d: d.get("runs"), "10000", lambda v: v >= 10_000),
     (
         "paused",
@@ -120,7 +147,8 @@ def _pair(stats: Any) -> tuple[float, float] | None:
 
 def run(name: str, args: list[str]) -> dict[str, Any]:
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", f"bench.{name}", *args], capture_output=True, text=True)
+    module = name.split("@")[0]  # overhead@production: bench.overhead, on the production server
+    done = subprocess.run([sys.executable, "-m", f"bench.{module}", *args], capture_output=True, text=True)
     seconds = round(time.monotonic() - t0, 1)
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}", "stderr": done.stderr[-4000:], "seconds": seconds}
@@ -132,7 +160,7 @@ def run(name: str, args: list[str]) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'benchmark':<16} {'figure':<44} {'value':>16} {'target':>14}  ok"]
+    lines = [f"{'benchmark':<22} {'figure':<44} {'value':>16} {'target':>14}  ok"]
     for name, figure, read, target, ok in ROWS:
         doc = results.get(name)
         if doc is None:
@@ -144,7 +172,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             else (" / ".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}")
         )
         verdict = "" if ok is None or value is None else ("yes" if ok(value) else "NO")
-        lines.append(f"{name:<16} {figure:<44} {shown:>16} {target:>14}  {verdict}")
+        lines.append(f"{name:<22} {figure:<44} {shown:>16} {target:>14}  {verdict}")
     return "\n".join(lines)
 
 

@@ -5,12 +5,13 @@ process), interleaved so both see the same machine:
   until its workflow returns Succeeded; everything a run does (references, gates, status mirroring, the A2A
   call to the agent and the agent's call to the model, payload encryption) is in the number;
 - bare: `bench.bare.BareWorkflow` running as many trivial activities, one after another, and as many trivial
-  local activities as a ksquad run schedules (both counted from a run's history), on the same dev server.
+  local activities as a ksquad run schedules (both counted from a run's history), on the same Temporal: the dev
+  server, or with `--temporal production` Temporal's production server on PostgreSQL (testbed.temporal_server).
 
 Latency: one at a time (p50/p99 and the ratio). Throughput: batches started at once (runs per second and the
 ratio). Targets (DESIGN.md): overhead at most 1.25 times bare, throughput at least 80% of bare.
 
-    python -m bench.overhead [--runs 60] [--batch 20] [--rounds 3]
+    python -m bench.overhead [--runs 60] [--batch 20] [--rounds 3] [--temporal dev|production]
 """
 
 import argparse
@@ -27,7 +28,7 @@ from temporalio.worker import Worker
 from bench.bare import BARE_TASK_QUEUE, BareWorkflow, noop
 from bench.stats import percentiles, report
 from dev.stack import DevStack
-from testbed.embedded import NAMESPACE, bench_stack, run_docs
+from testbed.embedded import NAMESPACE, TemporalKind, bench_stack, run_docs
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the marker a local activity leaves in the history
 
@@ -82,9 +83,9 @@ async def shape_of_a_run(dev: DevStack) -> dict[str, int]:
     }
 
 
-async def main(runs: int, batch: int, rounds: int) -> dict[str, Any]:
+async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        async with bench_stack(Path(tmp)) as (dev, _agent):
+        async with bench_stack(Path(tmp), temporal=temporal) as (dev, _agent):
             shape = await shape_of_a_run(dev)
             bare_client = await Client.connect(dev.server.target)
             async with Worker(
@@ -114,6 +115,7 @@ async def main(runs: int, batch: int, rounds: int) -> dict[str, Any]:
             "runs_per_second": rate,
             "ksquad_share_of_bare": round(rate["ksquad"] / rate["bare"], 2),
         },
+        "temporal": temporal,
         "targets": {"overhead_ratio_max": 1.25, "throughput_share_min": 0.8},
     }
 
@@ -125,5 +127,11 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=60, help="runs of each kind, one at a time")
     parser.add_argument("--batch", type=int, default=20, help="runs started at once in a throughput round")
     parser.add_argument("--rounds", type=int, default=3, help="throughput rounds of each kind")
+    parser.add_argument(
+        "--temporal",
+        choices=["dev", "production"],
+        default="dev",
+        help="the dev server, or the production server",
+    )
     args = parser.parse_args()
-    report("overhead", asyncio.run(main(args.runs, args.batch, args.rounds)))
+    report("overhead", asyncio.run(main(args.runs, args.batch, args.rounds, args.temporal)))

@@ -4,7 +4,7 @@ processes (separate processes, as on a cluster; the stack's bridge, model and in
 Each measurement applies a burst of Runs at once and times them from the first apply until the last is
 Succeeded; the dev server, the workers, the agent and the model share the machine (`cpus` in the report).
 
-    python -m bench.throughput [--runs 200] [--workers 1,2]
+    python -m bench.throughput [--runs 200] [--workers 1,2] [--temporal dev|production]
 """
 
 import argparse
@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import cpu_seconds, report
-from testbed.embedded import bench_stack, run_docs, start_workers, stop_workers, wait_terminal
+from testbed.embedded import TemporalKind, bench_stack, run_docs, start_workers, stop_workers, wait_terminal
 
 
-async def main(runs: int, worker_counts: list[int]) -> dict[str, Any]:
+async def main(runs: int, worker_counts: list[int], temporal: TemporalKind = "dev") -> dict[str, Any]:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        async with bench_stack(Path(tmp), serve_worker=False) as (dev, _agent):
+        async with bench_stack(Path(tmp), serve_worker=False, temporal=temporal) as (dev, _agent):
             for count in worker_counts:
                 workers = await start_workers(dev, count)
                 try:
@@ -44,6 +44,7 @@ async def main(runs: int, worker_counts: list[int]) -> dict[str, Any]:
                     }
                 finally:
                     stop_workers(workers)
+    results["temporal"] = temporal
     one, two = results.get("1_worker"), results.get("2_workers")
     if one and two:
         results["scaling_2_over_1"] = round(two["runs_per_second"] / one["runs_per_second"], 2)
@@ -56,5 +57,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--workers", default="1,2", help="worker process counts, one measurement each")
+    parser.add_argument("--temporal", choices=["dev", "production"], default="dev")
     args = parser.parse_args()
-    report("throughput", asyncio.run(main(args.runs, [int(w) for w in args.workers.split(",")])))
+    counts = [int(w) for w in args.workers.split(",")]
+    report("throughput", asyncio.run(main(args.runs, counts, args.temporal)))

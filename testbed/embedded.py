@@ -4,13 +4,14 @@ Agent's `endpoint`, so no sandbox boots per run) and the scripted model answerin
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -18,6 +19,8 @@ from dev.binaries import die_with_parent
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevOptions, DevStack, dev_stack
 from testbed.isolate import free_port
+from testbed.postgres import PostgresServer
+from testbed.temporal_server import temporal_server
 from workflows.contract import CredentialRef
 from workflows.status import Phase
 
@@ -42,11 +45,44 @@ def stack_options(
     )
 
 
+TemporalKind = Literal["dev", "production"]
+
+
+@contextlib.asynccontextmanager
+async def temporal_of_kind(kind: TemporalKind, root: Path) -> AsyncIterator[str | None]:
+    """Where the stack finds Temporal: None for the embedded dev server (the stack starts it), or the address of
+    Temporal's production server on a PostgreSQL of its own (testbed.temporal_server), as the benchmarks compare."""
+    if kind == "dev":
+        yield None
+        return
+    postgres = PostgresServer()
+    postgres.start()
+    try:
+        async with temporal_server(postgres, root / "temporal-server") as server:
+            yield server.target
+    finally:
+        postgres.stop()
+
+
 @contextlib.asynccontextmanager
 async def bench_stack(
-    state_dir: Path, script: dict[str, list[dict[str, Any]]] | None = None, serve_worker: bool = True
+    state_dir: Path,
+    script: dict[str, list[dict[str, Any]]] | None = None,
+    serve_worker: bool = True,
+    temporal: TemporalKind = "dev",
 ) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:
-    options = stack_options(state_dir, script or {MODEL: [{"text": "ok"}]}, serve_worker)
+    """The embedded stack with the instant agent, on the dev server or on Temporal's production server."""
+    async with temporal_of_kind(temporal, state_dir) as address:
+        options = dataclasses.replace(
+            stack_options(state_dir, script or {MODEL: [{"text": "ok"}]}, serve_worker),
+            temporal_address=address,
+        )
+        async with _with_agent(options) as pair:
+            yield pair
+
+
+@contextlib.asynccontextmanager
+async def _with_agent(options: DevOptions) -> AsyncIterator[tuple[DevStack, subprocess.Popen[bytes]]]:
     async with dev_stack(options) as dev:
         agent = await start_agent(dev)
         try:
