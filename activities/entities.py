@@ -19,6 +19,7 @@ from store import Store, StoreError
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
 from workflows.entity_types import (
     THROTTLED_UNTIL_MEMO,
+    CredentialLimit,
     CredentialState,
     GateState,
     ResumePlaceRequest,
@@ -27,9 +28,14 @@ from workflows.entity_types import (
 
 
 class EntityActivities:
-    def __init__(self, client: Client, task_queue: str) -> None:
+    """With a `store`, a credential's limits are also kept there: the run that got a 429 writes it before it tells
+    the throttle, and a subscribing run reads it there at once. Without one (tests of the workflows alone), a
+    subscriber reads the throttle's memo, which lags behind its signals by the throttle's next workflow task."""
+
+    def __init__(self, client: Client, task_queue: str, store: Store | None = None) -> None:
         self.client = client
         self.task_queue = task_queue
+        self.store = store
 
     @activity.defn(name=Activity.SIGNAL_WITH_START)
     async def signal_with_start(self, message: EntitySignal) -> ThrottleNotice | None:
@@ -38,8 +44,16 @@ class EntityActivities:
         # The entity's key is the workflow id's tail: "credential/<ns>/<secret>" -> "<ns>/<secret>".
         key = message.workflow_id.split("/", 1)[1]
         state = CredentialState(key=key) if message.workflow == "CredentialThrottle" else GateState(scope=key)
-        subscribing = message.workflow == "CredentialThrottle" and message.signal == "subscribe"
-        notice = await self._current_limit(message.workflow_id, key) if subscribing else None
+        throttle = message.workflow == "CredentialThrottle"
+        if throttle and self.store is not None and message.signal in ("limited", "cleared"):
+            await self._record(key, message)
+        notice = None
+        if throttle and message.signal == "subscribe":
+            notice = await (
+                self._stored_limit(key)
+                if self.store is not None
+                else self._current_limit(message.workflow_id, key)
+            )
         arg = message.arg
         if notice is not None:  # the throttle need not signal back what the subscriber already knows
             arg = {**arg, "knownUntil": notice.until.isoformat()}
@@ -52,6 +66,29 @@ class EntityActivities:
             start_signal_args=[arg],
         )
         return notice
+
+    async def _record(self, key: str, message: EntitySignal) -> None:
+        """A 429 or a success on the credential, into the store before the throttle hears of it."""
+        assert self.store is not None
+        try:
+            if message.signal == "limited":
+                limit = CredentialLimit.model_validate(message.arg)
+                await self.store.record_credential_limit(key, limit.until)
+            else:
+                await self.store.clear_credential_strikes(key)
+        except StoreError as err:
+            raise as_activity_error(err) from None
+
+    async def _stored_limit(self, key: str) -> ThrottleNotice | None:
+        """The credential's limit in the store, if it is limited now. Read before subscribing, as the memo is."""
+        assert self.store is not None
+        try:
+            limit = await self.store.credential_limit(key)
+        except StoreError as err:
+            raise as_activity_error(err) from None
+        if limit is None or limit[0] <= datetime.now(UTC):
+            return None
+        return ThrottleNotice(key=key, until=limit[0], strikes=limit[1])
 
     async def _current_limit(self, workflow_id: str, key: str) -> ThrottleNotice | None:
         """The limit in the throttle's memo, if it is running and limited now. Read before subscribing: a limit

@@ -212,6 +212,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
                 *SandboxActivities(sandboxes).all(),
                 ResumePlaces(store).reserve_resume_place,
             ],
+            store=store,
         )
         if options.serve_worker:
             await stack.enter_async_context(worker)

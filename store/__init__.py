@@ -38,6 +38,7 @@ from store.schema import (
     artifacts,
     claim_history,
     claims,
+    credential_limits,
     run_events,
     run_fences,
     run_sequences,
@@ -428,28 +429,89 @@ class Store:
                 )
             ).scalar_one()
             fresh = [e for e in sorted(events, key=lambda e: e.revision) if e.revision > (recorded or 0)]
-            for event in fresh:
-                await self.insert_phase_event(c, run_uid, run, event)
+            await self.insert_phase_events(c, run_uid, run, fresh)
             return len(fresh)
 
-    async def insert_phase_event(
-        self, c: AsyncConnection, run_uid: str, run: str, event: PhaseRecord
+    async def insert_phase_events(
+        self, c: AsyncConnection, run_uid: str, run: str, events: list[PhaseRecord]
     ) -> None:
-        """One phase change into the run's log, numbered after what is there (unfenced: status, not work)."""
-        await c.execute(
-            sa.insert(run_events).values(
-                run_uid=run_uid,
-                run=run,
-                seq=await self.next_seq(c, run_uid),
-                fence=0,
-                attempt=event.attempt,
-                kind="phase",
-                message=event.message,
-                data=event.data,
-                revision=event.revision,
-                at=self.clock(),
+        """Phase changes into the run's log, numbered after what is there (unfenced: status, not work): one
+        sequence bump and one insert for them all."""
+        if not events:
+            return
+        bump = self._insert(run_sequences).values(run_uid=run_uid, last_seq=len(events))
+        last = (
+            await c.execute(
+                bump.on_conflict_do_update(
+                    index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq + len(events)}
+                ).returning(run_sequences.c.last_seq)
             )
+        ).scalar_one()
+        first, now = int(last) - len(events) + 1, self.clock()
+        await c.execute(
+            sa.insert(run_events),
+            [
+                {
+                    "run_uid": run_uid,
+                    "run": run,
+                    "seq": first + i,
+                    "fence": 0,
+                    "attempt": event.attempt,
+                    "kind": "phase",
+                    "message": event.message,
+                    "data": event.data,
+                    "revision": event.revision,
+                    "at": now,
+                }
+                for i, event in enumerate(events)
+            ],
         )
+
+    # --- credential limits --------------------------------------------------------------------------------
+
+    @unavailable
+    async def record_credential_limit(self, credential: str, until: datetime) -> None:
+        """One more limit on `credential` (a 429): limited until the latest `until` reported, a strike more."""
+        now = self.clock()
+        row = credential_limits.c
+        upsert = self._insert(credential_limits).values(
+            credential=credential, until=until, strikes=1, updated_at=now
+        )
+        async with self.engine.begin() as c:
+            await c.execute(
+                upsert.on_conflict_do_update(
+                    index_elements=["credential"],
+                    set_={
+                        "until": sa.case((row.until < until, until), else_=row.until),
+                        "strikes": row.strikes + 1,
+                        "updated_at": now,
+                    },
+                )
+            )
+
+    @unavailable
+    async def credential_limit(self, credential: str) -> tuple[datetime, int] | None:
+        """(until, strikes) of the latest limit on `credential`, or None: never limited."""
+        async with self.engine.connect() as c:
+            row = (
+                await c.execute(
+                    sa.select(credential_limits.c.until, credential_limits.c.strikes).where(
+                        credential_limits.c.credential == credential
+                    )
+                )
+            ).first()
+        return (as_utc(row.until), int(row.strikes)) if row else None
+
+    @unavailable
+    async def clear_credential_strikes(self, credential: str) -> None:
+        """A call on `credential` succeeded: its strikes start over, unless it is limited again meanwhile."""
+        now = self.clock()
+        async with self.engine.begin() as c:
+            await c.execute(
+                sa.update(credential_limits)
+                .where(credential_limits.c.credential == credential, credential_limits.c.until <= now)
+                .values(strikes=0, updated_at=now)
+            )
 
     @unavailable
     async def next_in_line(self, name: str) -> int:

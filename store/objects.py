@@ -160,6 +160,5 @@ class ObjectStore:
             )
             if not written.rowcount:
                 return False
-            for event in events:
-                await self.store.insert_phase_event(c, uid, f"{namespace}/{name}", event)
+            await self.store.insert_phase_events(c, uid, f"{namespace}/{name}", events)
             return True

@@ -56,6 +56,18 @@ run_fences = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False),
 )
 
+# The latest limit on each credential ("<namespace>/<secret>"), written by the run that got a 429 before it tells
+# the credential's throttle workflow: a run subscribing meanwhile reads it here at once, instead of from the
+# throttle's memo, which changes only with the throttle's next workflow task (seconds, under load).
+credential_limits = sa.Table(
+    "credential_limits",
+    metadata,
+    sa.Column("credential", sa.String(300), primary_key=True),
+    sa.Column("until", Timestamp, nullable=False),
+    sa.Column("strikes", sa.Integer, nullable=False),  # limits in a row, as the throttle counts them
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
 # The last sequence number given to each run's events: incrementing it locks the row, so writers of one run
 # take turns and numbers are dense and ordered.
 run_sequences = sa.Table(

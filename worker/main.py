@@ -65,7 +65,11 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             ResumePlaces(store).reserve_resume_place,
         ]
         worker = build_worker(
-            client, settings.task_queue, activities, max_cached_workflows=settings.max_cached_workflows
+            client,
+            settings.task_queue,
+            activities,
+            max_cached_workflows=settings.max_cached_workflows,
+            store=store,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 import workflows
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
+from store import Store
 from workflows.entities import ConcurrencyGateWorkflow, CredentialThrottleWorkflow
 from workflows.hello import HelloWorkflow
 from workflows.run import RunWorkflow
@@ -62,8 +63,10 @@ def compile_workflow_modules() -> None:
         compileall.compile_dir(directory, maxlevels=1, quiet=2)  # workflows/ and workflows/run/
 
 
-def entity_activities(client: Client, task_queue: str) -> list[Callable[..., Any]]:
-    entities = EntityActivities(client, task_queue)
+def entity_activities(
+    client: Client, task_queue: str, store: Store | None = None
+) -> list[Callable[..., Any]]:
+    entities = EntityActivities(client, task_queue, store)
     return [entities.signal_with_start, entities.find_closed_workflows]
 
 
@@ -73,14 +76,16 @@ def build_worker(
     activities: Sequence[Callable[..., Any]] = (),
     workflows: Sequence[type] = RUN_WORKFLOWS,
     max_cached_workflows: int = MAX_CACHED_WORKFLOWS,
+    store: Store | None = None,
 ) -> Worker:
-    """A worker for `task_queue`: the Run and entity workflows, the entity activities, and `activities`."""
+    """A worker for `task_queue`: the Run and entity workflows, the entity activities (keeping credential limits
+    in `store` too), and `activities`."""
     compile_workflow_modules()
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[*workflows, HelloWorkflow],
-        activities=[*entity_activities(client, task_queue), compose_greeting, *activities],
+        activities=[*entity_activities(client, task_queue, store), compose_greeting, *activities],
         workflow_runner=WORKFLOW_RUNNER,
         max_cached_workflows=max_cached_workflows,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
