@@ -229,7 +229,9 @@ class Invocation:
     async def _find_task(self) -> Task | None:
         if self.progress.task_id:
             return await self._get(self.progress.task_id)
-        if self.inv.continue_task is not None:
+        if self.inv.continue_task is not None or activity.info().attempt == 1:
+            # The first try of this call: no earlier try can have sent its message, so there is nothing to
+            # find (a round trip to the agent saved per run; our agent also refuses a repeated message id).
             return None
         listed = await self.client.list_tasks(
             ListTasksRequest(context_id=self.inv.context_id, history_length=50)
