@@ -5,7 +5,11 @@ as their own processes, with the chart's ServiceAccounts), over N runs at each c
 - mirror: from a workflow state change (`status.lastTransitionTime`, the workflow's clock) until a watcher sees
   that revision on the Run.
 
-    python -m bench.bridge [--runs N] [--rates 4,10]
+    python -m bench.bridge [--runs N] [--rates 2,4,8,12] [--temporal dev|production]
+
+Status under load: `holds_at_most` is the highest rate whose create → phase and mirror p99 are both within
+500 ms (STATUS_P99_MS), `stops_holding_at` the lowest rate where either is past it (None: every rate held).
+With `--temporal production` Temporal is its production server on PostgreSQL (testbed.temporal_server).
 
 Every run goes all the way to Succeeded with an already-running agent (Agent.endpoint) and the scripted model,
 so what is measured is ksquad's path, not sandbox boot (bench.sandboxes measures that). All components share
@@ -26,21 +30,23 @@ from pathlib import Path
 from typing import Any
 
 from agent.scripted_model import ScriptedModel, build_app
-from bench.stats import cpu_seconds, percentiles, report
-from dev.devserver import DevServer
+from bench.stats import cpu_by_role, cpu_seconds, percentiles, report
+from dev.devserver import DevServer, ExternalTemporal
 from kube import Config, Kube, path
 from testbed.agents import MODEL_KEY, ModelEndpoint
 from testbed.asgi import serving
 from testbed.controlplane import ControlPlane
+from testbed.embedded import TemporalKind, temporal_of_kind
 from testbed.isolate import free_port
 from testbed.stack import RUN_API, Stack, build_stack
 from workflows.status import Phase
 
 TERMINAL = {p.value for p in Phase if p.terminal}
 CRDS = Path(__file__).parents[1] / "charts" / "ksquad" / "crds" / "ksquad.io.yaml"
+STATUS_P99_MS = 500
 
 
-async def main(runs: int, rates: list[float]) -> None:
+async def main(runs: int, rates: list[float], temporal: TemporalKind = "dev") -> None:
     plane = ControlPlane()
     plane.start()
     plane.start_node()
@@ -52,18 +58,17 @@ async def main(runs: int, rates: list[float]) -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             async with (
+                temporal_of_kind(temporal, Path(tmp)) as address,
                 serving(build_app(state)) as model_url,
-                DevServer(ui=False) as dev_server,
+                DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
                 Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
             ):
                 stack = await build_stack(
                     plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
                 )
-                assert dev_server.process is not None
                 pids = {
                     "worker": stack.processes["worker"].pid,
                     "bridge": stack.processes["bridge"].pid,
-                    "temporal": dev_server.process.pid,
                     "kube-apiserver": plane.processes["kube-apiserver"].pid,
                     "etcd": plane.processes["etcd"].pid,
                 }
@@ -71,10 +76,18 @@ async def main(runs: int, rates: list[float]) -> None:
                 try:
                     for rate in rates:
                         before, busy = {name: cpu_seconds(pid) for name, pid in pids.items()}, machine_ticks()
+                        roles = cpu_by_role()
                         phase = await measure(stack, admin, f"r{rate:g}".replace(".", "-"), runs, rate)
                         phase["machine_busy"] = round(busy_fraction(busy, machine_ticks()), 2)
+                        after = cpu_by_role()
                         phase["cpu_seconds"] = {
-                            name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()
+                            **{name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()},
+                            # Temporal (and its PostgreSQL) by role: the dev server, or the production server
+                            **{
+                                role: round(after[role] - roles.get(role, 0.0), 2)
+                                for role in ("temporal", "postgresql")
+                                if role in after
+                            },
                         }
                         results[f"{rate:g}_runs_per_second"] = phase
                         if phase["phases"].get("Succeeded") != runs:
@@ -92,7 +105,9 @@ async def main(runs: int, rates: list[float]) -> None:
     report(
         "bridge",
         {
+            "temporal": temporal,
             "runs_per_rate": runs,
+            **sustained(results),
             "targets_ms": {
                 "create_to_phase": {"p50": 100, "p99": 500},
                 "state_change_to_mirrored": {"p99": 500},
@@ -100,6 +115,24 @@ async def main(runs: int, rates: list[float]) -> None:
             **results,
         },
     )
+
+
+def sustained(results: dict[str, Any]) -> dict[str, float | None]:
+    """The highest rate measured whose status p99s held STATUS_P99_MS, and the lowest that did not."""
+
+    def held(doc: dict[str, Any]) -> bool:
+        return (
+            all(
+                doc[figure]["p99_ms"] <= STATUS_P99_MS
+                for figure in ("create_to_phase", "state_change_to_mirrored")
+            )
+            and doc["phases"].get("Succeeded") == doc["runs"]
+        )
+
+    rates = sorted((float(key.split("_")[0]), doc) for key, doc in results.items())
+    holding = [rate for rate, doc in rates if held(doc)]
+    failing = [rate for rate, doc in rates if not held(doc)]
+    return {"holds_at_most": max(holding, default=None), "stops_holding_at": min(failing, default=None)}
 
 
 def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
@@ -167,6 +200,7 @@ async def measure(stack: Stack, admin: Kube, prefix: str, runs: int, rate: float
         ),
         "state_change_to_mirrored": percentiles(mirror_ms),
         "wall_seconds": round(time.perf_counter() - started, 1),
+        "runs": runs,
         "phases": dict(Counter(phases.values())),
     }
 
@@ -187,6 +221,7 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=200, help="Runs per rate")
-    parser.add_argument("--rates", default="4,10", help="Run creations per second, one measurement each")
+    parser.add_argument("--rates", default="2,4,8,12", help="Run creations per second, one measurement each")
+    parser.add_argument("--temporal", choices=["dev", "production"], default="dev")
     args = parser.parse_args()
-    asyncio.run(main(args.runs, [float(r) for r in args.rates.split(",")]))
+    asyncio.run(main(args.runs, [float(r) for r in args.rates.split(",")], args.temporal))

@@ -10,7 +10,11 @@ other Run on that credential pauses without calling (the CredentialThrottle work
   credential's release ramp: runs leave a limit `resumePerSecond` apart, not all at once), p99 and max;
 - time to drain: from the limit's end until the last run Succeeded.
 
-    python -m bench.paused [--runs 10000] [--retry-after auto] [--resume-per-second auto]
+    python -m bench.paused [--runs 10000] [--retry-after auto] [--resume-per-second auto] [--temporal dev|production]
+
+Memory is the resident set of each process by role (the worker; Temporal: the dev server, or the production
+server and, apart, its PostgreSQL), sampled every POLL_SECONDS while the runs are paused and, apart, while they
+drain.
 
 A first chunk of runs (no limit) measures how fast this machine completes runs. `--retry-after auto` sizes
 the pause from it, so every run is paused before the limit ends (capped at 1 h by the Run workflow);
@@ -30,11 +34,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.stats import percentiles, report
+from bench.stats import percentiles, pids_by_role, report
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevStack
 from testbed.embedded import (
     NAMESPACE,
+    TemporalKind,
     bench_stack,
     rss_mb,
     run_docs,
@@ -64,26 +69,37 @@ async def phases(dev: DevStack) -> dict[str, str]:
     }
 
 
-async def main(runs: int, retry_after: str, resume_per_second: str) -> dict[str, Any]:
+async def main(
+    runs: int, retry_after: str, resume_per_second: str, temporal: TemporalKind = "dev"
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         seconds = 3600 if retry_after == "auto" else int(retry_after)
         script: dict[str, list[dict[str, Any]]] = {
             LIMITED: [{"error": 429, "retry_after": str(seconds)}, {"text": "ok"}]
         }
-        async with bench_stack(Path(tmp), script, serve_worker=False) as (dev, _agent):
-            assert dev.scripted is not None and dev.server.process is not None
+        async with bench_stack(Path(tmp), script, serve_worker=False, temporal=temporal) as (dev, _agent):
+            assert dev.scripted is not None
             [worker] = await start_workers(dev, 1)
             try:
-                return await measure(
-                    dev, worker.pid, dev.server.process.pid, runs, retry_after, resume_per_second
-                )
+                return {**await measure(dev, runs, retry_after, resume_per_second), "temporal": temporal}
             finally:
                 stop_workers([worker])
 
 
-async def measure(
-    dev: DevStack, worker_pid: int, server_pid: int, runs: int, retry_after: str, resume_per_second: str
-) -> dict[str, Any]:
+def sample_rss(into: dict[str, list[float]]) -> None:
+    """One sample of the resident memory (MB) of each role's processes, summed."""
+    for role, pids in pids_by_role().items():
+        if role in ("worker", "temporal", "postgresql"):
+            total = 0.0
+            for pid in pids:
+                try:
+                    total += rss_mb(pid)
+                except OSError:  # a backend that ended meanwhile
+                    continue
+            into.setdefault(role, []).append(round(total, 1))
+
+
+async def measure(dev: DevStack, runs: int, retry_after: str, resume_per_second: str) -> dict[str, Any]:
     assert dev.scripted is not None
     t0 = time.perf_counter()
     probe = run_docs("probe", min(CHUNK, runs))  # before any 429: how fast this machine completes runs
@@ -125,13 +141,13 @@ async def measure(
     created = time.perf_counter()
     for start in range(1, runs, CHUNK):
         await dev.runs.apply(limited_docs("p", min(CHUNK, runs - start), start))
-    rss: dict[str, list[float]] = {"worker": [], "temporal": []}
+    rss: dict[str, list[float]] = {}
+    rss_draining: dict[str, list[float]] = {}
     paused_all_at = None
     while True:
         current = await phases(dev)
         mine = {n: p for n, p in current.items() if n.startswith("p-")}
-        rss["worker"].append(rss_mb(worker_pid))
-        rss["temporal"].append(rss_mb(server_pid))
+        sample_rss(rss)
         counts = Counter(mine.values())
         if paused_all_at is None and counts.get("Paused") == runs:
             paused_all_at = time.perf_counter()
@@ -152,8 +168,7 @@ async def measure(
                 file=sys.stderr,
                 flush=True,
             )
-        rss["worker"].append(rss_mb(worker_pid))
-        rss["temporal"].append(rss_mb(server_pid))
+        sample_rss(rss_draining)
         await asyncio.sleep(POLL_SECONDS)
     drained = datetime.now(UTC)
     lateness, last_done = await resume_lateness(dev, runs)
@@ -165,11 +180,12 @@ async def measure(
         "seconds_to_pause_all": round(paused_all_at - created, 1) if paused_all_at else None,
         "all_paused_before_resume_at": paused_all_at is not None,
         "rss_mb_while_paused": {k: {"max": max(v), "last": v[-1]} for k, v in rss.items() if v},
+        "rss_mb_while_draining": {k: {"max": max(v), "last": v[-1]} for k, v in rss_draining.items() if v},
         "model_calls_during_pause": len(calls_during_pause),
         "resume_lateness": percentiles(lateness) if lateness else None,
         "seconds_to_drain": round(((last_done or drained) - resume_at).total_seconds(), 1),
         "phases": dict(Counter(mine.values())),
-        "targets": {"model_calls_during_pause": 0, "resume_lateness_p99_ms": 1000, "worker_rss_mb": 300},
+        "targets": {"model_calls_during_pause": 0, "resume_lateness_p99_ms": 500, "worker_rss_mb": 200},
     }
 
 
@@ -202,5 +218,6 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--retry-after", default="auto", help="seconds, or auto")
     parser.add_argument("--resume-per-second", default="auto", help="the ModelEndpoint's ramp, or auto")
+    parser.add_argument("--temporal", choices=["dev", "production"], default="dev")
     args = parser.parse_args()
-    report("paused", asyncio.run(main(args.runs, args.retry_after, args.resume_per_second)))
+    report("paused", asyncio.run(main(args.runs, args.retry_after, args.resume_per_second, args.temporal)))

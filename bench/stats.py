@@ -44,3 +44,61 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time a live process has used so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# What each process under a benchmark is, by its command line; the benchmark's own process is "stack" (the
+# embedded bridge, API, store and scripted model, and the benchmark's driver).
+ROLES = (
+    ("worker.main", "worker"),
+    ("agent.server", "agent"),
+    ("start-dev", "temporal"),
+    ("temporal-server", "temporal"),
+    ("postgres", "postgresql"),
+)
+
+
+def pids_by_role() -> dict[str, list[int]]:
+    """This process ("stack") and every live process under it, by role (`ROLES`; anything else is "other")."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    roles: dict[str, list[int]] = {"stack": [os.getpid()]}
+    frontier = {os.getpid()}
+    while frontier:
+        children = {pid for pid, parent in parents.items() if parent in frontier}
+        for pid in children:
+            try:
+                command = (
+                    Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
+            except OSError:  # it ended meanwhile
+                continue
+            role = next((name for pattern, name in ROLES if pattern in command), "other")
+            roles.setdefault(role, []).append(pid)
+        frontier = children
+    return roles
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of this process and every live process under it, summed by role."""
+    totals: dict[str, float] = {}
+    for role, pids in pids_by_role().items():
+        for pid in pids:
+            try:
+                totals[role] = totals.get(role, 0.0) + cpu_seconds(pid)
+            except OSError:
+                continue
+    return totals
+
+
+def cpu_ms_per_run(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, float]:
+    """CPU milliseconds per run of each role between two `cpu_by_role` readings."""
+    return {
+        role: round((after[role] - before.get(role, 0.0)) * 1000 / runs, 1)
+        for role in sorted(after)
+        if after[role] > before.get(role, 0.0)
+    }
