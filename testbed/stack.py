@@ -42,6 +42,13 @@ STACK_KINDS = {
 RUN_API = "ksquad.io/v1alpha1"
 
 
+PORT_TRIES = 3
+
+
+class PortTaken(RuntimeError):
+    """A component exited at start because its port was taken by another process."""
+
+
 @dataclass
 class Stack:
     cluster: ControlPlane
@@ -81,6 +88,19 @@ class Stack:
         }
 
     async def start(self, component: str) -> subprocess.Popen[bytes]:
+        """Start `component` and wait until it is ready. Its health port is picked free just before it starts;
+        another process can take it meanwhile (seen once in CI: "address already in use", and the bridge
+        exited), so a start that fails on that is made again on another port."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return await self._start_once(component)
+            except PortTaken:
+                continue
+        return await self._start_once(component)
+
+    async def _start_once(self, component: str) -> subprocess.Popen[bytes]:
+        log_file = self.root / f"{component}.log"
+        log_start = log_file.stat().st_size if log_file.exists() else 0
         if component == "bridge":
             env = {
                 **self.env("bridge"),
@@ -124,9 +144,10 @@ class Stack:
         async with httpx.AsyncClient() as http:
             for _ in range(300):
                 if process.poll() is not None:
-                    raise RuntimeError(
-                        f"{component} exited: {(self.root / f'{component}.log').read_text()[-3000:]}"
-                    )
+                    output = log_file.read_bytes()[log_start:].decode(errors="replace")
+                    if "address already in use" in output:
+                        raise PortTaken(output[-3000:])
+                    raise RuntimeError(f"{component} exited: {output[-3000:]}")
                 try:
                     if (await http.get(f"http://127.0.0.1:{port}/readyz", timeout=1)).status_code == 200:
                         return process

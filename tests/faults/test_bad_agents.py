@@ -21,6 +21,10 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "huge-answer": ("Succeeded", "Succeeded"),
     "many-artifacts": ("Failed", "InvalidAgentResponse"),
     **{b: ("Failed", "InvalidAgentResponse") for b in NOT_JSON_RPC},
+    # A JSON-RPC internal error answering the message itself: the agent failed the task ("the agent crashed:
+    # internal kaboom"). Before the first try stopped looking for an earlier task, the lookup got that error
+    # first and called it an invalid answer.
+    "rpc-error": ("Failed", "AgentFailed"),
 }
 
 
