@@ -62,7 +62,7 @@ run_fences = sa.Table(
 credential_limits = sa.Table(
     "credential_limits",
     metadata,
-    sa.Column("credential", sa.String(300), primary_key=True),
+    sa.Column("credential", sa.String(320), primary_key=True),  # a namespace (63) / a Secret's name (253)
     sa.Column("until", Timestamp, nullable=False),
     sa.Column("strikes", sa.Integer, nullable=False),  # limits in a row, as the throttle counts them
     sa.Column("updated_at", Timestamp, nullable=False),

@@ -86,5 +86,8 @@ async def test_strikes_start_over_after_a_success_once_the_limit_has_passed(stor
         await store.clear_credential_strikes(key)
         assert (await store.credential_limit(key) or (None, -1))[1] == 0
         assert await store.credential_limit("payments/never-limited") is None
+        longest = f"{'n' * 63}/{'s' * 253}"  # the longest namespace and Secret name Kubernetes allows
+        await store.record_credential_limit(longest, datetime.now(UTC))
+        assert await store.credential_limit(longest) is not None
     finally:
         await store.close()

@@ -18,7 +18,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "credential_limits",
-        sa.Column("credential", sa.String(300), nullable=False),
+        sa.Column("credential", sa.String(320), nullable=False),
         sa.Column("until", sa.DateTime(timezone=True), nullable=False),
         sa.Column("strikes", sa.Integer, nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
