@@ -19,7 +19,9 @@ DOWN_SECONDS = 5
 async def test_a_restarted_temporal_server_loses_and_doubles_nothing(
     tmp_path: Path, fault_counts: Counter[str]
 ) -> None:
-    script = {MODEL: [{"delay": 0.5, "text": "ok"}]}
+    # Each model call outlasts both restarts (about 20 s in all), so runs are in flight at each of them however
+    # fast the machine finishes runs (with 0.5 s, a faster stack had finished all 60 before the second one).
+    script = {MODEL: [{"delay": 20, "text": "ok"}]}
     async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
         assert dev.server.db_file is not None, "the embedded server keeps its state in a file"
         docs = runs("s", RUNS)
