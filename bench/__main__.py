@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "claims": ([], ["--iterations", "200"]),
     "agent_roundtrip": ([], ["--iterations", "50"]),
     "sandboxes": ([], ["--runs", "10"]),
+    "warm_claims": ([], ["--rates", "0.25,0.5", "--seconds", "20", "--replicas", "4"]),
     "bridge": ([], ["--runs", "40", "--rates", "2,6,12"]),
     "bridge@production": (
         ["--temporal", "production"],
@@ -162,6 +163,38 @@ ROWS: list[Row] = [
         "<= 50 / 200",
         lambda v: v[0] <= 50 and v[1] <= 200,
     ),
+    (
+        "warm_claims",
+        "sustained warm claims/s, whole runs (45/s: peer)",
+        lambda d: d.get("holds_at_most"),
+        ">= 45",
+        lambda v: v >= 45,
+    ),
+    (
+        "warm_claims",
+        "claim p50 / p90 / p99 (ms), at that rate",
+        lambda d: _triple(dig(d, _held_rate(d, "claims_per_second"), "claim")),
+        "<= 50 / - / 200",
+        lambda v: v[0] <= 50 and v[2] <= 200,
+    ),
+    (
+        "warm_claims",
+        "cold fallbacks / refills per s, at that rate",
+        lambda d: _values(
+            dig(d, _held_rate(d, "claims_per_second")), "cold_fallbacks", "refilled_per_second"
+        ),
+        "0 / -",
+        lambda v: v[0] == 0,
+    ),
+    (
+        "warm_claims",
+        "CPU ms per claim: machine / ksquad's own",
+        lambda d: _values(
+            dig(d, _held_rate(d, "claims_per_second")), "cpu_ms_per_claim", "ksquad_cpu_ms_per_claim"
+        ),
+        "",
+        None,
+    ),
     ("sandboxes", "cold / warm (p50)", lambda d: d.get("cold_over_warm_p50"), ">= 10", lambda v: v >= 10),
     (
         "claims",
@@ -174,11 +207,20 @@ ROWS: list[Row] = [
 ]
 
 
-def _held_rate(doc: dict[str, Any]) -> str:
-    """The key of bench.bridge's figures at the highest rate that held (or its lowest rate, when none did)."""
-    rates = sorted(float(k.split("_")[0]) for k in doc if k.endswith("_runs_per_second"))
+def _held_rate(doc: dict[str, Any], unit: str = "runs_per_second") -> str:
+    """The key of a rate sweep's figures (bench.bridge, bench.warm_claims) at the highest rate that held (or its
+    lowest rate, when none did)."""
+    rates = sorted(float(k.split("_")[0]) for k in doc if k.endswith(f"_{unit}"))
     rate = doc.get("holds_at_most") or (rates[0] if rates else 0)
-    return f"{rate:g}_runs_per_second"
+    return f"{rate:g}_{unit}"
+
+
+def _triple(stats: Any) -> tuple[float, float, float] | None:
+    return (stats["p50_ms"], stats["p90_ms"], stats["p99_ms"]) if isinstance(stats, dict) else None
+
+
+def _values(doc: Any, *keys: str) -> tuple[float, ...] | None:
+    return tuple(doc[k] for k in keys) if isinstance(doc, dict) else None
 
 
 def _pair(stats: Any) -> tuple[float, float] | None:

@@ -19,6 +19,7 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
     return {
         "n": len(ordered),
         "p50_ms": round(pct(50), 3),
+        "p90_ms": round(pct(90), 3),
         "p99_ms": round(pct(99), 3),
         "mean_ms": round(statistics.fmean(ordered), 3),
         "max_ms": round(ordered[-1], 3),
@@ -50,6 +51,13 @@ def cpu_seconds(pid: int) -> float:
 # embedded bridge, API, store and scripted model, and the benchmark's driver).
 ROLES = (
     ("worker.main", "worker"),
+    ("crd_bridge.main", "bridge"),
+    ("kube-apiserver", "kube-apiserver"),  # before etcd: its command line names its etcd servers
+    ("/etcd ", "etcd"),
+    ("kube-controller-manager", "kube-controller-manager"),
+    ("kube-scheduler", "kube-scheduler"),
+    ("kubelet", "kubelet"),  # before containerd: its command line names containerd's socket
+    ("containerd", "containerd"),
     ("agent.server", "agent"),
     ("start-dev", "temporal"),
     ("temporal-server", "temporal"),
