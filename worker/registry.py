@@ -1,7 +1,6 @@
 """What the ksquad worker runs: the workflows and activities registered on its task queue, and the worker
 options every ksquad worker shares."""
 
-import compileall
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -10,7 +9,6 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-import workflows
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
 from store import Store
@@ -25,42 +23,22 @@ RUN_WORKFLOWS: Sequence[type] = (RunWorkflow, CredentialThrottleWorkflow, Concur
 # cancelling a run stops its agent within seconds.
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
-# The sandbox re-imports a workflow's modules for every new workflow run; building the pydantic models again
-# costs every run's first workflow task (README, "Benchmarks"). The data modules and pydantic are side-effect free (pure models
-# and functions that take `now` as an argument), so they pass through and are imported once per process. The
-# workflow modules themselves (run, entities) stay sandboxed, so a non-deterministic call there still fails.
-PASSTHROUGH_MODULES = (
-    "pydantic",
-    "pydantic_core",
-    "annotated_types",
-    "workflows.model",
-    "workflows.spec",
-    "workflows.status",
-    "workflows.contract",
-    "workflows.run.state",
-    "workflows.signals",
-    "workflows.activity_types",
-    "workflows.entity_types",
-    "workflows.policies",
-    "workflows.search_attributes",
-)
+# The sandbox re-imports every module a workflow uses for each new workflow run, unless it passes through. The
+# whole deterministic core passes through, with pydantic: imported once per process. Sandboxed, rebuilding the
+# pydantic models cost ~75 ms on each run's first workflow task, and the Run workflow's own modules 380 KB of
+# every cached run and ~18 ms of CPU (through: 130 KB and ~7 ms; README, "Benchmarks"). A module passed through
+# is not restricted at run time, so tests/workflows/test_determinism.py is the guard instead: it fails on any
+# import, clock, I/O or module-level state in workflows/ that a replay could not repeat.
+PASSTHROUGH_MODULES = ("pydantic", "pydantic_core", "annotated_types", "workflows")
 WORKFLOW_RUNNER = SandboxedWorkflowRunner(
     restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
 )
 
 
-# Each cached workflow keeps its sandbox (its own copies of the workflow modules), a few hundred KB: a worker
+# Each cached workflow keeps its sandbox and its state, ~130 KB: a worker
 # holding thousands of paused runs would grow without bound. Past this many, the least recently used is evicted
 # and replayed from its history when its timer fires (CPU at resume, instead of memory while paused).
 MAX_CACHED_WORKFLOWS = 300
-
-
-def compile_workflow_modules() -> None:
-    """Write the workflow modules' bytecode if it is missing or stale. The sandbox imports a workflow's module
-    afresh for every workflow run; without bytecode on disk (PYTHONDONTWRITEBYTECODE, a source-only install)
-    each import compiles the workflow modules again, for every run. A read-only install is left as it is."""
-    for directory in workflows.__path__:
-        compileall.compile_dir(directory, maxlevels=1, quiet=2)  # workflows/ and workflows/run/
 
 
 def entity_activities(
@@ -80,7 +58,6 @@ def build_worker(
 ) -> Worker:
     """A worker for `task_queue`: the Run and entity workflows, the entity activities (keeping credential limits
     in `store` too), and `activities`."""
-    compile_workflow_modules()
     return Worker(
         client,
         task_queue=task_queue,
