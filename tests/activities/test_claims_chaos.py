@@ -19,7 +19,10 @@ from testbed.postgres import PostgresServer
 
 WORKERS = 6
 KILLS = 120
-SECONDS = 30.0
+MIN_RELEASES = 30
+# The chaos goes on until it has made KILLS kills and MIN_RELEASES acknowledged releases: a fixed 30 s made 48-70
+# releases on 2 busy cores, and 27 once on a slower day, which failed the precondition, not the store.
+SECONDS = 120.0
 
 
 def test_killed_claimers_never_make_two_holders_or_lose_a_release(
@@ -48,7 +51,16 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
         spawn(slot)
     kills = 0
     deadline = time.monotonic() + SECONDS
-    while kills < KILLS and time.monotonic() < deadline:
+
+    def releases_told() -> int:
+        return sum(
+            line.startswith("released")
+            for path in logs.values()
+            if path.exists()
+            for line in path.read_text().splitlines()
+        )
+
+    while (kills < KILLS or releases_told() < MIN_RELEASES) and time.monotonic() < deadline:
         time.sleep(rng.uniform(0.05, 0.3))
         slot = rng.randrange(WORKERS)
         procs[slot].send_signal(signal.SIGKILL)
@@ -95,4 +107,4 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
     )
     assert kills >= 60, "enough chaos to mean something"
     assert takeovers >= 5, "killed holders' leases expired and were taken over"
-    assert told["released"] >= 30, "enough releases to mean something (48-70 seen on 2 busy cores)"
+    assert told["released"] >= MIN_RELEASES, f"enough releases to mean something, within {SECONDS:.0f} s"
