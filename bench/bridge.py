@@ -25,9 +25,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.scripted_model import ScriptedModel, build_app
 from bench.stats import cpu_by_role, cpu_seconds, percentiles, report
@@ -44,16 +45,11 @@ from workflows.status import Phase
 TERMINAL = {p.value for p in Phase if p.terminal}
 CRDS = Path(__file__).parents[1] / "charts" / "ksquad" / "crds" / "ksquad.io.yaml"
 STATUS_P99_MS = 500
+T = TypeVar("T")
 
 
 async def main(runs: int, rates: list[float], temporal: TemporalKind = "dev") -> None:
-    plane = ControlPlane()
-    plane.start()
-    plane.start_node()
-    plane.kubectl("apply", "--server-side", "-f", str(CRDS))
-    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
-    state = ScriptedModel()
-    state.load({"models": {"dev-model": [{"text": "done"}]}})
+    plane, state = start_plane()
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -117,6 +113,18 @@ async def main(runs: int, rates: list[float], temporal: TemporalKind = "dev") ->
     )
 
 
+def start_plane() -> tuple[ControlPlane, ScriptedModel]:
+    """The control plane with its node and ksquad's CRDs, and a scripted model whose every answer is "done"."""
+    plane = ControlPlane()
+    plane.start()
+    plane.start_node()
+    plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    state = ScriptedModel()
+    state.load({"models": {"dev-model": [{"text": "done"}]}})
+    return plane, state
+
+
 def sustained(results: dict[str, Any]) -> dict[str, float | None]:
     """The highest rate measured whose status p99s held STATUS_P99_MS, and the lowest that did not."""
 
@@ -129,10 +137,30 @@ def sustained(results: dict[str, Any]) -> dict[str, float | None]:
             and doc["phases"].get("Succeeded") == doc["runs"]
         )
 
-    rates = sorted((float(key.split("_")[0]), doc) for key, doc in results.items())
+    return holding_range(results, held)
+
+
+def holding_range(results: dict[str, Any], held: Callable[[dict[str, Any]], bool]) -> dict[str, float | None]:
+    """Of a rate sweep's results (`<rate>_<unit>_per_second` -> figures), the highest rate that `held` and the
+    lowest that did not (None when there is none)."""
+    rates = sorted((float(k.split("_")[0]), doc) for k, doc in results.items() if k.endswith("_per_second"))
     holding = [rate for rate, doc in rates if held(doc)]
     failing = [rate for rate, doc in rates if not held(doc)]
     return {"holds_at_most": max(holding, default=None), "stops_holding_at": min(failing, default=None)}
+
+
+async def create_at_rate(
+    kube: Kube, url: str, bodies: dict[str, dict[str, Any]], rate: float, stamp: Callable[[], T]
+) -> dict[str, T]:
+    """Create the Runs of `bodies` (name -> object) one after another at `rate` per second; when each request
+    went out, by `stamp`."""
+    created: dict[str, T] = {}
+    started = time.perf_counter()
+    for i, (name, body) in enumerate(bodies.items()):
+        created[name] = stamp()
+        await kube.create(url, {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": name}, **body})
+        await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.perf_counter()))
+    return created
 
 
 def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
@@ -152,7 +180,6 @@ def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
 async def measure(stack: Stack, admin: Kube, prefix: str, runs: int, rate: float) -> dict[str, Any]:
     """Create `runs` Runs at `rate` per second; watch them to the end."""
     url = path(RUN_API, "runs", stack.namespace)
-    created: dict[str, float] = {}
     first_phase: dict[str, float] = {}
     mirror_ms: list[float] = []
     seen_revisions: set[tuple[str, int]] = set()
@@ -178,17 +205,8 @@ async def measure(stack: Stack, admin: Kube, prefix: str, runs: int, rate: float
 
     watcher = asyncio.create_task(watch((await admin.list(url))["metadata"]["resourceVersion"]))
     started = time.perf_counter()
-    for i in range(runs):
-        name = f"{prefix}-{i:04d}"
-        body = {
-            "apiVersion": RUN_API,
-            "kind": "Run",
-            "metadata": {"name": name},
-            "spec": {"agents": ["remote"]},
-        }
-        created[name] = time.perf_counter()
-        await admin.create(url, body)
-        await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.perf_counter()))
+    bodies = {f"{prefix}-{i:04d}": {"spec": {"agents": ["remote"]}} for i in range(runs)}
+    created = await create_at_rate(admin, url, bodies, rate, time.perf_counter)
     for _ in range(2400):
         if sum(phase in TERMINAL for phase in phases.values()) == runs:
             break

@@ -36,15 +36,14 @@ import yaml
 from temporalio.api.enums.v1 import EventType
 
 from activities.sandboxes.kubernetes import pod_ready
-from agent.scripted_model import ScriptedModel, build_app
-from bench.bridge import busy_fraction, machine_ticks
+from agent.scripted_model import build_app
+from bench.bridge import busy_fraction, create_at_rate, holding_range, machine_ticks, start_plane
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report
 from dev.devserver import DevServer
 from kube import Config, Kube, path
 from testbed import chart
 from testbed.agents import ModelEndpoint
 from testbed.asgi import serving
-from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from testbed.stack import RUN_API, Stack, build_stack
 from workflows.activity_types import Activity, Sandbox
@@ -61,19 +60,13 @@ POD_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memor
 
 
 async def main(rates: list[float], seconds: float, replicas: int) -> None:
-    plane = ControlPlane()
-    plane.start()
-    plane.start_node()
-    plane.kubectl("apply", "--server-side", "-f", str(CRDS))
-    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    plane, state = start_plane()
     plane.kubectl(
         "apply",
         "-f",
         "-",
         input="apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: gvisor}\nhandler: runsc\n",
     )
-    state = ScriptedModel()
-    state.load({"models": {"dev-model": [{"text": "done"}]}})
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -172,7 +165,6 @@ async def measure(
     """Create Runs at `rate` per second for `seconds`, round-robin over the pools; wait for them all to end."""
     url = path(RUN_API, "runs", stack.namespace)
     runs = max(1, round(rate * seconds))
-    created: dict[str, datetime] = {}
     ready_before: set[str] = set()
     await ready_warm(admin, stack.namespace, ready_before)
     seen, fewest = set(ready_before), {f"p{i}": 10**6 for i in range(POOLS)}
@@ -188,20 +180,13 @@ async def measure(
     sampler = asyncio.create_task(sample_pools())
     roles, busy = cpu_by_role(), machine_ticks()
     started = time.perf_counter()
-    for i in range(runs):
-        name = f"{prefix}-{i:05d}"
-        body = {
-            "apiVersion": RUN_API,
-            "kind": "Run",
-            "metadata": {"name": name},
-            "spec": {
-                "agents": ["dev-1"],
-                "sandboxPolicy": {"class": "interactive", "pool": f"p{i % POOLS}"},
-            },
+    bodies = {
+        f"{prefix}-{i:05d}": {
+            "spec": {"agents": ["dev-1"], "sandboxPolicy": {"class": "interactive", "pool": f"p{i % POOLS}"}}
         }
-        created[name] = datetime.now(UTC)
-        await admin.create(url, body)
-        await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.perf_counter()))
+        for i in range(runs)
+    }
+    created = await create_at_rate(admin, url, bodies, rate, lambda: datetime.now(UTC))
     window = time.perf_counter() - started
     finals = await wait_terminal(admin, url, set(created), within=300 + runs)
     period = time.perf_counter() - started  # creation to the last run's end: what the claims cost
@@ -292,10 +277,7 @@ def sustained(results: dict[str, Any]) -> dict[str, float | None]:
             and doc["phases"].get("Succeeded") == doc["runs"]
         )
 
-    rates = sorted((float(k.split("_")[0]), doc) for k, doc in results.items() if k.endswith("_per_second"))
-    holding = [rate for rate, doc in rates if held(doc)]
-    failing = [rate for rate, doc in rates if not held(doc)]
-    return {"holds_at_most": max(holding, default=None), "stops_holding_at": min(failing, default=None)}
+    return holding_range(results, held)
 
 
 if __name__ == "__main__":
