@@ -143,14 +143,14 @@ ROWS: list[Row] = [
             (
                 name,
                 "apply -> status.phase p50 / p99 (ms), at that rate",
-                lambda d: _pair(dig(d, _held_rate(d), "create_to_phase")),
+                lambda d: _percentiles(dig(d, _held_rate(d), "create_to_phase")),
                 "<= 100 / 500",
                 lambda v: v[0] <= 100 and v[1] <= 500,
             ),
             (
                 name,
                 "state change -> mirrored p50 / p99 (ms), at that rate",
-                lambda d: _pair(dig(d, _held_rate(d), "state_change_to_mirrored")),
+                lambda d: _percentiles(dig(d, _held_rate(d), "state_change_to_mirrored")),
                 "<= - / 500",
                 lambda v: v[1] <= 500,
             ),
@@ -159,7 +159,7 @@ ROWS: list[Row] = [
     (
         "sandboxes",
         "warm claim p50 / p99 (ms)",
-        lambda d: _pair(d.get("warm_claim")),
+        lambda d: _percentiles(d.get("warm_claim")),
         "<= 50 / 200",
         lambda v: v[0] <= 50 and v[1] <= 200,
     ),
@@ -173,7 +173,7 @@ ROWS: list[Row] = [
     (
         "warm_claims",
         "claim p50 / p90 / p99 (ms), at that rate",
-        lambda d: _triple(dig(d, _held_rate(d, "claims_per_second"), "claim")),
+        lambda d: _values(dig(d, _held_rate(d, "claims_per_second"), "claim"), "p50_ms", "p90_ms", "p99_ms"),
         "<= 50 / - / 200",
         lambda v: v[0] <= 50 and v[2] <= 200,
     ),
@@ -215,16 +215,12 @@ def _held_rate(doc: dict[str, Any], unit: str = "runs_per_second") -> str:
     return f"{rate:g}_{unit}"
 
 
-def _triple(stats: Any) -> tuple[float, float, float] | None:
-    return (stats["p50_ms"], stats["p90_ms"], stats["p99_ms"]) if isinstance(stats, dict) else None
-
-
 def _values(doc: Any, *keys: str) -> tuple[float, ...] | None:
     return tuple(doc[k] for k in keys) if isinstance(doc, dict) else None
 
 
-def _pair(stats: Any) -> tuple[float, float] | None:
-    return (stats["p50_ms"], stats["p99_ms"]) if isinstance(stats, dict) else None
+def _percentiles(stats: Any) -> tuple[float, ...] | None:
+    return _values(stats, "p50_ms", "p99_ms")
 
 
 def run(name: str, args: list[str]) -> dict[str, Any]:
