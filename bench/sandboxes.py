@@ -43,12 +43,7 @@ async def main(runs: int) -> None:
         plane.kubectl("create", "namespace", NS)
         plane.wait_for_default_service_account(NS)
         plane.kubectl("create", "serviceaccount", "ksquad-sandbox", "-n", NS)
-        plane.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input="apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: gvisor}\nhandler: runsc\n",
-        )
+        plane.add_runtime_classes()
         pool = {
             "apiVersion": "apps/v1",
             "kind": "ReplicaSet",

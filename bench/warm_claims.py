@@ -61,12 +61,7 @@ POD_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memor
 
 async def main(rates: list[float], seconds: float, replicas: int) -> None:
     plane, state = start_plane()
-    plane.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input="apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {name: gvisor}\nhandler: runsc\n",
-    )
+    plane.add_runtime_classes()
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:

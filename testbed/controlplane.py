@@ -362,6 +362,17 @@ class ControlPlane:
         self.node = Node(self)
         self.node.start()
 
+    def add_runtime_classes(self) -> None:
+        """The RuntimeClasses Runs ask for (`sandboxPolicy.runtimeClass`): gvisor and kata, whose handlers the
+        node maps to runc (testbed/node.py)."""
+        for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
+            self.kubectl(
+                "apply",
+                "-f",
+                "-",
+                input=f"apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {{name: {name}}}\nhandler: {handler}\n",
+            )
+
     def certificate_kubeconfig(self, name: str, pair: KeyPair) -> Path:
         return write_kubeconfig(
             self.root / f"{name}.kubeconfig", self.server, self.pki.ca, _client_cert_user(pair)

@@ -175,12 +175,5 @@ def ksquad_cluster(cluster: ControlPlane) -> ControlPlane:
         time.sleep(0.2)
     else:
         raise AssertionError("the API server never took a Run after its CRD was established")
-    for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
-        cluster.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=f"apiVersion: node.k8s.io/v1\nkind: RuntimeClass\n"
-            f"metadata: {{name: {name}}}\nhandler: {handler}\n",
-        )
+    cluster.add_runtime_classes()
     return cluster
