@@ -1,12 +1,15 @@
 """Activities that talk to Temporal itself on behalf of a workflow: messages to entity workflows.
 
 A workflow cannot signal-with-start another workflow, and an entity (a credential's throttle, a concurrency
-gate) must exist before it can be signalled, so runs send their messages through `signal_with_start` (a local activity of the run's own worker: two
-short RPCs, not worth a task the server dispatches).
+gate) must exist before it can be signalled, so runs send their messages through `signal_with_start` (a local
+activity of the run's own worker: two short RPCs, not worth a task the server dispatches). With a store, a
+run's subscription to a credential is a row there and needs no RPC at all; a limit is announced to those rows by
+the credential's announcer (`announce_credential_limit`).
 Gates use `find_closed_workflows` to free the slots of runs that were terminated without cleaning up. Runs
 paused by a rate limit take their place in the ramp after it from `reserve_resume_place`.
 """
 
+import asyncio
 import hashlib
 from datetime import UTC, datetime, timedelta
 
@@ -18,19 +21,29 @@ from activities.claims import as_activity_error
 from store import Store, StoreError
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
 from workflows.entity_types import (
+    CREDENTIAL_THROTTLED,
     THROTTLED_UNTIL_MEMO,
+    AnnouncerState,
     CredentialLimit,
     CredentialState,
     GateState,
+    LimitAnnouncement,
     ResumePlaceRequest,
     ThrottleNotice,
+    credential_announcer_id,
 )
+from workflows.model import KsquadModel
+
+SUBSCRIBERS_PAGE = 1000  # subscribers read and signalled at a time by an announcement
+SIGNALS_IN_FLIGHT = 50  # concurrent signals of an announcement
 
 
 class EntityActivities:
-    """With a `store`, a credential's limits are also kept there: the run that got a 429 writes it before it tells
-    the throttle, and a subscribing run reads it there at once. Without one (tests of the workflows alone), a
-    subscriber reads the throttle's memo, which lags behind its signals by the throttle's next workflow task."""
+    """With a `store`, a credential's limits and subscribers are kept there: a run subscribes with a row and reads
+    the limit in force at once; the run that gets a 429 writes it there before it tells the credential's announcer,
+    which tells the subscribers. Without one (tests of the workflows alone), runs subscribe to the credential's
+    throttle workflow, and a subscriber reads its memo, which lags behind its signals by the throttle's next
+    workflow task."""
 
     def __init__(self, client: Client, task_queue: str, store: Store | None = None) -> None:
         self.client = client
@@ -43,29 +56,71 @@ class EntityActivities:
         answers with the limit, so the run pauses before its first call instead of after it."""
         # The entity's key is the workflow id's tail: "credential/<ns>/<secret>" -> "<ns>/<secret>".
         key = message.workflow_id.split("/", 1)[1]
-        state = CredentialState(key=key) if message.workflow == "CredentialThrottle" else GateState(scope=key)
-        throttle = message.workflow == "CredentialThrottle"
-        if throttle and self.store is not None and message.signal in ("limited", "cleared"):
-            await self._record(key, message)
-        notice = None
-        if throttle and message.signal == "subscribe":
-            notice = await (
-                self._stored_limit(key)
-                if self.store is not None
-                else self._current_limit(message.workflow_id, key)
+        if message.workflow == "ConcurrencyGate":
+            await self._start(
+                message.workflow, message.workflow_id, GateState(scope=key), message.signal, message.arg
             )
+            return None
+        if self.store is not None:
+            if message.signal == "subscribe":
+                return await self._subscribe_in_store(key, str(message.arg["runId"]))
+            # A subscription the store does not hold was made with the throttle workflow (by a worker before it
+            # had a store): the throttle is told of its end instead.
+            if message.signal == "unsubscribe" and await self._unsubscribe_in_store(
+                key, str(message.arg["runId"])
+            ):
+                return None
+            if message.signal in ("limited", "cleared"):
+                await self._record(key, message)
+            if message.signal == "limited":
+                announcer = credential_announcer_id(key)
+                await self._start(
+                    "CredentialAnnouncer", announcer, AnnouncerState(key=key), "limited", message.arg
+                )
+            # The throttle workflow still hears of limits and successes: it tells the runs that subscribed to it
+            # before their worker had a store.
+        notice = None
         arg = message.arg
-        if notice is not None:  # the throttle need not signal back what the subscriber already knows
-            arg = {**arg, "knownUntil": notice.until.isoformat()}
-        await self.client.start_workflow(
-            message.workflow,
-            state,
-            id=message.workflow_id,
-            task_queue=self.task_queue,
-            start_signal=message.signal,
-            start_signal_args=[arg],
+        if message.signal == "subscribe":  # no store: the limit in the throttle's memo
+            notice = await self._current_limit(message.workflow_id, key)
+            if notice is not None:  # the throttle need not signal back what the subscriber already knows
+                arg = {**arg, "knownUntil": notice.until.isoformat()}
+        await self._start(
+            message.workflow, message.workflow_id, CredentialState(key=key), message.signal, arg
         )
         return notice
+
+    async def _start(
+        self, workflow: str, workflow_id: str, state: KsquadModel, signal: str, arg: dict[str, object]
+    ) -> None:
+        """Signal-with-start: `state` is the entity's input if this starts it."""
+        await self.client.start_workflow(
+            workflow,
+            state,
+            id=workflow_id,
+            task_queue=self.task_queue,
+            start_signal=signal,
+            start_signal_args=[arg],
+        )
+
+    async def _subscribe_in_store(self, key: str, run_id: str) -> ThrottleNotice | None:
+        """The run is told of limits on `key` from now on; returns the limit in force, if any."""
+        assert self.store is not None
+        try:
+            # The row first, the limit after it: a limit written after this read finds the row when it is
+            # announced (announce_credential_limit reads the subscribers after the limit was written).
+            await self.store.subscribe_to_credential(key, run_id)
+        except StoreError as err:
+            raise as_activity_error(err) from None
+        return await self._stored_limit(key)
+
+    async def _unsubscribe_in_store(self, key: str, run_id: str) -> bool:
+        """Forget the run's subscription in the store; False: the store held none."""
+        assert self.store is not None
+        try:
+            return await self.store.unsubscribe_from_credential(key, [run_id]) > 0
+        except StoreError as err:
+            raise as_activity_error(err) from None
 
     async def _record(self, key: str, message: EntitySignal) -> None:
         """A 429 or a success on the credential, into the store before the throttle hears of it."""
@@ -106,6 +161,52 @@ class EntityActivities:
             return None
         strikes = int(await description.memo_value("strikes", 1))
         return ThrottleNotice(key=key, until=datetime.fromisoformat(str(until)), strikes=strikes)
+
+    @activity.defn(name=Activity.ANNOUNCE_CREDENTIAL_LIMIT)
+    async def announce_credential_limit(self, announcement: LimitAnnouncement) -> int:
+        """Signal the credential's limit in the store to every run subscribed to it there, a page at a time
+        (a retry goes on from the last page it heartbeated); forget the runs that are gone. Returns how many
+        runs were subscribed."""
+        if self.store is None:
+            return 0
+        key = announcement.key
+        try:
+            limit = await self.store.credential_limit(key)
+        except StoreError as err:
+            raise as_activity_error(err) from None
+        if limit is None or limit[0] <= datetime.now(UTC):
+            return 0  # over before it could be announced: nothing to stop
+        notice = ThrottleNotice(key=key, until=limit[0], strikes=limit[1])
+        knowing = {r.run_id for r in announcement.reporters if r.until >= notice.until}
+        details = activity.info().heartbeat_details
+        after, subscribed = (str(details[0]), int(details[1])) if details else ("", 0)
+        in_flight = asyncio.Semaphore(SIGNALS_IN_FLIGHT)
+
+        async def tell(workflow_id: str) -> str | None:
+            async with in_flight:
+                try:
+                    await self.client.get_workflow_handle(workflow_id).signal(CREDENTIAL_THROTTLED, notice)
+                except RPCError as err:
+                    if err.status == RPCStatusCode.NOT_FOUND:  # closed without unsubscribing (terminated)
+                        return workflow_id
+                    raise
+            return None
+
+        while True:
+            try:
+                page = await self.store.credential_subscribers(key, after=after, limit=SUBSCRIBERS_PAGE)
+            except StoreError as err:
+                raise as_activity_error(err) from None
+            gone = await asyncio.gather(*(tell(w) for w in page if w not in knowing))
+            try:
+                await self.store.unsubscribe_from_credential(key, [w for w in gone if w is not None])
+            except StoreError as err:
+                raise as_activity_error(err) from None
+            subscribed += len(page)
+            if len(page) < SUBSCRIBERS_PAGE:
+                return subscribed
+            after = page[-1]
+            activity.heartbeat(after, subscribed)
 
     @activity.defn(name=Activity.FIND_CLOSED_WORKFLOWS)
     async def find_closed_workflows(self, ids: WorkflowIds) -> list[str]:

@@ -11,7 +11,7 @@ Rules (DESIGN.md "Work items and claims"):
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both.
 """
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from store.schema import (
     claim_history,
     claims,
     credential_limits,
+    credential_subscribers,
     run_events,
     run_fences,
     run_sequences,
@@ -512,6 +513,46 @@ class Store:
                 .where(credential_limits.c.credential == credential, credential_limits.c.until <= now)
                 .values(strikes=0, updated_at=now)
             )
+
+    # --- credential subscribers ---------------------------------------------------------------------------
+
+    @unavailable
+    async def subscribe_to_credential(self, credential: str, workflow_id: str) -> None:
+        """The run `workflow_id` is told of limits on `credential` from now on (again: nothing changes)."""
+        row = self._insert(credential_subscribers).values(
+            credential=credential, workflow_id=workflow_id, subscribed_at=self.clock()
+        )
+        async with self.engine.begin() as c:
+            await c.execute(row.on_conflict_do_nothing(index_elements=["credential", "workflow_id"]))
+
+    @unavailable
+    async def unsubscribe_from_credential(self, credential: str, workflow_ids: Sequence[str]) -> int:
+        """Forget these runs' subscriptions to `credential`; returns how many there were."""
+        if not workflow_ids:
+            return 0
+        row = credential_subscribers.c
+        async with self.engine.begin() as c:
+            deleted = await c.execute(
+                sa.delete(credential_subscribers).where(
+                    row.credential == credential, row.workflow_id.in_(list(workflow_ids))
+                )
+            )
+        return int(deleted.rowcount or 0)
+
+    @unavailable
+    async def credential_subscribers(
+        self, credential: str, *, after: str = "", limit: int = 1000
+    ) -> list[str]:
+        """The workflow ids subscribed to `credential`, in order, the first `limit` past `after`."""
+        row = credential_subscribers.c
+        async with self.engine.connect() as c:
+            result = await c.execute(
+                sa.select(row.workflow_id)
+                .where(row.credential == credential, row.workflow_id > after)
+                .order_by(row.workflow_id)
+                .limit(limit)
+            )
+            return [r.workflow_id for r in result]
 
     @unavailable
     async def next_in_line(self, name: str) -> int:

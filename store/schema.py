@@ -68,6 +68,18 @@ credential_limits = sa.Table(
     sa.Column("updated_at", Timestamp, nullable=False),
 )
 
+# The runs to tell when a credential is limited: a run subscribes here (a row) instead of signalling the
+# credential's throttle workflow, and the announcer (workflows.entities.CredentialAnnouncerWorkflow) reads them
+# when a limit comes. Two store writes a run, where a signal-with-start each way cost Temporal a workflow task
+# of the throttle and the worker an RPC.
+credential_subscribers = sa.Table(
+    "credential_subscribers",
+    metadata,
+    sa.Column("credential", sa.String(320), primary_key=True),
+    sa.Column("workflow_id", sa.String(512), primary_key=True),  # the run's workflow id
+    sa.Column("subscribed_at", Timestamp, nullable=False),
+)
+
 # The last sequence number given to each run's events: incrementing it locks the row, so writers of one run
 # take turns and numbers are dense and ordered.
 run_sequences = sa.Table(

@@ -12,11 +12,20 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
 from store import Store
-from workflows.entities import ConcurrencyGateWorkflow, CredentialThrottleWorkflow
+from workflows.entities import (
+    ConcurrencyGateWorkflow,
+    CredentialAnnouncerWorkflow,
+    CredentialThrottleWorkflow,
+)
 from workflows.hello import HelloWorkflow
 from workflows.run import RunWorkflow
 
-RUN_WORKFLOWS: Sequence[type] = (RunWorkflow, CredentialThrottleWorkflow, ConcurrencyGateWorkflow)
+RUN_WORKFLOWS: Sequence[type] = (
+    RunWorkflow,
+    CredentialThrottleWorkflow,
+    CredentialAnnouncerWorkflow,
+    ConcurrencyGateWorkflow,
+)
 
 # Cancellation reaches a running activity with its next heartbeat's answer, and the SDK throttles heartbeats
 # to 0.8 x the heartbeat timeout by default (24 s for the agent activity): cap the throttle so that
@@ -45,7 +54,7 @@ def entity_activities(
     client: Client, task_queue: str, store: Store | None = None
 ) -> list[Callable[..., Any]]:
     entities = EntityActivities(client, task_queue, store)
-    return [entities.signal_with_start, entities.find_closed_workflows]
+    return [entities.signal_with_start, entities.find_closed_workflows, entities.announce_credential_limit]
 
 
 def build_worker(

@@ -12,7 +12,7 @@ from pydantic import Field
 from temporalio import activity
 
 from workflows.contract import ExecutionContract, Resolution
-from workflows.entity_types import ResumePlaceRequest, ThrottleNotice
+from workflows.entity_types import LimitAnnouncement, ResumePlaceRequest, ThrottleNotice
 from workflows.model import KsquadModel
 from workflows.spec import RunSpec, SandboxPolicy
 from workflows.status import Artifact, SandboxStatus, StatusSnapshot
@@ -39,6 +39,7 @@ class Activity(StrEnum):
     SIGNAL_WITH_START = "signal_with_start"  # messages to the credential and concurrency-gate workflows
     FIND_CLOSED_WORKFLOWS = "find_closed_workflows"  # a gate frees the slots of runs that were terminated
     RESERVE_RESUME_PLACE = "reserve_resume_place"  # a paused run's place in the ramp after a rate limit
+    ANNOUNCE_CREDENTIAL_LIMIT = "announce_credential_limit"  # a limit, to every run subscribed in the store
 
 
 class RunRef(KsquadModel):
@@ -272,6 +273,11 @@ async def find_closed_workflows(ids: WorkflowIds) -> list[str]:
     raise NotImplementedError("activities.entities")
 
 
+@activity.defn(name=Activity.ANNOUNCE_CREDENTIAL_LIMIT)
+async def announce_credential_limit(announcement: LimitAnnouncement) -> int:
+    raise NotImplementedError("activities.entities")
+
+
 @activity.defn(name=Activity.RESERVE_RESUME_PLACE)
 async def reserve_resume_place(req: ResumePlaceRequest) -> datetime:
     raise NotImplementedError("activities.entities")
@@ -290,5 +296,6 @@ STUBS = (
     invoke_agent,
     signal_with_start,
     find_closed_workflows,
+    announce_credential_limit,
     reserve_resume_place,
 )

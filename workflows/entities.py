@@ -1,9 +1,10 @@
-"""Entity workflows shared by runs: one per credential (throttling) and one per concurrency scope (a gate).
+"""Entity workflows shared by runs: per credential, an announcer of its limits (and the throttle it replaced),
+and one per concurrency scope (a gate).
 
 Runs talk to them by signal-with-start (the `signal_with_start` activity, run as a local activity) and they
-answer by signalling the runs back. Neither polls: a throttle is a timestamp handed to every subscribed run, a slot is handed to the
-next waiting run when a holder releases it. Each finishes when idle and continues-as-new when its history
-grows.
+answer by signalling the runs back. None polls: a limit is a timestamp handed to every subscribed run, a slot is
+handed to the next waiting run when a holder releases it. Each finishes when idle and continues-as-new when its
+history grows.
 """
 
 import asyncio
@@ -15,16 +16,18 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import metrics
-from workflows.activity_types import WorkflowIds, find_closed_workflows
+from workflows.activity_types import WorkflowIds, announce_credential_limit, find_closed_workflows
 from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
     SLOT_GRANTED,
     SLOT_QUEUED,
     THROTTLED_UNTIL_MEMO,
+    AnnouncerState,
     CredentialLimit,
     CredentialState,
     CredentialSubscription,
     GateState,
+    LimitAnnouncement,
     SlotNotice,
     SlotRelease,
     SlotRequest,
@@ -34,6 +37,7 @@ from workflows.model import KsquadModel
 
 SIGNAL_BATCH = 500
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
+ANNOUNCER_IDLE_SECONDS = 300.0  # an announcer keeps nothing between limits: it need not linger long
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
 
 
@@ -60,7 +64,8 @@ class CredentialThrottleWorkflow:
 
     It tells subscribers when the credential is limited; it does not order their resumption (each run takes its
     own place in the ramp from the store: `reserve_resume_place`), so thousands of paused runs cost it no more
-    than their subscriptions."""
+    than their subscriptions. A worker with a store subscribes runs there instead, and the credential's announcer
+    tells them: this workflow still serves the runs that subscribed to it before, and workers without a store."""
 
     @workflow.init
     def __init__(self, state: CredentialState) -> None:
@@ -91,7 +96,6 @@ class CredentialThrottleWorkflow:
         self._signals += 1
         if sub.run_id not in self.state.subscribers:
             self.state.subscribers.append(sub.run_id)
-            metrics.throttle_size(self.state.key, len(self.state.subscribers))
         # A run joining during a limit learns of it at once, unless its subscription already knew it (read from
         # the memo before subscribing): then no signal is needed, which matters when thousands subscribe.
         if self._throttled() and sub.known_until != self.state.throttled_until:
@@ -102,7 +106,6 @@ class CredentialThrottleWorkflow:
         self._signals += 1
         if sub.run_id in self.state.subscribers:
             self.state.subscribers.remove(sub.run_id)
-            metrics.throttle_size(self.state.key, len(self.state.subscribers))
 
     @workflow.signal
     def limited(self, limit: CredentialLimit) -> None:
@@ -151,13 +154,74 @@ class CredentialThrottleWorkflow:
                 for gone in await signal_runs(notices, CREDENTIAL_THROTTLED):
                     if gone in self.state.subscribers:
                         self.state.subscribers.remove(gone)
-                metrics.throttle_size(self.state.key, len(self.state.subscribers))
             if self._renew_due():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self.state.to_notify = [run_id for run_id, _ in self._outbox]
                 # The memo is not carried over by itself: without it, runs subscribing after the renewal would
                 # not learn of the limit before their first call.
                 workflow.continue_as_new(self.state, memo=self._memo())
+
+
+@workflow.defn(name="CredentialAnnouncer")
+class CredentialAnnouncerWorkflow:
+    """Tells the runs subscribed to a credential in the store (`Store.credential_subscribers`) that it is limited.
+
+    It holds no subscribers: a run subscribes with a row, so thousands of runs cost its history nothing, and a
+    limit costs one activity that reads them and signals each. No run misses a limit: the run that got the 429
+    writes it to the store before it signals here, and a subscriber writes its row before it reads the limit, so
+    either the subscriber reads the limit or the activity, reading after it, finds the subscriber."""
+
+    @workflow.init
+    def __init__(self, state: AnnouncerState) -> None:
+        self.state = state
+        self._reporters: list[CredentialLimit] = state.reporters
+        state.reporters = []
+        self._signals = 0  # received by this run of the workflow
+
+    @workflow.signal
+    def limited(self, limit: CredentialLimit) -> None:
+        self._signals += 1
+        self._reporters.append(limit)
+
+    def _renew_due(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested() or (self._signals >= self.state.signals_per_run)
+
+    @workflow.run
+    async def run(self, state: AnnouncerState) -> None:
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: bool(self._reporters) or self._renew_due(),
+                    timeout=ANNOUNCER_IDLE_SECONDS,
+                    timeout_summary="idle: finish",
+                )
+            except TimeoutError:
+                if not self._reporters:
+                    return
+            if self._reporters:
+                # The limits reported while the last announcement went out go in one announcement: the store
+                # holds the latest limit, and each subscriber needs to hear it once.
+                reporters, self._reporters = self._reporters, []
+                await self._announce(reporters)
+            if self._renew_due():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                self.state.reporters = self._reporters
+                workflow.continue_as_new(self.state)
+
+    async def _announce(self, reporters: list[CredentialLimit]) -> None:
+        try:
+            subscribers = await workflow.execute_activity(
+                announce_credential_limit,
+                LimitAnnouncement(key=self.state.key, reporters=reporters),
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=30), maximum_attempts=10),
+                summary=f"tell {self.state.key}'s subscribers of its limit",
+            )
+        except ActivityError as err:  # the subscribers still meet the limit themselves: a 429 each
+            workflow.logger.warning("announcing %s's limit failed: %s", self.state.key, err)
+            return
+        metrics.throttle_size(self.state.key, subscribers)
 
 
 # --- concurrency gates ------------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ def credential_workflow_id(key: str) -> str:
     return f"credential/{key}"
 
 
+def credential_announcer_id(key: str) -> str:
+    return f"credential-limit/{key}"
+
+
 def gate_workflow_id(scope: str) -> str:
     return f"gate/{scope}"
 
@@ -70,6 +74,22 @@ class CredentialState(KsquadModel):
     subscribers: list[str] = Field(default_factory=list)
     signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
     to_notify: list[str] = Field(default_factory=list)  # notices not yet sent when it continued as new
+
+
+class AnnouncerState(KsquadModel):
+    key: str
+    signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
+    reporters: list[CredentialLimit] = Field(
+        default_factory=list
+    )  # limits not announced yet at continue-as-new
+
+
+class LimitAnnouncement(KsquadModel):
+    """Tell the runs subscribed to `key` in the store of its limit (the store's, the latest). The runs that
+    reported a limit at least as late already know of it and are left out."""
+
+    key: str
+    reporters: list[CredentialLimit] = Field(default_factory=list)
 
 
 class SlotRequest(KsquadModel):

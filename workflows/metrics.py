@@ -8,7 +8,7 @@ never while a workflow replays, so a figure counts what happened once.
     ksquad_rate_limit_pauses_total{credential}      Paused(RateLimited), per credential (<namespace>/<secret>)
     ksquad_resume_lateness_seconds{credential}      how late a rate-limited run went on after its resumeAt
     ksquad_gate_waiting{scope} / ksquad_gate_holders{scope}   Queued runs and slot holders of a concurrency gate
-    ksquad_throttle_subscribers{credential}         runs on a credential's throttle (paused together on a 429)
+    ksquad_throttle_subscribers{credential}         runs subscribed to a credential, counted at its last limit
 """
 
 from datetime import timedelta
@@ -54,5 +54,5 @@ def gate_sizes(scope: str, waiting: int, holders: int) -> None:
 
 def throttle_size(credential: str, subscribers: int) -> None:
     workflow.metric_meter().create_gauge(
-        "ksquad_throttle_subscribers", "runs on a credential's throttle"
+        "ksquad_throttle_subscribers", "runs subscribed to a credential, counted at its last limit"
     ).set(subscribers, {"credential": credential})

@@ -184,7 +184,7 @@ async def test_migrations_run_from_empty_are_idempotent_and_match_the_schema(sto
     finally:
         engine.dispose()
     assert diff == [], "the migrations create exactly the schema the code uses"
-    assert version == "0004"
+    assert version == "0005"
 
 
 async def test_a_later_attempts_artifact_replaces_the_earlier_one(store: Store) -> None:
