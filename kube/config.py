@@ -1,8 +1,10 @@
-"""Where the API server is and who we are to it, loaded by the official `kubernetes` client's configuration
-loaders (what kubectl reads, so what users have): a kubeconfig, merged from every file of `$KUBECONFIG` as
+"""Where the API server is and who we are to it: a kubeconfig, loaded by the official `kubernetes` client's
+configuration loaders (what kubectl reads, so what users have), merged from every file of `$KUBECONFIG` as
 kubectl merges them, its current (or a named) context and that context's namespace, client certificates,
 tokens, token files, exec credential plugins (EKS, GKE, AKS, OIDC logins) and auth providers; or, in a pod,
-the in-cluster service account.
+the in-cluster service account, read here directly. The official package is imported only for a kubeconfig:
+importing it loads its whole generated API client, ~40 MB of every process that does, and ksquad's processes
+in a cluster (the worker, the bridge, the API) use the service account.
 
 No credential is read once and kept. A token file (the in-cluster one, which the kubelet rotates, or a
 kubeconfig's `tokenFile`) is read again whenever it changes on disk; an exec plugin runs again when its
@@ -17,13 +19,12 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
-from kubernetes.client import Configuration
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.config.incluster_config import InClusterConfigLoader
-from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
+
+if TYPE_CHECKING:
+    from kubernetes.client import Configuration
 
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -84,7 +85,7 @@ class LoadedCredentials:
     401 the user is loaded anew (the plugin runs again even without an expiry)."""
 
     def __init__(
-        self, configuration: Configuration, load: Callable[[], Configuration], runs_programs: bool
+        self, configuration: "Configuration", load: Callable[[], "Configuration"], runs_programs: bool
     ) -> None:
         self._configuration = configuration
         self._load = load
@@ -103,6 +104,8 @@ class LoadedCredentials:
         return self._current()
 
     async def refreshed(self) -> bool:
+        from kubernetes.config.config_exception import ConfigException
+
         before = self._configuration.api_key.get("BearerToken")
         try:
             self._configuration = await asyncio.to_thread(self._load)
@@ -135,20 +138,20 @@ class Config:
     def in_cluster(cls, account: Path = IN_CLUSTER) -> "Config":
         """The pod's service account: the API server from KUBERNETES_SERVICE_HOST/PORT, its CA, and the
         projected token, read again whenever the kubelet rotates it."""
-        configuration = Configuration()
-        try:
-            InClusterConfigLoader(
-                token_filename=str(account / "token"),
-                cert_filename=str(account / "ca.crt"),
-                try_refresh_token=False,
-            ).load_and_set(configuration)
-        except ConfigException as err:
-            raise ConfigError(f"in-cluster configuration: {err}") from None
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise ConfigError("in-cluster configuration: KUBERNETES_SERVICE_HOST/PORT are not set")
+        for name in ("token", "ca.crt"):
+            path = account / name
+            if not path.is_file() or not path.read_bytes().strip():
+                raise ConfigError(f"in-cluster configuration: {path} is missing or empty")
         namespace_file = account / "namespace"
         namespace = namespace_file.read_text().strip() if namespace_file.is_file() else "default"
         return cls(
-            configuration.host,
-            ssl.create_default_context(cafile=configuration.ssl_ca_cert),
+            f"https://[{host}]:{port}"
+            if ":" in host
+            else f"https://{host}:{port}",  # an IPv6 address in brackets
+            ssl.create_default_context(cafile=str(account / "ca.crt")),
             TokenFile(account / "token"),
             namespace=namespace,
         )
@@ -157,6 +160,10 @@ class Config:
     def from_kubeconfig(cls, files: str | Path, context: str | None = None) -> "Config":
         """A kubeconfig of one or several files (':'-separated): clusters, users and contexts merged, the first
         file to name one winning, and the first file's current-context, as kubectl does."""
+        from kubernetes.client import Configuration
+        from kubernetes.config.config_exception import ConfigException
+        from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
+
         paths = [str(Path(p).expanduser()) for p in str(files).split(os.pathsep) if p]
         existing = [p for p in paths if Path(p).is_file()]
         if not existing:
@@ -227,9 +234,11 @@ def _file_of(merged: Any, name: str | None, kind: str) -> str | None:
     return None
 
 
-def _loader_without_files(merged: Any, context: str) -> Callable[[], Configuration]:
+def _loader_without_files(merged: Any, context: str) -> Callable[[], "Configuration"]:
     """Loads the user's credential again (the refresh after a 401), writing no key material: the TLS context is
     made once, from the first load."""
+    from kubernetes.client import Configuration
+    from kubernetes.config.kube_config import KubeConfigLoader
 
     def load() -> Configuration:
         with tempfile.TemporaryDirectory(prefix="ksquad-kube-") as scratch:
@@ -242,7 +251,7 @@ def _loader_without_files(merged: Any, context: str) -> Callable[[], Configurati
     return load
 
 
-def _tls_context(configuration: Configuration) -> ssl.SSLContext | bool:
+def _tls_context(configuration: "Configuration") -> ssl.SSLContext | bool:
     if not configuration.host.startswith("https"):
         return False
     tls = (

@@ -4,6 +4,8 @@ that context's namespace, a named context, inline key material that never stays 
 are read again instead of kept: token files when they change, exec plugins after a 401."""
 
 import base64
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -108,3 +110,37 @@ async def test_an_exec_plugin_runs_again_after_a_401(tmp_path: Path) -> None:
     assert await credentials.authorization() == "Bearer token-1", "kept until it expires or is refused"
     assert await credentials.refreshed(), "a 401: the plugin runs again"
     assert await credentials.authorization() == "Bearer token-2"
+
+
+def test_in_a_pod_the_service_account_is_read_without_the_official_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("token-1\n")
+    (account / "namespace").write_text("ksquad-system")
+    (account / "ca.crt").write_bytes(Pki(tmp_path / "pki").ca.read_bytes())
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    config = Config.in_cluster(account)
+    assert (config.server, config.namespace) == ("https://10.96.0.1:443", "ksquad-system")
+    assert isinstance(config.credentials, TokenFile) and config.credentials.path == account / "token"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    assert Config.in_cluster(account).server == "https://[fd00::1]:443"
+
+    (account / "token").write_text("")
+    with pytest.raises(ConfigError, match="token is missing or empty"):
+        Config.in_cluster(account)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT")
+    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST/PORT are not set"):
+        Config.in_cluster(account)
+
+
+def test_ksquads_processes_do_not_import_the_official_client_until_a_kubeconfig_is_read() -> None:
+    """Its generated API client costs each process that imports it ~40 MB; only a kubeconfig needs it."""
+    probe = (
+        "import sys, worker.main, crd_bridge.main, api.cluster, kube; "
+        "print(sorted(m for m in sys.modules if m == 'kubernetes' or m.startswith('kubernetes.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
