@@ -39,11 +39,12 @@ from activities.sandboxes.kubernetes import pod_ready
 from agent.scripted_model import build_app
 from bench.bridge import busy_fraction, create_at_rate, holding_range, machine_ticks, start_plane
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report
-from dev.devserver import DevServer
+from dev.devserver import DevServer, ExternalTemporal
 from kube import Config, Kube, path
 from testbed import chart
 from testbed.agents import ModelEndpoint
 from testbed.asgi import serving
+from testbed.embedded import TemporalKind, temporal_of_kind
 from testbed.images import AGENT_IMAGE
 from testbed.stack import RUN_API, Stack, build_stack
 from workflows.activity_types import Activity, Sandbox
@@ -59,15 +60,16 @@ PEER = {"claims_per_second": 45, "p50_ms": 92, "p90_ms": 182, "p99_ms": 376}  # 
 POD_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}}
 
 
-async def main(rates: list[float], seconds: float, replicas: int) -> None:
+async def main(rates: list[float], seconds: float, replicas: int, temporal: TemporalKind = "dev") -> None:
     plane, state = start_plane()
     plane.add_runtime_classes()
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             async with (
+                temporal_of_kind(temporal, Path(tmp)) as address,
                 serving(build_app(state)) as model_url,
-                DevServer(ui=False) as dev_server,
+                DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
                 Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
             ):
                 stack = await build_stack(
@@ -93,6 +95,7 @@ async def main(rates: list[float], seconds: float, replicas: int) -> None:
     report(
         "warm_claims",
         {
+            "temporal": temporal,
             "seconds_per_rate": seconds,
             "pools": POOLS,
             "replicas_per_pool": replicas,
@@ -284,5 +287,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("--seconds", type=float, default=60, help="how long each rate is sustained")
     parser.add_argument("--replicas", type=int, default=8, help="warm pods per pool (four pools)")
+    parser.add_argument("--temporal", choices=["dev", "production"], default="dev")
     args = parser.parse_args()
-    asyncio.run(main([float(r) for r in args.rates.split(",")], args.seconds, args.replicas))
+    rates = [float(r) for r in args.rates.split(",")]
+    asyncio.run(main(rates, args.seconds, args.replicas, args.temporal))

@@ -242,7 +242,7 @@ async def test_the_announcer_tells_subscribers_of_each_limit_and_renews_itself_c
                 if not told:
                     return None
                 (notice,) = await client.data_converter.decode(told[-1].input.payloads, [ThrottleNotice])
-                return notice
+                return ThrottleNotice.model_validate(notice)
 
             for _ in range(200):
                 notices = [await last_notice(h) for h in handles]
