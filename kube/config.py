@@ -3,7 +3,7 @@ configuration loaders (what kubectl reads, so what users have), merged from ever
 kubectl merges them, its current (or a named) context and that context's namespace, client certificates,
 tokens, token files, exec credential plugins (EKS, GKE, AKS, OIDC logins) and auth providers; or, in a pod,
 the in-cluster service account, read here directly. The official package is imported only for a kubeconfig:
-importing it loads its whole generated API client, ~40 MB of every process that does, and ksquad's processes
+importing it loads its whole generated API client, ~10 MB of every process that does, and ksquad's processes
 in a cluster (the worker, the bridge, the API) use the service account.
 
 No credential is read once and kept. A token file (the in-cluster one, which the kubelet rotates, or a
