@@ -141,8 +141,38 @@ async def pools_full(kube: Kube, namespace: str, replicas: int, within: float = 
         if all(ready.get(f"p{i}", 0) >= replicas for i in range(POOLS)):
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"pools never filled: ready {ready} of {replicas} each")
+            raise RuntimeError(
+                f"pools never filled: ready {ready} of {replicas} each; not ready: "
+                + "; ".join(await unready_pods(kube, namespace))
+            )
         await asyncio.sleep(0.5)
+
+
+async def unready_pods(kube: Kube, namespace: str) -> list[str]:
+    """Why each pod that is not ready is not: its phase, each container's waiting or last termination reason
+    and its restarts, and the conditions that are false."""
+    pods = (await kube.list(path("v1", "pods", namespace)))["items"]
+    reasons = []
+    for pod in pods:
+        if pod_ready(pod):
+            continue
+        status = pod.get("status") or {}
+        containers = [
+            f"{c['name']}: restarts {c.get('restartCount', 0)}"
+            + "".join(
+                f", {kind} {(c.get(key) or {}).get(kind, {}).get('reason', '')}"
+                for key, kind in (("state", "waiting"), ("lastState", "terminated"))
+                if (c.get(key) or {}).get(kind)
+            )
+            for c in status.get("containerStatuses") or []
+        ]
+        false = [
+            f"{c['type']}={c.get('reason') or c.get('message') or 'False'}"
+            for c in status.get("conditions") or []
+            if c.get("status") != "True"
+        ]
+        reasons.append(f"{pod['metadata']['name']} {status.get('phase')} [{', '.join(containers + false)}]")
+    return reasons
 
 
 async def ready_warm(kube: Kube, namespace: str, seen: set[str] | None = None) -> dict[str, int]:
