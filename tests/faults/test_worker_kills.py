@@ -14,6 +14,7 @@ from testbed.embedded import MODEL, bench_stack, start_workers, stop_workers, wa
 from tests.faults.audit import audit, runs, unfinished
 
 RUNS = 100
+WAVE = 10
 KILLS = 12
 
 
@@ -27,11 +28,14 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
     async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
         docs = runs("k", RUNS)
         names = {d["metadata"]["name"] for d in docs}
+        # The runs go in in waves, one before each kill: every kill finds fresh runs in flight, however fast the
+        # machine (all at once, 100 runs could finish within four kills).
+        waves = [docs[i : i + WAVE] for i in range(0, RUNS, WAVE)]
         [worker] = await start_workers(dev, 1)
         kills, unfinished_at_kills = 0, []
         try:
-            await dev.runs.apply(docs)
-            left = len(names)
+            await dev.runs.apply(waves.pop(0))
+            left = WAVE
             while kills < KILLS and left:
                 # Let each new worker get going (some run finishes), then kill it at a random moment.
                 for _ in range(600):
@@ -40,6 +44,8 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
                     await asyncio.sleep(0.1)
                 else:
                     raise AssertionError(f"no run finished in 60 s after kill {kills} (seed {seed})")
+                if waves:
+                    await dev.runs.apply(waves.pop(0))
                 await asyncio.sleep(rng.uniform(0, 2.0))
                 left = await unfinished(dev, names)
                 if not left:
@@ -50,6 +56,8 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
                 unfinished_at_kills.append(left)
                 await asyncio.sleep(rng.uniform(0, 1.0))
                 [worker] = await start_workers(dev, 1)
+            for wave in waves:  # past the last kill, the rest go in to the last worker
+                await dev.runs.apply(wave)
             await wait_terminal(dev, sorted(names), within=600)
         finally:
             stop_workers([worker])
