@@ -8,7 +8,7 @@ and must not act as if it had it).
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,15 @@ def as_activity_error(err: StoreError) -> ApplicationError:
     if isinstance(err, WorkItemHeld):
         return ApplicationError(str(err), type=WORK_ITEM_HELD)
     return ApplicationError(str(err), type=STORE_UNAVAILABLE)
+
+
+@contextlib.contextmanager
+def store_errors_as_activity_errors() -> Iterator[None]:
+    """The body's store errors leave as activity failures (`as_activity_error`)."""
+    try:
+        yield
+    except StoreError as err:
+        raise as_activity_error(err) from None
 
 
 class ClaimActivities:

@@ -17,8 +17,8 @@ from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.claims import as_activity_error
-from store import Store, StoreError
+from activities.claims import store_errors_as_activity_errors
+from store import Store
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
 from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
@@ -45,10 +45,17 @@ class EntityActivities:
     throttle workflow, and a subscriber reads its memo, which lags behind its signals by the throttle's next
     workflow task."""
 
-    def __init__(self, client: Client, task_queue: str, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str,
+        store: Store | None = None,
+        subscribers_page: int = SUBSCRIBERS_PAGE,
+    ) -> None:
         self.client = client
         self.task_queue = task_queue
         self.store = store
+        self.subscribers_page = subscribers_page
 
     @activity.defn(name=Activity.SIGNAL_WITH_START)
     async def signal_with_start(self, message: EntitySignal) -> ThrottleNotice | None:
@@ -106,41 +113,33 @@ class EntityActivities:
     async def _subscribe_in_store(self, key: str, run_id: str) -> ThrottleNotice | None:
         """The run is told of limits on `key` from now on; returns the limit in force, if any."""
         assert self.store is not None
-        try:
+        with store_errors_as_activity_errors():
             # The row first, the limit after it: a limit written after this read finds the row when it is
             # announced (announce_credential_limit reads the subscribers after the limit was written).
             await self.store.subscribe_to_credential(key, run_id)
-        except StoreError as err:
-            raise as_activity_error(err) from None
         return await self._stored_limit(key)
 
     async def _unsubscribe_in_store(self, key: str, run_id: str) -> bool:
         """Forget the run's subscription in the store; False: the store held none."""
         assert self.store is not None
-        try:
+        with store_errors_as_activity_errors():
             return await self.store.unsubscribe_from_credential(key, [run_id]) > 0
-        except StoreError as err:
-            raise as_activity_error(err) from None
 
     async def _record(self, key: str, message: EntitySignal) -> None:
         """A 429 or a success on the credential, into the store before the throttle hears of it."""
         assert self.store is not None
-        try:
+        with store_errors_as_activity_errors():
             if message.signal == "limited":
                 limit = CredentialLimit.model_validate(message.arg)
                 await self.store.record_credential_limit(key, limit.until)
             else:
                 await self.store.clear_credential_strikes(key)
-        except StoreError as err:
-            raise as_activity_error(err) from None
 
     async def _stored_limit(self, key: str) -> ThrottleNotice | None:
         """The credential's limit in the store, if it is limited now. Read before subscribing, as the memo is."""
         assert self.store is not None
-        try:
+        with store_errors_as_activity_errors():
             limit = await self.store.credential_limit(key)
-        except StoreError as err:
-            raise as_activity_error(err) from None
         if limit is None or limit[0] <= datetime.now(UTC):
             return None
         return ThrottleNotice(key=key, until=limit[0], strikes=limit[1])
@@ -170,10 +169,8 @@ class EntityActivities:
         if self.store is None:
             return 0
         key = announcement.key
-        try:
+        with store_errors_as_activity_errors():
             limit = await self.store.credential_limit(key)
-        except StoreError as err:
-            raise as_activity_error(err) from None
         if limit is None or limit[0] <= datetime.now(UTC):
             return 0  # over before it could be announced: nothing to stop
         notice = ThrottleNotice(key=key, until=limit[0], strikes=limit[1])
@@ -193,17 +190,13 @@ class EntityActivities:
             return None
 
         while True:
-            try:
-                page = await self.store.credential_subscribers(key, after=after, limit=SUBSCRIBERS_PAGE)
-            except StoreError as err:
-                raise as_activity_error(err) from None
+            with store_errors_as_activity_errors():
+                page = await self.store.credential_subscribers(key, after=after, limit=self.subscribers_page)
             gone = await asyncio.gather(*(tell(w) for w in page if w not in knowing))
-            try:
+            with store_errors_as_activity_errors():
                 await self.store.unsubscribe_from_credential(key, [w for w in gone if w is not None])
-            except StoreError as err:
-                raise as_activity_error(err) from None
             subscribed += len(page)
-            if len(page) < SUBSCRIBERS_PAGE:
+            if len(page) < self.subscribers_page:
                 return subscribed
             after = page[-1]
             activity.heartbeat(after, subscribed)
@@ -234,8 +227,6 @@ class ResumePlaces:
     @activity.defn(name=Activity.RESERVE_RESUME_PLACE)
     async def reserve_resume_place(self, req: ResumePlaceRequest) -> datetime:
         digest = hashlib.sha256(f"{req.key}@{req.until.isoformat()}".encode()).hexdigest()[:40]
-        try:
+        with store_errors_as_activity_errors():
             place = await self.store.next_in_line(f"resume:{digest}")
-        except StoreError as err:
-            raise as_activity_error(err) from None
         return req.until + timedelta(seconds=(place - 1) / req.resume_per_second)

@@ -41,6 +41,11 @@ ANNOUNCER_IDLE_SECONDS = 300.0  # an announcer keeps nothing between limits: it 
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
 
 
+def renewal_due(signals: int, signals_per_run: int) -> bool:
+    """An entity continues as new when the server suggests it or past its own signal budget."""
+    return workflow.info().is_continue_as_new_suggested() or signals >= signals_per_run
+
+
 async def signal_runs(signals: Iterable[tuple[str, KsquadModel]], signal: str) -> list[str]:
     """Send each run its argument; return the runs that are gone (closed workflows cannot be signalled)."""
 
@@ -132,7 +137,7 @@ class CredentialThrottleWorkflow:
         return self.state
 
     def _renew_due(self) -> bool:
-        return workflow.info().is_continue_as_new_suggested() or (self._signals >= self.state.signals_per_run)
+        return renewal_due(self._signals, self.state.signals_per_run)
 
     @workflow.run
     async def run(self, state: CredentialState) -> None:
@@ -184,7 +189,7 @@ class CredentialAnnouncerWorkflow:
         self._reporters.append(limit)
 
     def _renew_due(self) -> bool:
-        return workflow.info().is_continue_as_new_suggested() or (self._signals >= self.state.signals_per_run)
+        return renewal_due(self._signals, self.state.signals_per_run)
 
     @workflow.run
     async def run(self, state: AnnouncerState) -> None:
@@ -273,7 +278,7 @@ class ConcurrencyGateWorkflow:
         return self.state
 
     def _renew_due(self) -> bool:
-        return workflow.info().is_continue_as_new_suggested() or (self._signals >= self.state.signals_per_run)
+        return renewal_due(self._signals, self.state.signals_per_run)
 
     @workflow.run
     async def run(self, state: GateState) -> None:

@@ -14,11 +14,9 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import ActivityEnvironment
 
-from activities import entities
 from activities.entities import EntityActivities
 from dev.devserver import DevServer
 from store import Store
@@ -114,15 +112,14 @@ async def signal_names(handle: WorkflowHandle[object, object]) -> list[str]:
 
 
 async def test_an_announcement_tells_every_subscriber_but_the_reporters_and_forgets_the_gone(
-    dev_server: DevServer, store_url: str, monkeypatch: pytest.MonkeyPatch
+    dev_server: DevServer, store_url: str
 ) -> None:
-    monkeypatch.setattr(entities, "SUBSCRIBERS_PAGE", 3)  # 8 subscribers: three pages
     client = await Client.connect(dev_server.target)
     store = await Store.open(store_url)
     queue = f"no-worker-{uuid.uuid4().hex[:8]}"  # the subscribers never run: their signals stay in history
     key = f"payments/key-{uuid.uuid4().hex[:8]}"
     env = ActivityEnvironment()
-    activities = EntityActivities(client, queue, store)
+    activities = EntityActivities(client, queue, store, subscribers_page=3)  # 8 subscribers: three pages
     runs: dict[str, WorkflowHandle[object, object]] = {}
     gone = ""
     try:
