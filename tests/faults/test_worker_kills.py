@@ -24,9 +24,8 @@ async def test_sigkilled_workers_lose_and_double_nothing_over_100_runs(
 ) -> None:
     seed = int(os.environ.get("KSQUAD_FAULT_SEED") or random.SystemRandom().randrange(1 << 30))
     rng = random.Random(seed)
-    script = {
-        MODEL: [{"delay": CALL_DELAY, "text": "ok"}]
-    }  # each call takes a while: kills land mid-call too
+    # Each call takes a while, so the kills land mid-call.
+    script = {MODEL: [{"delay": CALL_DELAY, "text": "ok"}]}
     async with bench_stack(tmp_path, script, serve_worker=False) as (dev, _agent):
         docs = runs("k", RUNS)
         names = {d["metadata"]["name"] for d in docs}
