@@ -21,6 +21,9 @@ class CredentialRef(KsquadModel):
     key: str = "apiKey"
     # The environment variable a cold sandbox holds the value in (through a secretKeyRef); derived when empty.
     env: str = ""
+    # Where the Secret's owner allows its value to be sent (its annotation `ksquad.io/allowed-hosts`): hosts,
+    # host:port or CIDRs. The bridge refuses a route to any other host; the agent refuses to send it elsewhere.
+    allowed_hosts: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _env_name(self) -> "CredentialRef":
