@@ -33,17 +33,9 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.agents.invocation import (
-    CARD_TTL_SECONDS,
-    MAX_CACHED_CARDS,
-    OUTPUTS_ARTIFACT,
-    Invocation,
-    Progress,
-    Timing,
-    agent_error,
-    cancel_and_wait,
-    previous_task_id,
-)
+from activities.agents.invocation import Invocation, cancel_and_wait
+from activities.agents.outcomes import agent_error
+from activities.agents.progress import OUTPUTS_ARTIFACT, Progress, Timing, previous_task_id
 from activities.claims import as_activity_error, holder_of, keep_lease
 from activities.metrics import AGENT_CALL_SECONDS, Stopwatch
 from store import Store, StoreError
@@ -59,6 +51,12 @@ from workflows.activity_types import (
 log = logging.getLogger(__name__)
 
 __all__ = ["OUTPUTS_ARTIFACT", "AgentActivities", "Timing"]
+
+# An agent's card is read once per endpoint for this long: a long-lived agent (an Agent's `endpoint`) served a
+# card request for every run, a third of its work for a short task. Sandboxes have an endpoint each, so for
+# them nothing changes; a failed call forgets its endpoint's card.
+CARD_TTL_SECONDS = 30.0
+MAX_CACHED_CARDS = 256
 
 
 class AgentActivities:

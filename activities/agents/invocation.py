@@ -1,14 +1,10 @@
-"""One agent turn over A2A (`Invocation`): send or find the attempt's message, follow the task's events, store
-progress and artifacts fenced, and map the task's end to a result or a typed error. `invoke_agent` runs it."""
+"""One agent turn over A2A (`Invocation`): send or find the attempt's message, follow the task's events (recorded,
+fenced, by `recording`), and map the task's end to a result or a typed error (`outcomes`). `invoke_agent` runs it."""
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -18,7 +14,7 @@ from a2a.client import (
     Client,
     ClientCallContext,
 )
-from a2a.helpers import get_data_parts, get_message_text, get_text_parts, new_data_part
+from a2a.helpers import new_data_part
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -34,23 +30,19 @@ from a2a.types import (
     TaskStatus,
 )
 from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
-from google.protobuf.json_format import MessageToDict
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from activities.claims import as_activity_error
-from store import Holder, StaleFence, StoreError
+from activities.agents.outcomes import DUPLICATE_OF, PAUSED, TERMINAL, agent_error, outcome, struct
+from activities.agents.progress import Progress
+from activities.agents.recording import Recorder
+from store import Holder
 from workflows.activity_types import (
-    CLAIM_LEASE_SECONDS,
     AgentError,
     AgentInvocation,
     AgentResult,
     FailureDetails,
-    RateLimitDetails,
-    TaskPause,
 )
 from workflows.contract import ExecutionContract
-from workflows.status import Artifact
 
 if TYPE_CHECKING:
     from activities.agents import AgentActivities
@@ -59,87 +51,6 @@ log = logging.getLogger(__name__)
 
 CONTRACT_PART = "ksquad.io/contract"
 MODEL_OVERRIDE = "ksquad.io/model"
-OUTPUTS_ARTIFACT = "ksquad.io/outputs"
-ERROR_KEY = "ksquad.io/error"
-DUPLICATE_OF = "ksquad.io/duplicate-of"
-
-MAX_OUTPUTS = 32  # keys in status.outputs
-MAX_OUTPUT_VALUE = 4096  # characters per output value
-MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
-MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which must stay small
-# Progress is stored as it comes up to a burst, then at most PROGRESS_PER_SECOND (a token bucket); the updates
-# not stored are counted in the next stored one, and every change of state is stored. An agent flooding
-# progress must not flood the store.
-PROGRESS_BURST = 20
-PROGRESS_PER_SECOND = 5.0
-TERMINAL = {
-    TaskState.TASK_STATE_COMPLETED,
-    TaskState.TASK_STATE_FAILED,
-    TaskState.TASK_STATE_CANCELED,
-    TaskState.TASK_STATE_REJECTED,
-}
-PAUSED = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
-# An agent's card is read once per endpoint for this long: a long-lived agent (an Agent's `endpoint`) served a
-# card request for every run, a third of its work for a short task. Sandboxes have an endpoint each, so for
-# them nothing changes; a failed call forgets its endpoint's card.
-CARD_TTL_SECONDS = 30.0
-MAX_CACHED_CARDS = 256
-
-
-def agent_error(kind: AgentError, message: str, details: Any) -> ApplicationError:
-    return ApplicationError(message[:2000], details, type=kind.value, non_retryable=True)
-
-
-def struct(message: Any) -> dict[str, Any]:
-    """A protobuf Struct field as a dict ({} when unset)."""
-    return MessageToDict(message) if message is not None and message.ListFields() else {}
-
-
-@dataclass
-class Timing:
-    heartbeat_seconds: float = 5.0
-    stall_seconds: float = 20.0  # no event for this long: ask the agent whether it is still there
-    probe_seconds: float = 5.0
-    cancel_wait_seconds: float = 10.0
-    lease_seconds: float = CLAIM_LEASE_SECONDS
-
-
-@dataclass
-class Progress:
-    """What the activity has seen of the remote task (also its heartbeat details)."""
-
-    task_id: str | None = None
-    state: str = ""
-    events: int = 0
-    artifacts: list[Artifact] = field(default_factory=list)
-    outputs: dict[str, str] = field(default_factory=dict)
-    recorded_state: int | None = None  # of the last status stored
-    tokens: float = PROGRESS_BURST  # status updates that may be stored now, refilled at PROGRESS_PER_SECOND
-    refilled_at: float = field(default_factory=time.monotonic)
-    coalesced: int = 0  # status updates not stored since the last stored one
-    answer: str = ""  # the text of the last text artifact: the agent's answer when it sends one
-
-    def may_record(self, state: int) -> bool:
-        now = time.monotonic()
-        self.tokens = min(PROGRESS_BURST, self.tokens + (now - self.refilled_at) * PROGRESS_PER_SECOND)
-        self.refilled_at = now
-        if state != self.recorded_state or self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        self.coalesced += 1
-        return False
-
-    def heartbeat(self) -> dict[str, Any]:
-        return {"taskId": self.task_id, "state": self.state, "events": self.events}
-
-
-def previous_task_id() -> str | None:
-    """The remote task an earlier attempt of this activity started, from its last heartbeat."""
-    details = activity.info().heartbeat_details
-    if details and isinstance(details[0], dict):
-        task_id = details[0].get("taskId")
-        return str(task_id) if task_id else None
-    return None
 
 
 async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
@@ -159,13 +70,12 @@ class Invocation:
         holder: Holder,
         progress: Progress,
     ) -> None:
-        self.store = acts.store
         self.timing = acts.timing
         self.client = client
         self.inv = inv
-        self.holder = holder
         self.progress = progress
         self.identity = inv.contract.run
+        self.record = Recorder(acts.store, holder, self.identity, progress)
 
     async def run(self) -> AgentResult:
         try:
@@ -221,8 +131,8 @@ class Invocation:
                 events = self._follow(await self._get(str(duplicate_of)))
                 continue
             if final.status.state == TaskState.TASK_STATE_COMPLETED:
-                await self._catch_up_artifacts(final)
-            return self._outcome(final)
+                await self.record.catch_up_artifacts(final)
+            return outcome(final, self.progress)
 
     # --- finding, sending, following ----------------------------------------------------------------------
 
@@ -296,7 +206,7 @@ class Invocation:
                     update = event.status_update
                     self.progress.task_id = update.task_id
                     self.progress.state = TaskState.Name(update.status.state)
-                    await self._record_status(
+                    await self.record.status(
                         update.status.state, update.status.message, struct(update.metadata)
                     )
                     if update.status.state in TERMINAL | PAUSED:
@@ -307,7 +217,7 @@ class Invocation:
                             metadata=update.metadata,
                         )
                 elif kind == "artifact_update":
-                    await self._record_artifact(event.artifact_update.artifact)
+                    await self.record.artifact(event.artifact_update.artifact)
                 elif kind is None:  # valid JSON-RPC whose result is none of the A2A stream events
                     raise agent_error(
                         AgentError.INVALID_AGENT_RESPONSE,
@@ -369,139 +279,6 @@ class Invocation:
             self.timing.cancel_wait_seconds,
         )
 
-    # --- recording (fenced) -------------------------------------------------------------------------------
-
-    async def _record_status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
-        progress = self.progress
-        if not progress.may_record(state):
-            return
-        text = get_message_text(message) if message.parts else ""
-        data = {"state": TaskState.Name(state), **_small(metadata)}
-        if progress.coalesced:
-            data["coalesced"] = progress.coalesced
-        await self._fenced(
-            self.store.append_event(
-                self.holder,
-                self.identity.fence,
-                self.identity.attempt,
-                "status",
-                text[:4000],
-                data,
-                work_item_ref=self.identity.work_item_ref,
-            )
-        )
-        progress.recorded_state, progress.coalesced = state, 0
-
-    async def _record_artifact(self, artifact: Any) -> None:
-        # An unnamed artifact is named by its place (its id is a UUID, which says nothing to a user).
-        name = artifact.name or f"artifact-{len(self.progress.artifacts) + 1}"
-        data = get_data_parts(list(artifact.parts))
-        texts = get_text_parts(list(artifact.parts))
-        if name == OUTPUTS_ARTIFACT:
-            for part in data:
-                self._take_outputs(part)
-            return
-        if len(self.progress.artifacts) >= MAX_ARTIFACTS:
-            raise agent_error(
-                AgentError.INVALID_AGENT_RESPONSE,
-                f"more than {MAX_ARTIFACTS} artifacts in one attempt (the next was {name})",
-                FailureDetails(message=f"more than {MAX_ARTIFACTS} artifacts", task_id=self.progress.task_id),
-            )
-        content = ("\n".join(texts) if texts else json.dumps(data)).encode()
-        if len(content) > MAX_ARTIFACT_BYTES:
-            raise agent_error(
-                AgentError.INVALID_AGENT_RESPONSE,
-                f"artifact {name} is {len(content)} bytes, more than the {MAX_ARTIFACT_BYTES} allowed",
-                FailureDetails(message="artifact too large", task_id=self.progress.task_id),
-            )
-        media_type = "text/plain" if texts else "application/json"
-        if texts:
-            self.progress.answer = "\n".join(texts)
-        await self._fenced(
-            self.store.put_artifact(
-                self.holder,
-                self.identity.fence,
-                name,
-                media_type=media_type,
-                content=content,
-                work_item_ref=self.identity.work_item_ref,
-            )
-        )
-        self.progress.artifacts.append(
-            Artifact(
-                name=name,
-                media_type=media_type,
-                size=len(content),
-                uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}",
-            )
-        )
-
-    def _take_outputs(self, outputs: Any) -> None:
-        if isinstance(outputs, dict):
-            for key, value in list(outputs.items())[:MAX_OUTPUTS]:
-                self.progress.outputs[str(key)] = str(value)[:MAX_OUTPUT_VALUE]
-
-    async def _catch_up_artifacts(self, task: Task) -> None:
-        """A task read whole (found again after a restart, or probed after a broken stream) carries artifacts
-        whose stream events this call never saw."""
-        seen = {a.name for a in self.progress.artifacts}
-        for artifact in task.artifacts:
-            name = artifact.name or artifact.artifact_id
-            if name == OUTPUTS_ARTIFACT or name not in seen:
-                await self._record_artifact(artifact)
-
-    async def _fenced(self, write: Any) -> None:
-        try:
-            await write
-        except StaleFence as err:
-            raise ApplicationError(f"fenced off: {err}", type="StaleFence", non_retryable=True) from None
-        except StoreError as err:
-            raise as_activity_error(err) from None
-
-    # --- outcomes -----------------------------------------------------------------------------------------
-
-    def _outcome(self, task: Task) -> AgentResult:
-        state = task.status.state
-        text = get_message_text(task.status.message) if task.status.message.parts else ""
-        metadata = {**struct(task.metadata), **struct(task.status.message.metadata)}
-        if state == TaskState.TASK_STATE_COMPLETED:
-            if not self.progress.outputs:
-                self._take_outputs(metadata.get(OUTPUTS_ARTIFACT))
-            # The agent's answer: its text artifact when it sent one (the final status may only say "done"),
-            # else its final message.
-            return AgentResult(
-                task_id=task.id,
-                outputs=self.progress.outputs,
-                artifacts=self.progress.artifacts,
-                summary=(self.progress.answer or text)[:500],
-            )
-        pause = TaskPause(task_id=task.id, context_id=task.context_id, message=text[:2000])
-        if state == TaskState.TASK_STATE_INPUT_REQUIRED:
-            raise agent_error(AgentError.INPUT_REQUIRED, text or "the agent needs input", pause)
-        if state == TaskState.TASK_STATE_AUTH_REQUIRED:
-            raise agent_error(
-                AgentError.CREDENTIAL_EXPIRED, text or "the agent's credential was refused", pause
-            )
-        if state == TaskState.TASK_STATE_FAILED and metadata.get(ERROR_KEY) == "rate_limited":
-            details = RateLimitDetails(
-                retry_after=_str(metadata.get("retryAfter")),
-                retry_after_ms=_str(metadata.get("retryAfterMs")),
-                response_date=_str(metadata.get("date")),
-                provider_resets=_resets(metadata.get("resets")),
-                observed_at=datetime.now(UTC),
-                model=_str(metadata.get("model")),
-                credential=_str(metadata.get("credential")),
-            )
-            raise agent_error(AgentError.RATE_LIMITED, text or "rate limited", details)
-        what = {
-            TaskState.TASK_STATE_CANCELED: "the agent cancelled the task",
-            TaskState.TASK_STATE_REJECTED: "the agent rejected the task",
-        }.get(state, "the agent failed")
-        message = f"{what}: {text}" if text else what
-        raise agent_error(
-            AgentError.AGENT_FAILED, message, FailureDetails(message=message[:2000], task_id=task.id)
-        )
-
 
 def task_text(contract: ExecutionContract) -> str:
     """The message's text: what any A2A agent reads. The task (input `task`, then the other inputs as
@@ -511,23 +288,6 @@ def task_text(contract: ExecutionContract) -> str:
     lines += [f"{key}: {value}" for key, value in inputs.items() if key != "task"]
     run = contract.run
     return "\n".join(lines) or f"Attempt {run.attempt} of run {run.namespace}/{run.name}."  # never empty
-
-
-def _resets(value: Any) -> dict[str, str]:
-    """The provider's reset headers as the agent passed them up (anything else is ignored)."""
-    if not isinstance(value, dict):
-        return {}
-    return {
-        str(k)[:128]: str(v)[:128] for k, v in list(value.items())[:16] if isinstance(v, str | int | float)
-    }
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _small(metadata: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in list(metadata.items())[:20] if len(json.dumps(v, default=str)) < 1000}
 
 
 def _network_failure(err: A2AClientError) -> bool:

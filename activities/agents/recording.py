@@ -1,0 +1,116 @@
+"""The fenced record of one agent turn: status updates become run events (rate-limited), artifacts are stored,
+outputs taken; each write carries the attempt's fence, so a holder fenced off by the workflow cannot write."""
+
+import json
+from typing import Any
+
+from a2a.helpers import get_data_parts, get_message_text, get_text_parts
+from a2a.types import Message, Task, TaskState
+from temporalio.exceptions import ApplicationError
+
+from activities.agents.outcomes import agent_error
+from activities.agents.progress import OUTPUTS_ARTIFACT, Progress
+from activities.claims import as_activity_error
+from store import Holder, StaleFence, Store, StoreError
+from workflows.activity_types import AgentError, FailureDetails
+from workflows.contract import RunIdentity
+from workflows.status import Artifact
+
+MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
+MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which must stay small
+
+
+class Recorder:
+    """Writes what one turn of one attempt produced, fenced."""
+
+    def __init__(self, store: Store, holder: Holder, identity: RunIdentity, progress: Progress) -> None:
+        self.store = store
+        self.holder = holder
+        self.identity = identity
+        self.progress = progress
+
+    async def status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
+        progress = self.progress
+        if not progress.may_record(state):
+            return
+        text = get_message_text(message) if message.parts else ""
+        data = {"state": TaskState.Name(state), **_small(metadata)}
+        if progress.coalesced:
+            data["coalesced"] = progress.coalesced
+        await self._fenced(
+            self.store.append_event(
+                self.holder,
+                self.identity.fence,
+                self.identity.attempt,
+                "status",
+                text[:4000],
+                data,
+                work_item_ref=self.identity.work_item_ref,
+            )
+        )
+        progress.recorded_state, progress.coalesced = state, 0
+
+    async def artifact(self, artifact: Any) -> None:
+        # An unnamed artifact is named by its place (its id is a UUID, which says nothing to a user).
+        name = artifact.name or f"artifact-{len(self.progress.artifacts) + 1}"
+        data = get_data_parts(list(artifact.parts))
+        texts = get_text_parts(list(artifact.parts))
+        if name == OUTPUTS_ARTIFACT:
+            for part in data:
+                self.progress.take_outputs(part)
+            return
+        if len(self.progress.artifacts) >= MAX_ARTIFACTS:
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"more than {MAX_ARTIFACTS} artifacts in one attempt (the next was {name})",
+                FailureDetails(message=f"more than {MAX_ARTIFACTS} artifacts", task_id=self.progress.task_id),
+            )
+        content = ("\n".join(texts) if texts else json.dumps(data)).encode()
+        if len(content) > MAX_ARTIFACT_BYTES:
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"artifact {name} is {len(content)} bytes, more than the {MAX_ARTIFACT_BYTES} allowed",
+                FailureDetails(message="artifact too large", task_id=self.progress.task_id),
+            )
+        media_type = "text/plain" if texts else "application/json"
+        if texts:
+            self.progress.answer = "\n".join(texts)
+        await self._fenced(
+            self.store.put_artifact(
+                self.holder,
+                self.identity.fence,
+                name,
+                media_type=media_type,
+                content=content,
+                work_item_ref=self.identity.work_item_ref,
+            )
+        )
+        self.progress.artifacts.append(
+            Artifact(
+                name=name,
+                media_type=media_type,
+                size=len(content),
+                uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}",
+            )
+        )
+
+    async def catch_up_artifacts(self, task: Task) -> None:
+        """A task read whole (found again after a restart, or probed after a broken stream) carries artifacts
+        whose stream events this call never saw."""
+        seen = {a.name for a in self.progress.artifacts}
+        for artifact in task.artifacts:
+            name = artifact.name or artifact.artifact_id
+            if name == OUTPUTS_ARTIFACT or name not in seen:
+                await self.artifact(artifact)
+
+    async def _fenced(self, write: Any) -> None:
+        try:
+            await write
+        except StaleFence as err:
+            raise ApplicationError(f"fenced off: {err}", type="StaleFence", non_retryable=True) from None
+        except StoreError as err:
+            raise as_activity_error(err) from None
+
+
+def _small(metadata: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in list(metadata.items())[:20] if len(json.dumps(v, default=str)) < 1000}
