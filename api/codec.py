@@ -61,8 +61,8 @@ def codec_app(
     # The protocol looks only at the path's last part: /decode, or /{namespace}/decode (the CLI's templating).
     routes = [
         Route("/encode", endpoint(codec.encode), methods=["POST", "OPTIONS"]),
-        Route("/decode", endpoint(codec.decode), methods=["POST", "OPTIONS"]),
+        Route("/decode", endpoint(codec.decode_for_display), methods=["POST", "OPTIONS"]),
         Route("/{namespace}/encode", endpoint(codec.encode), methods=["POST", "OPTIONS"]),
-        Route("/{namespace}/decode", endpoint(codec.decode), methods=["POST", "OPTIONS"]),
+        Route("/{namespace}/decode", endpoint(codec.decode_for_display), methods=["POST", "OPTIONS"]),
     ]
     return Starlette(routes=[*(extra_routes or []), *routes])

@@ -24,10 +24,11 @@ from temporalio.service import RPCError
 
 from crd_bridge.activities import status_body
 from crd_bridge.events import phase_records
-from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, resolve
+from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, not_this_run, resolve, stored_spec
 from store import StoreError
 from store.objects import Applied, ObjectStore, StoredObject
 from temporal_client.runs import RunWorkflows
+from temporal_client.seal import Sealer
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
@@ -112,8 +113,15 @@ def validate_documents(docs: Iterable[Any]) -> list[Manifest]:
 class EmbeddedBridge:
     """The activities of the `ksquad-bridge` task queue, over the embedded object store."""
 
-    def __init__(self, objects: ObjectStore, local_model_url: str, local_model: str | None = None) -> None:
+    def __init__(
+        self,
+        objects: ObjectStore,
+        local_model_url: str,
+        local_model: str | None = None,
+        sealer: Sealer | None = None,
+    ) -> None:
         self.objects = objects
+        self.sealer = sealer
         self.local_endpoint: dict[str, Any] = {
             "url": local_model_url,
             "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET, "key": "apiKey"},
@@ -123,7 +131,17 @@ class EmbeddedBridge:
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
-        namespace = req.run.namespace
+        """As the cluster bridge does: the Run as stored (by uid), resolved and sealed for the worker."""
+        namespace, name, uid = req.run.namespace, req.run.name, req.run.uid
+        try:
+            run = await self.objects.get("Run", namespace, name)
+        except StoreError as err:
+            raise ApplicationError(str(err), type="StoreUnavailable") from None
+        if run is None or run.uid != uid:
+            return not_this_run(namespace, name, uid)
+        spec = stored_spec(run.spec)
+        if isinstance(spec, Resolution):
+            return spec
 
         async def lookup(kind: str, name: str) -> dict[str, Any] | None:
             obj = await self.objects.get(kind, namespace, name)
@@ -137,9 +155,10 @@ class EmbeddedBridge:
             return None
 
         try:
-            return await resolve(namespace, req.spec, lookup)
+            resolution = await resolve(namespace, spec, lookup)
         except StoreError as err:
             raise ApplicationError(str(err), type="StoreUnavailable") from None
+        return self.sealer.seal_resolution(namespace, uid, resolution) if self.sealer else resolution
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:

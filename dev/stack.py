@@ -42,6 +42,7 @@ from store import Store
 from store.objects import ObjectStore
 from temporal_client.codec import EncryptionCodec, ensure_key_file
 from temporal_client.connection import connect
+from temporal_client.seal import Sealer
 from worker.registry import build_worker
 from workflows.activity_types import BRIDGE_TASK_QUEUE, WORKER_TASK_QUEUE
 from workflows.contract import CredentialRef
@@ -160,6 +161,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     state = options.state_dir
     private_state(state)
     codec = EncryptionCodec(ensure_key_file(state / "codec.key"))
+    sealer = Sealer.for_embedded(state / "seal.key")  # the bridge's resolutions, as the worker checks them
     token = ensure_token_file(state / TOKEN_FILE)
     api_port = preferred_port(options.api_port)
     api_url = f"http://127.0.0.1:{api_port}"
@@ -202,7 +204,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         agents = AgentActivities(store)
         stack.push_async_callback(agents.aclose)
         objects = ObjectStore(store)
-        bridge = EmbeddedBridge(objects, model_url, model_name)
+        bridge = EmbeddedBridge(objects, model_url, model_name, sealer)
         worker = build_worker(
             client,
             WORKER_TASK_QUEUE,
@@ -213,6 +215,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
                 ResumePlaces(store).reserve_resume_place,
             ],
             store=store,
+            sealer=sealer,
         )
         if options.serve_worker:
             await stack.enter_async_context(worker)

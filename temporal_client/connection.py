@@ -13,7 +13,7 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, PayloadCodec
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
@@ -22,13 +22,19 @@ from workflows import search_attributes as sa
 
 CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"  # the active key: it encrypts
 CODEC_KEYS_ENV = "KSQUAD_CODEC_KEYS"  # a directory of keys that decrypt too (the mounted Secret)
+CODEC_ACCEPT_PLAINTEXT_ENV = "KSQUAD_CODEC_ACCEPT_PLAINTEXT"  # "true": payloads in clear are read (migration)
 
 
 def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
-    """ksquad's wire format: pydantic models as JSON, encrypted by `codec` when there is one."""
+    """ksquad's wire format: pydantic models as JSON, encrypted by `codec` when there is one, failures' messages
+    and stack traces with them (a provider's error text or a model's question would be in clear otherwise)."""
     if codec is None:
         return pydantic_data_converter
-    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=codec,
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 def codec_from_env() -> EncryptionCodec | None:
@@ -38,7 +44,10 @@ def codec_from_env() -> EncryptionCodec | None:
     if not path:
         return None
     directory = os.environ.get(CODEC_KEYS_ENV)
-    return EncryptionCodec(KeyRing.from_files(Path(path), Path(directory) if directory else None))
+    accept_plaintext = os.environ.get(CODEC_ACCEPT_PLAINTEXT_ENV, "").lower() in ("1", "true", "yes")
+    return EncryptionCodec(
+        KeyRing.from_files(Path(path), Path(directory) if directory else None), accept_plaintext
+    )
 
 
 async def connect(

@@ -21,6 +21,7 @@ from temporalio.client import Client
 from dev.binaries import die_with_parent
 from dev.devserver import DevServer
 from kube import Kube, path
+from temporal_client.codec import ensure_key_file
 from temporal_client.connection import connect
 from testbed import chart
 from testbed.agents import MODEL_KEY, ModelEndpoint
@@ -78,10 +79,18 @@ class Stack:
         ).stdout.strip()
         return self.cluster.token_kubeconfig(f"{name}-{self.namespace}", token)
 
+    @property
+    def seal_key(self) -> Path:
+        """The key the bridge seals resolutions with and the worker checks them by (the chart's Secret)."""
+        path = self.root / "seal.key"
+        ensure_key_file(path)
+        return path
+
     def env(self, component: str) -> dict[str, str]:
         return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfigs[component]),
+            "KSQUAD_SEAL_KEY_FILE": str(self.seal_key),
             "KSQUAD_TEMPORAL_ADDRESS": self.dev_server.target,
             "KSQUAD_TASK_QUEUE": self.task_queue,
             "KSQUAD_HEALTH_PORT": str(free_port()),

@@ -7,6 +7,7 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
   KSQUAD_CODEC_KEY_FILE        the payload codec's active key (32 bytes, raw, base64 or hex); unset: in clear
   KSQUAD_CODEC_KEYS            a directory of keys that decrypt too (the codec Secret, mounted)
+  KSQUAD_SEAL_KEY_FILE         the key the bridge seals resolutions with (required: temporal_client.seal)
   KSQUAD_DATABASE_URL          the coordination store: postgresql://... (production) or sqlite:///FILE
   KSQUAD_SANDBOX_CONFIG        the sandbox settings (YAML; the chart's ConfigMap ksquad-sandbox)
   KSQUAD_TASK_QUEUE            the task queue served (default ksquad)
@@ -34,6 +35,7 @@ from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store, StoreError
 from temporal_client.connection import codec_from_env, temporal_answers
+from temporal_client.seal import sealer_from_env
 from temporal_client.telemetry import Telemetry
 from worker.registry import build_worker
 from worker.settings import Settings
@@ -42,6 +44,7 @@ log = logging.getLogger("ksquad.worker")
 
 
 async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
+    sealer = sealer_from_env("ksquad-worker")
     if settings.database_url.startswith("sqlite:///"):
         Path(settings.database_url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     store = await open_store(settings.database_url)
@@ -70,6 +73,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
             activities,
             max_cached_workflows=settings.max_cached_workflows,
             store=store,
+            sealer=sealer,
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

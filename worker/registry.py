@@ -12,6 +12,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
 from store import Store
+from temporal_client.seal import Sealer
+from worker.seals import SealCheck
 from workflows.entities import (
     ConcurrencyGateWorkflow,
     CredentialAnnouncerWorkflow,
@@ -64,9 +66,11 @@ def build_worker(
     workflows: Sequence[type] = RUN_WORKFLOWS,
     max_cached_workflows: int = MAX_CACHED_WORKFLOWS,
     store: Store | None = None,
+    sealer: Sealer | None = None,
 ) -> Worker:
     """A worker for `task_queue`: the Run and entity workflows, the entity activities (keeping credential limits
-    in `store` too), and `activities`."""
+    in `store` too), and `activities`. With `sealer`, it makes no sandbox and calls no agent that the bridge did
+    not resolve (worker.seals): every production worker has one; tests of single activities may go without."""
     return Worker(
         client,
         task_queue=task_queue,
@@ -74,6 +78,7 @@ def build_worker(
         activities=[*entity_activities(client, task_queue, store), compose_greeting, *activities],
         workflow_runner=WORKFLOW_RUNNER,
         max_cached_workflows=max_cached_workflows,
+        interceptors=[SealCheck(sealer)] if sealer else [],
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )

@@ -96,6 +96,7 @@ class Sandbox(KsquadModel):
     name: str
     kind: Literal["warm", "cold", "local", "external"]
     endpoint: str  # the A2A base URL
+    seal: str | None = None  # the worker's HMAC over the sandbox, run and attempt (temporal_client.seal)
 
     @property
     def status(self) -> SandboxStatus:
@@ -123,6 +124,9 @@ class ContinueTask(KsquadModel):
 class AgentInvocation(KsquadModel):
     contract: ExecutionContract
     endpoint: str
+    sandbox: Sandbox | None = (
+        None  # the sandbox `endpoint` is, as the worker sealed it (None: the agent's own)
+    )
     message_id: str  # "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after
     context_id: str
     continue_task: ContinueTask | None = None
@@ -149,6 +153,8 @@ class AgentError(StrEnum):
 # acquire_sandbox's ApplicationError type when the cluster cannot run the sandbox as configured (a RuntimeClass
 # that does not exist): the run fails at once, naming what to set, instead of retrying what cannot work.
 SANDBOX_MISCONFIGURED = "SandboxMisconfigured"
+# The worker refused what it was handed: not what the bridge resolved or the worker made (temporal_client.seal).
+UNSEALED = "Unsealed"
 
 
 class RateLimitDetails(KsquadModel):

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from workflows.model import KsquadModel
+from workflows.spec import SandboxPolicy
 
 CONTRACT_API_VERSION: Literal["ksquad.io/contract-v1"] = "ksquad.io/contract-v1"
 
@@ -92,6 +93,11 @@ class ResolvedAgent(KsquadModel):
     allowed_tools: list[str] = Field(default_factory=list)
     skills: list[SkillSpec] = Field(default_factory=list)
     credential: CredentialRef | None = None  # the agent's own credential, mounted in its sandbox
+    # Where its sandbox may run, as the bridge resolved it from the Run (within the chart's allow-lists).
+    sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
+    # The bridge's HMAC over all of the above, the Run's namespace and uid (temporal_client.seal): the worker
+    # acts on no agent without it.
+    seal: str | None = None
 
     @property
     def forces_cold(self) -> bool:
@@ -119,7 +125,9 @@ class ExecutionContract(KsquadModel):
     def for_sandbox(self) -> dict[str, object]:
         """The contract as a sandbox gets it: without the triggering user's identity (runs are attributed to
         people in the orchestrator's records, never inside the sandbox)."""
-        data: dict[str, object] = self.model_dump(mode="json", exclude={"run": {"triggered_by"}})
+        data: dict[str, object] = self.model_dump(
+            mode="json", exclude={"run": {"triggered_by"}, "agent": {"seal"}}
+        )
         return data
 
 

@@ -20,10 +20,11 @@ from temporalio.exceptions import ApplicationError
 
 from crd_bridge.events import RUN_API, EventRecorder, phase_records
 from crd_bridge.metrics import APPLY_TO_STATUS_SECONDS, MIRROR_LAG_SECONDS, RUNS_BY_PHASE, STATUS_WRITES
-from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, resolve
+from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, not_this_run, resolve, stored_spec
 from crd_bridge.resources import PLURALS
 from kube import ApiError, Kube, Unreachable, path
 from store import Store, StoreError
+from temporal_client.seal import Sealer
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.contract import Resolution
 from workflows.status import StatusSnapshot
@@ -59,8 +60,11 @@ class BridgeActivities:
         namespace_limit: int | None = None,
         allow: AllowLists = ANYTHING,
         store: Store | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.kube = kube
+        # Seals every resolution for the worker (temporal_client.seal); None: unsealed, which a worker refuses.
+        self.sealer = sealer
         # Where phase changes are logged for the event streams of the cluster API (None: Events only).
         self.store = store
         self.events = EventRecorder(kube, instance)
@@ -91,7 +95,24 @@ class BridgeActivities:
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
-        namespace = req.run.namespace
+        """The Run's references, resolved from the Run as the API server stores it (the request's spec is the
+        workflow's word, and anyone who can start a workflow could write it), sealed for the worker."""
+        namespace, name, uid = req.run.namespace, req.run.name, req.run.uid
+        try:
+            run = await self.kube.get(run_path(namespace, name))
+        except ApiError as err:
+            if err.status != 404:
+                raise ApplicationError(
+                    f"reading Run {namespace}/{name}: {err}", type="KubernetesError"
+                ) from None
+            run = None
+        except Unreachable as err:
+            raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+        if run is None or run["metadata"].get("uid") != uid:
+            return not_this_run(namespace, name, uid)
+        spec = stored_spec(run.get("spec"))
+        if isinstance(spec, Resolution):
+            return spec
 
         async def lookup(kind: str, name: str) -> dict[str, Any] | None:
             if kind == "Secret":  # its labels only, by a metadata-only list: never its data
@@ -113,9 +134,10 @@ class BridgeActivities:
             return spec
 
         try:
-            return await resolve(namespace, req.spec, lookup, self.namespace_limit, self.allow)
+            resolution = await resolve(namespace, spec, lookup, self.namespace_limit, self.allow)
         except Unreachable as err:
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+        return self.sealer.seal_resolution(namespace, uid, resolution) if self.sealer else resolution
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:

@@ -11,6 +11,7 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
   KSQUAD_CODEC_KEY_FILE        the payload codec's active key (32 bytes, raw, base64 or hex); unset: in clear
   KSQUAD_CODEC_KEYS            a directory of keys that decrypt too (the codec Secret, mounted)
+  KSQUAD_SEAL_KEY_FILE         the key resolutions are sealed with for the worker (required: temporal_client.seal)
   KSQUAD_DATABASE_URL          the store where phase changes are logged for the cluster API's event streams
                                (the worker's); unset: Run status and Events only
   KSQUAD_WATCH_NAMESPACES      the Run namespaces, comma-separated
@@ -45,6 +46,7 @@ from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store
 from temporal_client.connection import codec_from_env, temporal_answers
+from temporal_client.seal import sealer_from_env
 from temporal_client.telemetry import Telemetry
 from workflows.activity_types import BRIDGE_TASK_QUEUE
 
@@ -54,6 +56,7 @@ SHUTDOWN_SECONDS = 10.0
 
 async def serve(settings: BridgeSettings) -> int:
     state = {"serving": False, "leader": False}
+    sealer = sealer_from_env("ksquad-bridge")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -87,7 +90,7 @@ async def serve(settings: BridgeSettings) -> int:
         )
         await resources.enter_async_context(probes)
         bridge = BridgeActivities(
-            kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow, store
+            kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow, store, sealer
         )
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0

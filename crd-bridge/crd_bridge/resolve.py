@@ -48,8 +48,8 @@ from workflows.contract import (
     ToolSpec,
 )
 from workflows.contract import SkillSpec as ContractSkill
-from workflows.model import field_problems
-from workflows.spec import RunSpec
+from workflows.model import InvalidObject, field_problems
+from workflows.spec import RunSpec, parse_run_spec
 
 # (kind, name) -> the object's spec as a dict, or None when it does not exist (in the Run's namespace); for kind
 # "Secret", {"labels": {...}}: nothing else of a Secret is ever read
@@ -256,6 +256,7 @@ class Resolver:
             allowed_tools=agent.allowed_tools,
             skills=skills,
             credential=credential,
+            sandbox_policy=spec.sandbox_policy,
         )
 
     async def _credential_secret(self, name: str) -> None:
@@ -272,6 +273,26 @@ class Resolver:
                 f"Secret {self.namespace}/{name} is not labelled {CREDENTIAL_LABEL}=true: only labelled "
                 f"Secrets may be credentials (kubectl label secret {name} {CREDENTIAL_LABEL}=true)"
             )
+
+
+def not_this_run(namespace: str, name: str, uid: str) -> Resolution:
+    """The answer for a workflow whose Run the bridge cannot find with that uid: whoever can start workflows on
+    the Temporal namespace could otherwise have any spec resolved in any namespace."""
+    return Resolution(
+        outcome="invalid",
+        error=(
+            f"there is no Run {namespace}/{name} with uid {uid}: the bridge resolves only the Runs it reads "
+            "from the cluster, with the spec stored there (this workflow was not started for one)"
+        ),
+    )
+
+
+def stored_spec(spec: Any) -> RunSpec | Resolution:
+    """The Run's spec as stored (the API server validated it; an invalid one can never run)."""
+    try:
+        return parse_run_spec(spec)
+    except InvalidObject as err:
+        return Resolution(outcome="invalid", error=f"the stored Run is invalid: {'; '.join(err.problems)}")
 
 
 def _credential(ref: SecretKeyRef | None) -> CredentialRef | None:

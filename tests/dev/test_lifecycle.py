@@ -149,6 +149,14 @@ async def test_input_asked_for_is_given_and_the_same_task_goes_on(dev: DevStack,
             "--input",
             '"test_payment_retry"',
         ]
+        # In clear, the answer is refused (dropped: it is not encrypted with the codec's keys) ...
+        done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        await asyncio.sleep(2)
+        assert (await status(dev, "asked"))["phase"] == "Paused", "an answer in clear was taken"
+        # ... through the codec endpoint, with the API's token, it is the answer.
+        token = (dev.state_dir / "api.token").read_text().strip()
+        command += ["--codec-endpoint", f"{dev.api_url}/codec", "--codec-auth", f"Bearer {token}"]
     done = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert await wait_terminal(dev, ["asked"], within=60) == {"asked": "Succeeded"}

@@ -12,6 +12,7 @@ from temporalio.workflow import ActivityCancellationType
 from workflows.activity_types import (
     CLAIM_LEASE_SECONDS,
     SANDBOX_MISCONFIGURED,
+    UNSEALED,
     ClaimRequest,
     ClaimUpdate,
     RunRef,
@@ -88,8 +89,11 @@ class Holdings:
                 ANY_INTERRUPT,
             )
         except ActivityError as err:
-            if isinstance(err.cause, ApplicationError) and err.cause.type == SANDBOX_MISCONFIGURED:
-                raise RunFailed(SANDBOX_MISCONFIGURED, cause(err)) from err  # what cannot work is not retried
+            if isinstance(err.cause, ApplicationError) and err.cause.type in (
+                SANDBOX_MISCONFIGURED,
+                UNSEALED,
+            ):
+                raise RunFailed(err.cause.type, cause(err)) from err  # what cannot work is not retried
             raise AttemptFailed("SandboxFailed", cause(err)) from err
         self.hold_sandbox(self.sandbox)
         return self.sandbox

@@ -28,6 +28,7 @@ from temporalio.workflow import ActivityCancellationType
 
 from workflows import metrics
 from workflows.activity_types import (
+    UNSEALED,
     AgentError,
     AgentInvocation,
     AgentResult,
@@ -307,6 +308,7 @@ class RunWorkflow:
             invocation = AgentInvocation(
                 contract=self.route.contract(attempt, fence),
                 endpoint=sandbox.endpoint,
+                sandbox=sandbox,
                 message_id=message_id,
                 context_id=f"{uid}-a{attempt}",
                 continue_task=follow_up,
@@ -343,6 +345,8 @@ class RunWorkflow:
                 app = err.cause if isinstance(err.cause, ApplicationError) else None
                 kind = app.type if app is not None else None
                 details = app.details[0] if app is not None and app.details else {}
+                if kind == UNSEALED:
+                    raise RunFailed(UNSEALED, cause(err)) from err
                 if kind == AgentError.RATE_LIMITED:
                     await self.route.on_rate_limit(RateLimitDetails.model_validate(details))
                     turn, follow_up = turn + 1, None  # the fallback model answers a fresh message

@@ -82,6 +82,24 @@ capabilities:
 {{- end }}
 {{- end -}}
 
+{{- define "ksquad.sealSecretName" -}}
+{{- .Values.seal.keySecret.name | default (printf "%s-seal-key" .Release.Name) -}}
+{{- end -}}
+
+{{- /* The bridge's and the worker's: the seal key (templates/seal.yaml). */ -}}
+{{- define "ksquad.sealEnv" -}}
+- {name: KSQUAD_SEAL_KEY_FILE, value: /var/run/ksquad/seal/{{ .Values.seal.keySecret.key }}}
+{{- end -}}
+
+{{- define "ksquad.sealMount" -}}
+- {name: seal-key, mountPath: /var/run/ksquad/seal, readOnly: true}
+{{- end -}}
+
+{{- define "ksquad.sealVolume" -}}
+- name: seal-key
+  secret: {secretName: {{ include "ksquad.sealSecretName" . }}, defaultMode: 0440}
+{{- end -}}
+
 {{- define "ksquad.codecMount" -}}
 {{- if .Values.codec.keySecret.name }}
 - {name: codec-key, mountPath: /var/run/ksquad/codec, readOnly: true}
