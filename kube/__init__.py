@@ -193,7 +193,8 @@ class Kube:
         metadata_only: bool = False,
     ) -> AsyncIterator[Obj]:
         """Watch events ({"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": {...}}) until the server
-        ends the stream. An ERROR event with code 410 means the resource version is gone: list again."""
+        ends the stream. An ERROR event with code 410 means the resource version is gone: list again.
+        `metadata_only` streams PartialObjectMetadata, as `list` does: never a Secret's data."""
         params: dict[str, Any] = {
             "watch": "true",
             "timeoutSeconds": timeout_seconds,
@@ -203,11 +204,13 @@ class Kube:
             params["resourceVersion"] = resource_version
         if labels:
             params["labelSelector"] = labels
+        headers = {"Accept": f"{_METADATA_ONLY};g=meta.k8s.io;v=v1"} if metadata_only else {}
         try:
             async with self.http.stream(
                 "GET",
                 url,
                 params=params,
+                headers=headers,
                 timeout=httpx.Timeout(30.0, read=timeout_seconds + 30),
                 extensions=self._extensions,
             ) as response:
