@@ -2,10 +2,15 @@
 
 Who may call it (Guard): a caller with the bearer token in `.ksquad/api.token` (made on first start, mode
 0600, read by the CLI), naming the API by its loopback host (a Host header of another name is refused: DNS
-rebinding). A browser page of another origin is refused whatever it sends, except the Temporal UI's own origin
-on the codec endpoint. Requests that change something carry `application/json` (no form or text/plain body
-from a web page gets through without a preflight, which this API never grants), bodies are at most 4 MiB, and
-only the signals below are accepted.
+rebinding). A browser page of another origin is refused whatever it sends. Requests that change something carry
+`application/json` (no form or text/plain body from a web page gets through without a preflight, which this API
+never grants), bodies are at most 4 MiB, and only the signals below are accepted.
+
+The Temporal UI is served through this API, at /ui/ (the dev server's own UI, proxied), so that the UI and the
+codec endpoint share an origin and a session cookie: the developer signs in once with the link `ksquad dev`
+prints (/ui/signin?token=...), which sets an HttpOnly, SameSite=Strict cookie derived from the token. The codec
+endpoint takes the token or that cookie, nothing else: any local process can set an `Origin` header, so an
+origin proves nothing about who is asking, and the codec decrypts the history and encrypts inputs.
 
     POST   /apply                          {"documents": [...]}: store the objects, start new Runs
     GET    /runs[?namespace=NS]            the Runs, as the API server would list them
@@ -15,21 +20,25 @@ only the signals below are accepted.
     GET    /runs/{namespace}/{name}/events server-sent events: phase changes and agent progress, in order;
                                            `Last-Event-ID` (or ?after=N) replays from after that event
     POST   /codec/encode, /codec/decode    Temporal's remote codec protocol, for the UI (see `codec_app`)
+    GET    /ui/signin?token=TOKEN[&next=/ui/...]   the session cookie for the UI, then to the UI
+    *      /ui/...                         the Temporal UI (with the session cookie)
 
 Errors are JSON `{"error": "...", "problems": [...]}`: 400 for a body that is not JSON or an unknown action,
-401 without the token, 403 for another origin, 404 for an unknown run, 413 for a body too large, 415 for a body
+401 without the token (or, for /ui/ and /codec/, the session cookie), 403 for another origin, 404 for an unknown run, 413 for a body too large, 415 for a body
 that is not application/json, 421 for another Host, 422 for invalid objects.
 """
 
+import hashlib
 import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from temporalio.service import RPCError
 
@@ -44,6 +53,28 @@ from workflows.status import Phase
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20  # an apply of a thousand Runs is about half a megabyte
+UI_PREFIX = "/ui"  # the dev server's UI is started with this public path, and proxied here
+SESSION_COOKIE = "ksquad-dev-session"
+# Not forwarded either way: they describe one connection, not the request (RFC 9110, 7.6.1).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
+
+def session_value(token: str) -> str:
+    """The UI's session cookie: derived from the token (the cookie never holds the token itself)."""
+    return hmac.new(token.encode(), b"ksquad-dev-ui-session", hashlib.sha256).hexdigest()
 
 
 def error(status: int, message: str, problems: list[str] | None = None) -> JSONResponse:
@@ -75,10 +106,10 @@ def api_app(
     token: str,
     hosts: frozenset[str],
     codec: EncryptionCodec | None = None,
-    ui_origins: frozenset[str] = frozenset(),
+    ui_upstream: str | None = None,
 ) -> "Guard":
     """The API, behind its Guard: `token` for every caller, `hosts` the Host values it answers to, and the
-    Temporal UI's `ui_origins` on the codec endpoint."""
+    Temporal UI of `ui_upstream` (the dev server's, started with the public path /ui) served at /ui/."""
 
     def key(request: Request) -> tuple[str, str]:
         return request.path_params["namespace"], request.path_params["name"]
@@ -162,6 +193,45 @@ def api_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    async def signin(request: Request) -> Response:
+        if not hmac.compare_digest(request.query_params.get("token", "").encode(), token.encode()):
+            return error(401, "that is not the token in .ksquad/api.token: use the link `ksquad dev` printed")
+        after = request.query_params.get("next", "")  # a page of the UI, never another site
+        response = RedirectResponse(
+            after if after.startswith(f"{UI_PREFIX}/") else f"{UI_PREFIX}/", status_code=303
+        )
+        response.set_cookie(SESSION_COOKIE, session_value(token), httponly=True, samesite="strict", path="/")
+        return response
+
+    async def ui(request: Request) -> Response:
+        assert ui_upstream is not None
+        # The path as sent (raw): a workflow id's "%2F" must reach the UI's API encoded.
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        url = httpx.URL(f"{ui_upstream}{raw_path.decode('latin-1')}", query=request.url.query.encode())
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        client = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        try:
+            upstream = await client.send(
+                client.build_request(request.method, url, headers=headers, content=await request.body()),
+                stream=True,
+            )
+        except httpx.TransportError as err:
+            await client.aclose()
+            return error(502, f"the Temporal UI at {ui_upstream} does not answer: {err}")
+
+        async def body() -> Any:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+                await client.aclose()
+
+        answer = [(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP]
+        response = StreamingResponse(body(), status_code=upstream.status_code)
+        response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer]
+        return response
+
     routes = [
         Route("/healthz", healthz),
         Route("/apply", apply, methods=["POST"]),
@@ -172,10 +242,17 @@ def api_app(
         Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", artifact),
         Route("/runs/{namespace}/{name}/{action:str}", signal_run, methods=["POST"]),
     ]
+    if ui_upstream is not None:
+        routes += [
+            Route(f"{UI_PREFIX}/signin", signin),
+            Route(
+                f"{UI_PREFIX}/{{path:path}}", ui, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+            ),
+        ]
     app = Starlette(routes=routes)
     if codec is not None:
-        app.mount("/codec", codec_app(codec, ui_origins))
-    return Guard(app, token, hosts, ui_origins)
+        app.mount("/codec", codec_app(codec, frozenset()))  # the UI is of this origin: no CORS
+    return Guard(app, token, hosts)
 
 
 async def json_body(request: Request) -> Any:
@@ -198,17 +275,14 @@ def loopback_names(port: int) -> frozenset[str]:
 
 
 class Guard:
-    """ASGI middleware: who may call the API (see the module's docstring). `ui_origins` may use the codec
-    endpoint without the token: the Temporal UI's pages, which the browser identifies by Origin."""
+    """ASGI middleware: who may call the API (see the module's docstring)."""
 
-    def __init__(
-        self, app: Any, token: str, hosts: frozenset[str], ui_origins: frozenset[str] = frozenset()
-    ) -> None:
+    def __init__(self, app: Any, token: str, hosts: frozenset[str]) -> None:
         self.app = app
         self.token = token
         self.hosts = hosts
         self.own_origins = frozenset(f"http://{host}" for host in hosts)
-        self.ui_origins = ui_origins
+        self.session = session_value(token)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -240,11 +314,20 @@ class Guard:
         if request.url.path == "/healthz":
             return None
         origin = request.headers.get("origin")
-        from_ui = origin in self.ui_origins and request.url.path.startswith("/codec/")
-        if origin is not None and origin not in self.own_origins and not from_ui:
+        if origin is not None and origin not in self.own_origins:
             return error(403, f"requests from pages of {origin} are refused")
-        if not from_ui and not bearer_matches(request, self.token):
+        path = request.url.path
+        if path == f"{UI_PREFIX}/signin":
+            return None  # it checks the token it is given
+        in_session = path.startswith((f"{UI_PREFIX}/", "/codec/")) and hmac.compare_digest(
+            request.cookies.get(SESSION_COOKIE, "").encode(), self.session.encode()
+        )
+        if not in_session and not bearer_matches(request, self.token):
+            if path.startswith(f"{UI_PREFIX}/"):
+                return error(401, "sign in first with the link `ksquad dev` printed (/ui/signin?token=...)")
             return error(401, "send Authorization: Bearer <the token in .ksquad/api.token>")
+        if path.startswith(f"{UI_PREFIX}/"):
+            return None  # the UI's own requests, as it sends them
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         sends_body = request.method in ("POST", "PUT", "PATCH") or int(
             request.headers.get("content-length") or 0

@@ -127,15 +127,16 @@ async def run_demo(dev: DevStack) -> int:
             f"{name:<22} {status.get('phase', '?'):<10} {expected[name]:<10} {status.get('attempt', 0):<9} "
             f"{paused or '-':<13} {duration:<9} {output[:60]}"
         )
-    async with httpx.AsyncClient() as http:
-        ui_status = (await http.get(dev.ui_url, timeout=10)).status_code
+    async with httpx.AsyncClient(follow_redirects=True) as http:  # signed in, as the developer's browser is
+        ui_status = (await http.get(dev.ui_signin_url or dev.ui_url, timeout=10)).status_code
     ok &= ui_status == 200
     print(
-        f"\nTemporal UI: {dev.ui_url} (HTTP {ui_status}); the runs: "
-        f"{dev.ui_url}/namespaces/default/workflows?query=KsquadNamespace%3D%22{namespace}%22"
+        f"\nTemporal UI (HTTP {ui_status}): sign in with {dev.ui_signin_url}, then the runs are at "
+        f"{dev.ui_url}namespaces/default/workflows?query=KsquadNamespace%3D%22{namespace}%22"
     )
     print(
-        f"Inputs and prompts in the history are encrypted; the UI decodes them through {dev.api_url}/codec."
+        f"Inputs and prompts in the history are encrypted; the UI decodes them through {dev.api_url}/codec, "
+        "for the browser that signed in."
     )
     print("all three runs ended as expected" if ok else "NOT every run ended as expected")
     return 0 if ok else 1

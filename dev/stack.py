@@ -35,7 +35,7 @@ from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
 from agent.scripted_model import ScriptedModel, build_app
-from dev.api import api_app, loopback_names
+from dev.api import UI_PREFIX, api_app, loopback_names
 from dev.devserver import DevServer, ExternalTemporal, preferred_port
 from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
 from store import Store
@@ -104,8 +104,17 @@ class DevStack:
 
     @property
     def ui_url(self) -> str:
-        """The Temporal UI (the dev server's; an external Temporal's UI is its operator's to name)."""
-        return self.server.ui_url or "(none: Temporal runs elsewhere)"
+        """The Temporal UI, served through the API (the dev server's; an external Temporal's UI is its operator's
+        to name)."""
+        return f"{self.api_url}{UI_PREFIX}/" if self.server.ui_url else "(none: Temporal runs elsewhere)"
+
+    @property
+    def ui_signin_url(self) -> str | None:
+        """The link that signs the developer's browser in to the UI (and its codec): it holds the API's token."""
+        if not self.server.ui_url:
+            return None
+        token = (self.state_dir / TOKEN_FILE).read_text().strip()
+        return f"{self.api_url}{UI_PREFIX}/signin?token={token}"
 
     def info(self) -> dict[str, Any]:
         return {
@@ -114,6 +123,8 @@ class DevStack:
             "ui": self.ui_url,
             "temporal": self.server.target,
             "model": self.model_url,
+            "uiSignIn": self.ui_signin_url,
+            "temporalUi": self.server.ui_url,  # the dev server's own UI (it decodes nothing: no session there)
             "codecEndpoint": f"{self.api_url}/codec",
             "codecKeyFile": str(self.state_dir / "codec.key"),
             "tokenFile": str(self.state_dir / TOKEN_FILE),
@@ -177,7 +188,8 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             log_file=state / "temporal.log",
             port=preferred_port(options.temporal_port),
             ui_port=preferred_port(options.ui_port),
-            extra_args=["--ui-codec-endpoint", f"{api_url}/codec"],
+            # The UI is served through the API (dev.api): one origin with the codec endpoint and its session.
+            extra_args=["--ui-public-path", UI_PREFIX, "--ui-codec-endpoint", f"{api_url}/codec"],
         )
     )
     async with contextlib.AsyncExitStack() as stack:
@@ -221,8 +233,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
         runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
-        ui_origins = frozenset(f"http://{name}" for name in loopback_names(server.ui_port))
-        app = api_app(runs, store, token, loopback_names(api_port), codec, ui_origins)
+        app = api_app(runs, store, token, loopback_names(api_port), codec, server.ui_url)
         api_reservation.close()
         await stack.enter_async_context(http_server(app, api_port))
         dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)
@@ -242,7 +253,7 @@ async def serve(options: DevOptions) -> int:
         resumed = await dev.runs.resume_unfinished()
         print(f"ksquad dev is up in {time.monotonic() - t0:.1f}s (state in {dev.state_dir}/)")
         for label, value in (
-            ("Temporal UI", dev.ui_url),
+            ("Temporal UI", dev.ui_signin_url or dev.ui_url),
             ("Temporal", dev.server.target),
             ("API", dev.api_url),
             ("model", dev.model_url + ("" if dev.scripted is None else " (scripted)")),

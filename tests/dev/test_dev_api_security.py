@@ -11,19 +11,32 @@ import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 import yaml
+from google.protobuf import json_format
+from playwright.async_api import async_playwright
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
+from temporalio.client import Client
 
 from agent.scripted_model import ScriptedModel, build_app
 from testbed.asgi import serving
 from tests.support.dev import DevProcess
 
 CANARY = "sk-canary-5d1e0c6b"
+PLAYWRIGHT_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -251,3 +264,61 @@ def agent_environment(dev: DevProcess, run: str) -> str:
     """The environment of the local agent of `run`'s first attempt, as /proc shows it."""
     pid = int((dev.state / "sandboxes" / f"{run}-exec-1.pid").read_text())
     return (Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n")).decode()
+
+
+async def test_another_local_process_cannot_decode_the_history_the_signed_in_browser_can(
+    dev: DevProcess, tmp_path: Path
+) -> None:
+    """Any local process can send an `Origin` header and read the UI's settings, so neither opens the codec: its
+    token or the session cookie that signing in (with the link `ksquad dev` printed) gives the browser does."""
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
+    marker = "DECODE-MARKER-3b9e"
+    path = tmp_path / "decoded.yaml"
+    path.write_text(
+        yaml.safe_dump_all(
+            [
+                AGENT,
+                {
+                    **run_doc("decoded", "quick"),
+                    "spec": {"agents": ["sec-agent"], "model": "quick", "inputs": {"task": marker}},
+                },
+            ]
+        )
+    )
+    assert (await dev.cli("run", "-f", str(path))).code == 0
+    run = (await dev.wait_phase("decoded", {"Succeeded"}))["status"]["workflow"]
+
+    plain = await Client.connect(dev.info["temporal"])
+    history = await plain.get_workflow_handle(run["id"], run_id=run["runId"]).fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes.input
+    body = json_format.MessageToJson(started)
+    assert marker.encode() not in started.SerializeToString()
+    api = dev.info["api"]
+    for origin in (api, dev.info["temporalUi"]):
+        for route in ("decode", "encode"):
+            code, answer = curl(
+                "-X",
+                "POST",
+                f"{api}/codec/{route}",
+                "-H",
+                "Content-Type: application/json",
+                "-H",
+                f"Origin: {origin}",
+                "--data",
+                body,
+            )
+            assert code in (401, 403) and marker not in answer, (origin, route, code, answer)
+
+    page_url = f"/ui/namespaces/default/workflows/{quote(run['id'], safe='')}/{run['runId']}/history"
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=chromium, args=PLAYWRIGHT_FLAGS)
+        try:
+            page = await (await browser.new_context()).new_page()
+            await page.goto(api + page_url)  # not signed in: the API says how to
+            assert "sign in first" in await page.content()
+            await page.goto(f"{dev.info['uiSignIn']}&next={quote(page_url)}")
+            await page.wait_for_selector(f"text={marker}", timeout=30000)
+            await page.screenshot(path=str(tmp_path / "embedded-ui-decoded.png"), full_page=True)
+        finally:
+            await browser.close()
