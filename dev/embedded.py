@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 from temporalio import activity
@@ -24,7 +25,14 @@ from temporalio.service import RPCError
 
 from crd_bridge.activities import status_body
 from crd_bridge.events import phase_records
-from crd_bridge.resolve import CREDENTIAL_LABEL, KINDS, not_this_run, resolve, stored_spec
+from crd_bridge.resolve import (
+    ALLOWED_HOSTS_ANNOTATION,
+    CREDENTIAL_LABEL,
+    KINDS,
+    not_this_run,
+    resolve,
+    stored_spec,
+)
 from store import StoreError
 from store.objects import Applied, ObjectStore, StoredObject
 from temporal_client.runs import RunWorkflows
@@ -151,7 +159,11 @@ class EmbeddedBridge:
                 return self.local_endpoint
             # The only credential here: the local key.
             if kind == "Secret" and name == LOCAL_CREDENTIAL_SECRET:
-                return {"labels": {CREDENTIAL_LABEL: "true"}}
+                # It goes to the local model only (OPENAI_BASE_URL, or the scripted model).
+                return {
+                    "labels": {CREDENTIAL_LABEL: "true"},
+                    "annotations": {ALLOWED_HOSTS_ANNOTATION: urlsplit(self.local_endpoint["url"]).netloc},
+                }
             return None
 
         try:

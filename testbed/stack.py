@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -210,7 +211,12 @@ class Stack:
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
-                "metadata": {"name": "model-key", "labels": {"ksquad.io/credential": "true"}},
+                "metadata": {
+                    "name": "model-key",
+                    "labels": {"ksquad.io/credential": "true"},
+                    # its owner's word: the scripted model, and nowhere else
+                    "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).netloc},
+                },
                 "stringData": {"apiKey": MODEL_KEY},
             },
             {

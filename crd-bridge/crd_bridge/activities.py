@@ -115,12 +115,15 @@ class BridgeActivities:
             return spec
 
         async def lookup(kind: str, name: str) -> dict[str, Any] | None:
-            if kind == "Secret":  # its labels only, by a metadata-only list: never its data
+            if kind == "Secret":  # its labels and annotations, by a metadata-only list: never its data
                 found = await self.kube.list(
                     path("v1", "secrets", namespace), fields=f"metadata.name={name}", metadata_only=True
                 )
                 items = found.get("items") or []
-                return {"labels": items[0]["metadata"].get("labels") or {}} if items else None
+                if not items:
+                    return None
+                meta = items[0]["metadata"]
+                return {"labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}}
             assert kind in KINDS
             try:
                 obj = await self.kube.get(path(RUN_API, PLURALS[kind], namespace, name))

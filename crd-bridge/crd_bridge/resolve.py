@@ -8,8 +8,11 @@ Rules (DESIGN.md "Resources"):
   never read;
 - every tool the agent would use (its tools and its skills' toolRefs) must be in its allowedTools;
 - references resolve only inside the Run's namespace (a namespace is a tenant);
-- a credential is a Secret labelled `ksquad.io/credential=true` (only its labels are read); another Secret makes
-  the Run invalid, naming the label;
+- a credential is a Secret labelled `ksquad.io/credential=true` (only its labels and annotations are read);
+  another Secret makes the Run invalid, naming the label;
+- a credential goes only where its Secret's owner sent it: the annotation `ksquad.io/allowed-hosts` lists the
+  hosts (host, host:port or CIDR) its value may be sent to; a model URL elsewhere makes the Run invalid, naming
+  the host and the annotation. The hosts travel with the credential's reference, so the agent refuses too;
 - what the chart allows (AllowLists): sandbox images, runtime classes, hosts or CIDRs of Agent endpoints;
 - a missing object is named ("Agent payments/dev-1"); the run waits for it. An object that can never work
   (an invalid spec, a tool outside allowedTools, something the chart does not allow) makes the Run invalid, with
@@ -20,7 +23,7 @@ the applied files): only `Lookup` differs.
 """
 
 import ipaddress
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -52,9 +55,39 @@ from workflows.model import InvalidObject, field_problems
 from workflows.spec import RunSpec, parse_run_spec
 
 # (kind, name) -> the object's spec as a dict, or None when it does not exist (in the Run's namespace); for kind
-# "Secret", {"labels": {...}}: nothing else of a Secret is ever read
+# "Secret", {"labels": {...}, "annotations": {...}}: nothing else of a Secret is ever read
 Lookup = Callable[[str, str], Awaitable[dict[str, Any] | None]]
 CREDENTIAL_LABEL = "ksquad.io/credential"
+ALLOWED_HOSTS_ANNOTATION = "ksquad.io/allowed-hosts"
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def host_allowed(url: str, allowed: Iterable[str]) -> bool:
+    """Whether `url` goes to one of `allowed`: a host name or address (any port), host:port, or a CIDR."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if not host:
+        return False
+    try:
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:  # a port out of range
+        return False
+    for entry in (e.strip().lower() for e in allowed):
+        if "/" in entry:
+            try:
+                if ipaddress.ip_address(host) in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                continue
+        elif entry in (host, f"{host}:{port}", f"[{host}]", f"[{host}]:{port}"):
+            return True
+    return False
+
+
+def allowed_hosts(annotations: dict[str, str] | None) -> list[str]:
+    return [h.strip() for h in (annotations or {}).get(ALLOWED_HOSTS_ANNOTATION, "").split(",") if h.strip()]
+
+
 M = TypeVar("M", bound=BaseModel)
 
 KINDS: dict[str, type[BaseModel]] = {
@@ -84,20 +117,7 @@ class AllowLists:
     endpoints: frozenset[str] | None = None
 
     def endpoint_allowed(self, url: str) -> bool:
-        if self.endpoints is None:
-            return True
-        parts = urlsplit(url)
-        host, port = (parts.hostname or "").lower(), parts.port
-        for allowed in self.endpoints:
-            if "/" in allowed:
-                try:
-                    if ipaddress.ip_address(host) in ipaddress.ip_network(allowed, strict=False):
-                        return True
-                except ValueError:
-                    continue
-            elif allowed.lower() in (host, f"{host}:{port}"):
-                return True
-        return False
+        return self.endpoints is None or host_allowed(url, self.endpoints)
 
 
 ANYTHING = AllowLists()
@@ -241,10 +261,22 @@ class Resolver:
                     )
                 )
         credential = _credential(agent.credential_secret_ref)
+        hosts: dict[str, list[str]] = {}
         for secret in sorted(
             {c.secret_name for c in (model.credential, fallback and fallback.credential, credential) if c}
         ):
-            await self._credential_secret(secret)
+            found = await self._credential_secret(secret)
+            if found is not None:
+                hosts[secret] = found
+        for ref, endpoint_name in (
+            (model, endpoint_ref),
+            (fallback, fallback.endpoint_ref if fallback else None),
+        ):
+            if ref is not None and ref.credential is not None and ref.credential.secret_name in hosts:
+                self._check_destination(ref, endpoint_name or "", hosts[ref.credential.secret_name])
+        for ref_credential in (model.credential, fallback.credential if fallback else None, credential):
+            if ref_credential is not None:
+                ref_credential.allowed_hosts = hosts.get(ref_credential.secret_name, [])
         return ResolvedAgent(
             name=name,
             model=model,
@@ -259,20 +291,42 @@ class Resolver:
             sandbox_policy=spec.sandbox_policy,
         )
 
-    async def _credential_secret(self, name: str) -> None:
+    async def _credential_secret(self, name: str) -> list[str] | None:
         """Only a Secret labelled as a credential may reach a sandbox: a Run author could otherwise have any
-        Secret of the namespace mounted into an agent of theirs."""
+        Secret of the namespace mounted into an agent of theirs. Returns the hosts its owner allows (None: the
+        Secret is missing, and named so)."""
         secret = await self.lookup("Secret", name)
         if secret is None:
             label = f"Secret {self.namespace}/{name}"
             if label not in self.missing:
                 self.missing.append(label)
-            return
+            return None
         if (secret.get("labels") or {}).get(CREDENTIAL_LABEL) != "true":
             raise Invalid(
                 f"Secret {self.namespace}/{name} is not labelled {CREDENTIAL_LABEL}=true: only labelled "
                 f"Secrets may be credentials (kubectl label secret {name} {CREDENTIAL_LABEL}=true)"
             )
+        return allowed_hosts(secret.get("annotations"))
+
+    def _check_destination(self, model: ModelRef, endpoint_ref: str, hosts: list[str]) -> None:
+        """The label says the Secret may be used; its owner's annotation says where its value may go: a Run
+        author who makes a ModelEndpoint at their own server must not get the team's key."""
+        assert model.credential is not None
+        if model.url is None or host_allowed(model.url, hosts):
+            return  # no URL: the agent's own endpoint holds the credential, ksquad sends it nowhere
+        secret = f"Secret {self.namespace}/{model.credential.secret_name}"
+        host = urlsplit(model.url).netloc
+        if not hosts:
+            raise Invalid(
+                f"{secret} names no host its value may be sent to, and ModelEndpoint {self.namespace}/"
+                f"{endpoint_ref} would send it to {host}: its owner lists the hosts in the annotation "
+                f"{ALLOWED_HOSTS_ANNOTATION} (kubectl annotate secret {model.credential.secret_name} "
+                f"{ALLOWED_HOSTS_ANNOTATION}={host})"
+            )
+        raise Invalid(
+            f"{secret} may be sent only to {', '.join(hosts)} (its annotation {ALLOWED_HOSTS_ANNOTATION}), not "
+            f"to {host} (ModelEndpoint {self.namespace}/{endpoint_ref}): adding {host} is its owner's decision"
+        )
 
 
 def not_this_run(namespace: str, name: str, uid: str) -> Resolution:

@@ -35,8 +35,12 @@ class SecretKeyRef(KsquadModel):
 
     name: K8sName
     """The Secret's name."""
-    key: Annotated[str, StringConstraints(min_length=1, max_length=253)] = "apiKey"
-    """The key within the Secret that holds the value."""
+    # A Secret's data key, never a path: no "/" and no leading "." (a warm pod and an endpoint agent read it as
+    # a file under the Secret's mount, where "../" would reach other files).
+    key: Annotated[
+        str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-_a-zA-Z0-9][-._a-zA-Z0-9]*$")
+    ] = "apiKey"
+    """The key within the Secret that holds the value (letters, digits, '-', '_' and '.', not first)."""
 
 
 class FallbackModel(KsquadModel):

@@ -18,6 +18,7 @@ import secrets
 import shutil
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -41,7 +42,12 @@ def squad(release: Release, model: ModelEndpoint) -> None:
         {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": {"name": "api-key", "namespace": NS, "labels": {"ksquad.io/credential": "true"}},
+            "metadata": {
+                "name": "api-key",
+                "namespace": NS,
+                "labels": {"ksquad.io/credential": "true"},
+                "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).netloc},
+            },
             "stringData": {"apiKey": MODEL_KEY},
         },
         {

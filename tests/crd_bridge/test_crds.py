@@ -187,3 +187,24 @@ def test_inputs_too_large_in_all_are_refused_naming_spec_inputs(crds: ControlPla
     )
     assert done.returncode != 0
     assert "spec.inputs: more than 262144 characters in all" in done.stderr, done.stderr[:2000]
+
+
+@pytest.mark.parametrize("key", ["../token", "..data", "apiKey/../../etc", "."])
+def test_a_credential_key_is_a_secrets_key_never_a_path(crds: ControlPlane, namespace: str, key: str) -> None:
+    """A warm pod and an endpoint agent read a credential as a file under its Secret's mount: an editor's key
+    of "../token" would reach the pod's other files (its service-account token, say)."""
+    for kind, spec in (
+        ("Agent", {"modelEndpointRef": "m", "credentialSecretRef": {"name": "model-key", "key": key}}),
+        (
+            "ModelEndpoint",
+            {"url": "https://api.example/v1", "credentialSecretRef": {"name": "model-key", "key": key}},
+        ),
+    ):
+        doc = {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": "k", "namespace": namespace},
+        }
+        done = crds.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": spec}), check=False)
+        assert done.returncode != 0, f"{kind} with key {key!r} was accepted"
+        assert "spec.credentialSecretRef.key: Invalid value" in done.stderr, done.stderr

@@ -5,6 +5,7 @@ re-routes the run and stays on its credential; one 429 pauses every run on that 
 import itertools
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from testbed.agents import MODEL_KEY, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
@@ -19,7 +20,11 @@ def two_credentials(model: ModelEndpoint) -> list[dict[str, Any]]:
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
-                "metadata": {"name": f"key-{x}", "labels": {"ksquad.io/credential": "true"}},
+                "metadata": {
+                    "name": f"key-{x}",
+                    "labels": {"ksquad.io/credential": "true"},
+                    "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).netloc},
+                },
                 "stringData": {"apiKey": MODEL_KEY},
             },
             {

@@ -307,7 +307,8 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
                     "apiVersion": RUN_API,
                     "kind": kind,
                     "metadata": {"name": name, "namespace": ns},
-                    "spec": {"agents": ["dev-1"]},
+                    # what resolve_references resolves (the Run as stored): every kind
+                    "spec": {"agents": ["subject"], "teamRef": "subject", "projectRef": "subject"},
                 }
             ),
         )
@@ -345,6 +346,7 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
             "apply",
             "-n",
             ns,
+    admin("annotate", "secret", "subject", "-n", ns, "ksquad.io/allowed-hosts=x")  # the ModelEndpoint's host
             "-f",
             "-",
             input=yaml.safe_dump({"apiVersion": "batch/v1", "kind": "Job", **job(name)}),

@@ -36,8 +36,14 @@ OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3},
     ("Project", "payments-api"): {"maxConcurrentRuns": 10},
-    ("Secret", "dev-1-key"): {"labels": {"ksquad.io/credential": "true"}},
-    ("Secret", "openai-key"): {"labels": {"ksquad.io/credential": "true", "team": "payments"}},
+    ("Secret", "dev-1-key"): {
+        "labels": {"ksquad.io/credential": "true"},
+        "annotations": {"ksquad.io/allowed-hosts": "api.example,127.0.0.1:1"},
+    },
+    ("Secret", "openai-key"): {
+        "labels": {"ksquad.io/credential": "true", "team": "payments"},
+        "annotations": {"ksquad.io/allowed-hosts": "api.example:443, 10.0.0.0/8"},
+    },
 }
 
 
@@ -191,3 +197,76 @@ async def test_an_agents_model_endpoint_created_after_the_run_is_waited_for_not_
     resolved = await resolve("payments", spec, lookup(objects))
     assert resolved.outcome == "resolved"
     assert resolved.agents[0].model.name == "gpt-late"
+
+
+@pytest.mark.parametrize(
+    ("annotation", "refusal"),
+    [
+        (
+            None,
+            "Secret payments/openai-key names no host its value may be sent to, and ModelEndpoint "
+            "payments/mine would send it to listener.attacker.example:8443: its owner lists the hosts in the "
+            "annotation ksquad.io/allowed-hosts",
+        ),
+        (
+            "api.example",
+            "Secret payments/openai-key may be sent only to api.example (its annotation "
+            "ksquad.io/allowed-hosts), not to listener.attacker.example:8443 (ModelEndpoint payments/mine)",
+        ),
+        ("listener.attacker.example:443", "may be sent only to listener.attacker.example:443"),
+        ("10.0.0.0/8", "may be sent only to 10.0.0.0/8"),
+    ],
+)
+async def test_a_credential_goes_only_to_the_hosts_its_secrets_owner_names(
+    annotation: str | None, refusal: str
+) -> None:
+    objects = {
+        **OBJECTS,
+        ("ModelEndpoint", "mine"): {
+            "url": "https://listener.attacker.example:8443/v1",
+            "model": "m",
+            "credentialSecretRef": {"name": "openai-key", "key": "token"},
+        },
+        ("Agent", "thief"): {"modelEndpointRef": "mine"},
+        ("Secret", "openai-key"): {
+            "labels": {"ksquad.io/credential": "true"},
+            "annotations": {"ksquad.io/allowed-hosts": annotation} if annotation else {},
+        },
+    }
+    r = await resolve("payments", parse_run_spec({"agents": ["thief"]}), lookup(objects))
+    assert r.outcome == "invalid" and r.error is not None and refusal in r.error, r.error
+
+
+@pytest.mark.parametrize(
+    "allowed",
+    ["listener.attacker.example", "listener.attacker.example:8443", "LISTENER.attacker.example"],
+)
+async def test_the_hosts_a_credential_may_go_to_travel_with_it(allowed: str) -> None:
+    objects = {
+        **OBJECTS,
+        ("ModelEndpoint", "theirs"): {
+            "url": "https://listener.attacker.example:8443/v1",
+            "model": "m",
+            "credentialSecretRef": {"name": "openai-key", "key": "token"},
+        },
+        ("Agent", "owner-approved"): {"modelEndpointRef": "theirs"},
+        ("Secret", "openai-key"): {
+            "labels": {"ksquad.io/credential": "true"},
+            "annotations": {"ksquad.io/allowed-hosts": f"{allowed}, api.example"},
+        },
+    }
+    r = await resolve("payments", parse_run_spec({"agents": ["owner-approved"]}), lookup(objects))
+    assert r.outcome == "resolved", r.error
+    credential = r.agents[0].model.credential
+    assert credential is not None and credential.allowed_hosts == [allowed, "api.example"]
+
+
+async def test_a_run_author_cannot_send_the_agents_credential_to_an_endpoint_of_theirs() -> None:
+    """The Run's modelEndpointRef beats the Agent's, and the Agent's credential goes with the model: the
+    override may not take the key where its owner did not send it."""
+    objects = {**OBJECTS, ("ModelEndpoint", "mine"): {"url": "http://203.0.113.7/v1", "model": "m"}}
+    spec = parse_run_spec({"agents": ["dev-1"], "modelEndpointRef": "mine"})
+    r = await resolve("payments", spec, lookup(objects))
+    assert r.outcome == "invalid" and r.error is not None
+    assert "Secret payments/dev-1-key may be sent only to api.example, 127.0.0.1:1" in r.error, r.error
+    assert "not to 203.0.113.7 (ModelEndpoint payments/mine)" in r.error

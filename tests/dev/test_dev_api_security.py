@@ -238,9 +238,10 @@ async def test_the_developers_key_goes_to_the_local_model_only(
         assert (await dev.cli("run", "-f", str(path))).code == 0
         await dev.wait_phase("uses-local", {"Running"})
         await dev.wait_phase("uses-keyless", {"Running"})
-        # Naming the local key for another server gets no key: the agent does not call, the run waits for one.
-        borrowed = (await dev.wait_phase("uses-borrowed", {"Paused"}))["status"]
-        assert borrowed["pauseReason"] == "CredentialExpired" and "local-model" in borrowed["message"]
+        # Naming the local key for another server is refused before any sandbox: it may go to the local model only.
+        borrowed = (await dev.wait_phase("uses-borrowed", {"Failed"}))["status"]
+        assert borrowed["reason"] == "InvalidReferences", borrowed
+        assert "Secret default/local-model may be sent only to 127.0.0.1:" in borrowed["message"], borrowed
         for _ in range(100):
             if any(c.model == "slow" for c in elsewhere.calls) and any(
                 c.model == "slow" for c in local.calls
@@ -256,7 +257,7 @@ async def test_the_developers_key_goes_to_the_local_model_only(
     assert "OPENAI_BASE_URL" not in environments["uses-keyless"], (
         "an agent inherits nothing of the developer's"
     )
-    for name in ("uses-local", "uses-borrowed", "uses-keyless"):
+    for name in ("uses-local", "uses-keyless"):
         await dev.cli("runs", "cancel", name)
 
 

@@ -89,7 +89,8 @@ async def start(dev: DevStack, name: str, body: dict[str, Any], codec: bool = Fa
 async def final_state(dev: DevStack, workflow_id: str, within: float = 60) -> dict[str, Any]:
     handle = dev.client.get_workflow_handle(workflow_id, result_type=RunStatus)
     result = await asyncio.wait_for(handle.result(), within)
-    return result.model_dump(mode="json", by_alias=True)
+    dumped: dict[str, Any] = result.model_dump(mode="json", by_alias=True)
+    return dumped
 
 
 async def test_a_workflow_started_in_clear_never_runs(
