@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from cli.targets import CliError, ClusterTarget, EmbeddedTarget, Target
+from cli.targets import SYSTEM_NAMESPACE, CliError, ClusterTarget, EmbeddedTarget, Target
 from workflows.signals import RunSignal
 from workflows.status import Phase
 
@@ -209,7 +209,9 @@ async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int
 
 async def runs_command(args: argparse.Namespace) -> int:
     target: Target = (
-        ClusterTarget(args.kubeconfig, args.context, args.api or os.environ.get("KSQUAD_API"))
+        ClusterTarget(
+            args.kubeconfig, args.context, args.api or os.environ.get("KSQUAD_API"), args.ksquad_namespace
+        )
         if args.kubeconfig or args.context
         else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API"))
     )
@@ -359,7 +361,13 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--api",
             help="the embedded stack's API (default: from .ksquad/dev.json); with a cluster, ksquad-api's URL "
-            "(default: the ConfigMap ksquad-api of the Run's namespace)",
+            "(default: the ConfigMap ksquad-api of ksquad's namespace, which must say https)",
+        )
+        q.add_argument(
+            "--ksquad-namespace",
+            default=os.environ.get("KSQUAD_SYSTEM_NAMESPACE", SYSTEM_NAMESPACE),
+            help=f"with a cluster, the namespace ksquad is installed in (default {SYSTEM_NAMESPACE}): only there "
+            "is ksquad-api's URL read, never from a Run's namespace, where its editors could point it elsewhere",
         )
 
     r = sub.add_parser("run", help="apply Runs and the objects they reference")

@@ -9,6 +9,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -18,7 +19,12 @@ from workflows.signals import RunSignal
 from workflows.spec import API_VERSION
 from workflows.status import PauseReason, Phase
 
-API_CONFIGMAP = "ksquad-api"  # in each Run namespace: {"url": where ksquad-api serves} (the chart's api.url)
+# In ksquad's own namespace (the chart's release namespace), never a Run namespace: {"url": where ksquad-api serves}
+# (the chart's api.url). The CLI sends the user's cluster credentials there, so it reads the URL only where no
+# tenant can write: a namespace editor could otherwise point every admin's `ksquad runs watch` at their listener.
+API_CONFIGMAP = "ksquad-api"
+SYSTEM_NAMESPACE = "ksquad-system"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class CliError(Exception):
@@ -175,8 +181,15 @@ class EmbeddedTarget:
 
 
 class ClusterTarget:
-    def __init__(self, kubeconfig: str | None, context: str | None = None, api: str | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | None,
+        context: str | None = None,
+        api: str | None = None,
+        system_namespace: str = SYSTEM_NAMESPACE,
+    ) -> None:
         self.api = api.rstrip("/") if api else None
+        self.system_namespace = system_namespace
         try:
             self.kube = Kube(Config.load(kubeconfig, context))
         except (FileNotFoundError, ConfigError) as err:
@@ -254,13 +267,13 @@ class ClusterTarget:
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes:
         """The content, from ksquad-api (it lives in the worker's store, which the API server does not serve)."""
         await self.get(namespace, name)
-        url = await self.api_url(namespace)
+        url = await self.api_url()
         header = await self.kube.config.credentials.authorization()
         if url is None or header is None:
             raise CliError(
                 f"artifact content is served by ksquad-api, which {self.where} does not name"
                 + (
-                    " (no ConfigMap ksquad-api: set the chart's api.url, or pass --api)"
+                    f" (no ConfigMap {self.system_namespace}/{API_CONFIGMAP}: set the chart's api.url, or pass --api)"
                     if url is None
                     else ""
                 )
@@ -286,23 +299,33 @@ class ClusterTarget:
             raise CliError(message or f"HTTP {response.status_code} from ksquad-api")
         return response.content
 
-    async def api_url(self, namespace: str) -> str | None:
-        """Where ksquad-api serves: --api / KSQUAD_API, else the ConfigMap ksquad-api the chart puts in each Run
-        namespace (when its api.url is set), else None."""
+    async def api_url(self) -> str | None:
+        """Where ksquad-api serves: --api / KSQUAD_API (the user's choice), else the ConfigMap ksquad-api of ksquad's
+        own namespace (the chart's api.url), else None. A URL found there must be HTTPS (or loopback): the user's
+        cluster token goes with every request."""
         if self.api:
             return self.api
         try:
-            found = await self.kube.get(path("v1", "configmaps", namespace, API_CONFIGMAP))
+            found = await self.kube.get(path("v1", "configmaps", self.system_namespace, API_CONFIGMAP))
         except (ApiError, Unreachable):
             return None
-        url = (found.get("data") or {}).get("url")
-        return str(url).rstrip("/") if url else None
+        url = str((found.get("data") or {}).get("url") or "").rstrip("/")
+        if not url:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme != "https" and parts.hostname not in LOOPBACK_HOSTS:
+            raise CliError(
+                f"ksquad-api's URL {url} (ConfigMap {self.system_namespace}/{API_CONFIGMAP}) is not HTTPS: the CLI "
+                "sends your cluster credentials only over HTTPS (set the chart's api.tlsSecret and an https api.url), "
+                "or pass --api to choose the URL yourself"
+            )
+        return url
 
     async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
         """The run's phases and agent progress from ksquad-api, with this kubeconfig's credentials; without an API
         (or with credentials the API cannot check, such as client certificates), its phases from its status."""
         await self.get(namespace, name)
-        url = await self.api_url(namespace)
+        url = await self.api_url()
         if url is not None and await self.kube.config.credentials.authorization():
 
             async def authorization() -> dict[str, str]:

@@ -162,6 +162,8 @@ async def test_ksquad_runs_watch_streams_a_run_through_the_api_across_its_restar
         f"{NS}/watched",
         "--kubeconfig",
         str(reader),
+        "--api",  # the test bed serves it over plain HTTP, which the ConfigMap's URL may not be (tests/cli)
+        API_URL,
         "-o",
         "json",
         stdout=asyncio.subprocess.PIPE,
