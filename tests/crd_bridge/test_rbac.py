@@ -340,13 +340,13 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
         )
     admin("create", "secret", "generic", "subject", "-n", ns, "--from-literal=k=v")
     admin("label", "secret", "subject", "-n", ns, "ksquad.io/credential=true")
+    admin("annotate", "secret", "subject", "-n", ns, "ksquad.io/allowed-hosts=x")  # the ModelEndpoint's host
     admin("create", "configmap", "subject", "-n", ns)
     for name in ("subject", "victim"):
         admin(
             "apply",
             "-n",
             ns,
-    admin("annotate", "secret", "subject", "-n", ns, "ksquad.io/allowed-hosts=x")  # the ModelEndpoint's host
             "-f",
             "-",
             input=yaml.safe_dump({"apiVersion": "batch/v1", "kind": "Job", **job(name)}),
