@@ -1,5 +1,9 @@
 """Kubernetes Events on Runs, one per phase change, aggregated like client-go's recorder: the same reason and
-message on the same Run bump one Event's count instead of adding another."""
+message on the same Run bump one Event's count instead of adding another.
+
+Events are readable by whoever may read the namespace's Events (the built-in `view` role among them), a wider
+set than who may read the Run: they carry no text of the agent's (its answer, its question, its failure) or the
+provider's, only the phase, the reason and ksquad's own words. The Run's status has the rest."""
 
 import hashlib
 import logging
@@ -7,6 +11,7 @@ from datetime import UTC, datetime
 
 from kube import ApiError, Kube, path
 from store import PhaseRecord
+from workflows.activity_types import AgentError
 from workflows.status import Phase, PhaseEvent, StatusSnapshot
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,19 @@ def phase_records(snapshot: StatusSnapshot) -> list[PhaseRecord]:
     ]
 
 
+# Whose message is the agent's or the provider's words: an answer, a question, a failure it reported.
+AGENT_WORDS = frozenset(
+    {"Succeeded", "InputRequired", "Resumed", "RetryBackoff", *(e.value for e in AgentError)}
+)
+
+
+def event_message(event: PhaseEvent) -> str:
+    """What an Event may say of a phase change: its message when it is ksquad's own, else where to read it."""
+    if event.reason in AGENT_WORDS or event.phase in (Phase.SUCCEEDED, Phase.RUNNING):
+        return f"{event.reason or event.phase.value} (the message is in the Run's status)"
+    return event.message or event.reason or event.phase.value
+
+
 def _micro_time(at: datetime) -> str:
     """eventTime's precision: the Events of one second keep their order (firstTimestamp has whole seconds)."""
     return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -53,7 +71,7 @@ class EventRecorder:
 
     async def record(self, namespace: str, run: str, uid: str, event: PhaseEvent) -> None:
         reason = event.reason or event.phase.value
-        message = f"{event.phase.value}: {event.message or reason}"[:1024]
+        message = f"{event.phase.value}: {event_message(event)}"[:1024]
         digest = hashlib.sha256(f"{uid}|{reason}|{message}".encode()).hexdigest()[:16]
         name = f"{run[:200]}.{digest}"
         body = {

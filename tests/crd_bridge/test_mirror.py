@@ -116,3 +116,41 @@ async def test_events_of_one_second_keep_their_order(
     table = ksquad_cluster.kubectl("events", "-n", namespace, "--for", "run/quick").stdout.splitlines()
     reasons = [line.split()[2] for line in table[1:]]  # LAST SEEN, TYPE, REASON, OBJECT, MESSAGE
     assert reasons == ["Created", "Claiming", "Running"], table
+
+
+async def test_events_carry_no_answer_question_or_agent_failure_which_only_the_runs_readers_see(
+    bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
+) -> None:
+    """Events are readable with the built-in `view` role, which cannot read Runs: the agent's words stay in the
+    Run's status."""
+    uid = make_run(ksquad_cluster, namespace, "secretive")
+    marker = "AGENT-WORDS-51c7"
+    for revision, phase, reason in (
+        (1, Phase.PAUSED, "InputRequired"),  # the model's question
+        (2, Phase.PENDING, "RetryBackoff"),  # a failed attempt, in the agent's words
+        (3, Phase.FAILED, "AgentFailed"),
+        (4, Phase.SUCCEEDED, "Succeeded"),  # the answer
+    ):
+        await bridge.mirror_status(
+            snapshot(namespace, "secretive", uid, revision, phase, **{reason: f"{marker}: {reason}"})
+        )
+    ksquad_cluster.kubectl("create", "serviceaccount", "viewer", "-n", namespace)
+    ksquad_cluster.kubectl(
+        "create",
+        "rolebinding",
+        "viewer",
+        "--clusterrole=view",
+        f"--serviceaccount={namespace}:viewer",
+        "-n",
+        namespace,
+    )
+    token = ksquad_cluster.kubectl("create", "token", "viewer", "-n", namespace).stdout.strip()
+    viewer = ksquad_cluster.token_kubeconfig(f"viewer-{namespace}", token, namespace)
+    events = json.loads(
+        ksquad_cluster.kubectl("get", "events", "-n", namespace, "-o", "json", kubeconfig=viewer).stdout
+    )["items"]
+    messages = [e["message"] for e in events if e["involvedObject"]["name"] == "secretive"]
+    assert len(messages) == 4 and not [m for m in messages if marker in m], messages
+    assert "Succeeded: Succeeded (the message is in the Run's status)" in messages
+    denied = ksquad_cluster.kubectl("get", "kr", "secretive", "-n", namespace, kubeconfig=viewer, check=False)
+    assert denied.returncode != 0 and "forbidden" in denied.stderr, "view reads Events, not Runs"
