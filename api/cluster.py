@@ -31,6 +31,7 @@ Settings, from the environment (the chart sets them):
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 import os
@@ -61,6 +62,7 @@ log = logging.getLogger("ksquad.api")
 RUN_API = "ksquad.io/v1alpha1"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 CODEC_COOKIE = "ksquad-codec"
+MAX_STREAMS_PER_USER = 32  # a console's tabs and a few CLIs; past it, 429 (each stream holds a store poller)
 RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
 
 REQUESTS = Counter("ksquad_api_requests", "requests to ksquad-api, by route and status", ["route", "code"])
@@ -111,6 +113,12 @@ class Caller:
     refusal: Response | None = field(default=None, repr=False)
 
 
+def codec_session(token: str) -> str:
+    """The codec cookie's value: derived from the shared token (a stolen cookie is not the token), and changed
+    with it."""
+    return hmac.new(token.encode(), b"ksquad-codec-session", hashlib.sha256).hexdigest()
+
+
 def bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -128,6 +136,12 @@ def cluster_api(
             return False
         expected = (await shared.authorization() or "").removeprefix("Bearer ")
         return hmac.compare_digest(given.encode(), expected.encode())
+
+    async def codec_session_matches(given: str | None) -> bool:
+        if shared is None or not given:
+            return False
+        expected = (await shared.authorization() or "").removeprefix("Bearer ")
+        return bool(expected) and hmac.compare_digest(given.encode(), codec_session(expected).encode())
 
     async def kubernetes_user(request: Request) -> Caller:
         token = bearer(request)
@@ -155,7 +169,7 @@ def cluster_api(
 
     async def authorize_codec(request: Request) -> Response | None:
         token = bearer(request)
-        if await codec_token_matches(token) or await codec_token_matches(request.cookies.get(CODEC_COOKIE)):
+        if await codec_token_matches(token) or await codec_session_matches(request.cookies.get(CODEC_COOKIE)):
             return None
         if token is None:
             return error(
@@ -182,14 +196,17 @@ def cluster_api(
         if not isinstance(token, str) or not await codec_token_matches(token):
             return error(401, "that is not the codec token")
         response = RedirectResponse("/codec/login?signed-in=1", status_code=303)
-        # HttpOnly: no page script reads it; Lax: sent by the UI's fetch from the same site, not by other sites.
+        # HttpOnly: no page script reads it; Lax: sent by the UI's fetch from the same site, not by other sites;
+        # Secure whenever the browser came over HTTPS (this server's TLS, or an ingress's, which says so in
+        # X-Forwarded-Proto); the value is derived from the token, never the token itself.
+        https = secure_cookie or request.headers.get("x-forwarded-proto", "").lower() == "https"
         response.set_cookie(
             CODEC_COOKIE,
-            token,
+            codec_session(token),
             path="/codec",
             httponly=True,
             samesite="lax",
-            secure=secure_cookie,
+            secure=https,
             max_age=43200,
         )
         return response
@@ -212,11 +229,21 @@ def cluster_api(
             return None, error(503, f"the Kubernetes API server does not answer: {err}")
         return run, None
 
+    open_streams: dict[str, int] = {}  # per user: each stream holds a connection and a store poller
+
     async def events(request: Request) -> Response:
         run, refusal = await run_for(request)
         if refusal is not None:
             return refusal
         assert run is not None
+        user = (await kubernetes_user(request)).user
+        who = user.name if user is not None else ""
+        if open_streams.get(who, 0) >= MAX_STREAMS_PER_USER:
+            return error(
+                429,
+                f"{who} has {MAX_STREAMS_PER_USER} event streams open already (the most one user may): "
+                "close one first",
+            )
         try:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
@@ -251,11 +278,15 @@ def cluster_api(
 
         async def body() -> Any:
             STREAMS.inc()
+            open_streams[who] = open_streams.get(who, 0) + 1
             try:
                 async for chunk in stream_events(store, uid, after, request.is_disconnected, ended):
                     yield chunk
             finally:
                 STREAMS.dec()
+                open_streams[who] -= 1
+                if not open_streams[who]:
+                    del open_streams[who]
 
         return StreamingResponse(
             body(),

@@ -40,7 +40,7 @@ class KubernetesAuth:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._users: dict[str, tuple[float, User | None]] = {}
-        self._decisions: dict[tuple[str, Access], tuple[float, bool]] = {}
+        self._decisions: dict[tuple[Any, ...], tuple[float, bool]] = {}
 
     async def user(self, token: str) -> User | None:
         """The token's user, or None when the API server does not accept the token."""
@@ -66,7 +66,10 @@ class KubernetesAuth:
         return found
 
     async def allowed(self, user: User, access: Access) -> bool:
-        key = (user.name + "\0" + ",".join(user.groups), access)
+        # Everything the review is asked about the user: two users alike in name and groups but not in uid or
+        # extra (an impersonated one, a scoped token's) may be allowed different things.
+        extra = tuple(sorted((k, tuple(v)) for k, v in user.extra.items()))
+        key = (user.name, user.uid, user.groups, extra, access)
         cached = self._decisions.get(key)
         if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
             return cached[1]

@@ -34,14 +34,19 @@ def event_data(event: Event) -> dict[str, Any]:
     }
 
 
+MAX_CURSOR = (
+    2**63 - 1
+)  # the store's event numbers are 64-bit: a larger one would fail in the query, mid-stream
+
+
 def parse_cursor(value: str | None) -> int:
     """`Last-Event-ID` (or ?after=): an event number; ValueError naming it otherwise."""
     try:
         after = int(value or "0")
     except ValueError:
         raise ValueError(f"Last-Event-ID must be an event number (got {value!r})") from None
-    if after < 0:
-        raise ValueError(f"Last-Event-ID must not be negative (got {after})")
+    if not 0 <= after <= MAX_CURSOR:
+        raise ValueError(f"Last-Event-ID must be an event number from 0 to {MAX_CURSOR} (got {after})")
     return after
 
 

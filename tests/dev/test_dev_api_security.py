@@ -93,6 +93,11 @@ async def dev(
         stack.kill_leftover_agents()
 
 
+def write_docs(path: Path, *docs: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
 def curl(*args: str) -> tuple[int, str]:
     done = subprocess.run(
         ["curl", "-s", "-o", "-", "-w", "\\n%{http_code}", *args], capture_output=True, text=True, timeout=60
@@ -192,7 +197,15 @@ async def test_callers_without_the_token_or_with_a_bad_request_are_refused_with_
     code, body = curl(f"{api}/runs", *auth, "-H", "Host: attacker.example:80")
     assert code == 421, "a name that resolves to loopback (DNS rebinding) is not this API"
     assert curl(f"{api}/codec/decode", "-X", "POST", *json_type, "-d", "{}")[0] == 401, "the codec too"
-    for name in ("api.token", "ksquad.db", "codec.key", "dev.json"):
+    await dev.cli("run", "-f", str(write_docs(dev.root / "cursor.yaml", AGENT, run_doc("cursor", "quick"))))
+    for cursor in (
+        str(2**63),
+        str(2**64),
+        "-1",
+    ):  # past the store's 64-bit event numbers: refused before streaming
+        code, body = curl(f"{api}/runs/default/cursor/events", *auth, "-H", f"Last-Event-ID: {cursor}")
+        assert code == 422 and "Last-Event-ID must be an event number from 0 to" in body, (cursor, code, body)
+    for name in ("api.token", "ksquad.db", "codec.key", "seal.key", "dev.json"):
         assert (dev.state / name).stat().st_mode & 0o077 == 0, f"{name} is the user's only"
 
 
