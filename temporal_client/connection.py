@@ -2,7 +2,11 @@
 bridge), the pydantic data converter (the workflows' wire format), credentials (TLS, API key), and ksquad's
 search attributes registered."""
 
+import asyncio
+import contextlib
 import dataclasses
+import hashlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +24,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from temporal_client.codec import EncryptionCodec, KeyRing
 from workflows import search_attributes as sa
 
+log = logging.getLogger(__name__)
 CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"  # the active key: it encrypts
 CODEC_KEYS_ENV = "KSQUAD_CODEC_KEYS"  # a directory of keys that decrypt too (the mounted Secret)
 CODEC_ACCEPT_PLAINTEXT_ENV = "KSQUAD_CODEC_ACCEPT_PLAINTEXT"  # "true": payloads in clear are read (migration)
@@ -57,14 +62,22 @@ async def connect(
     api_key: str | None = None,
     tls: bool = False,
     server_root_ca: bytes | None = None,
+    client_cert: tuple[bytes, bytes] | None = None,
+    server_name: str | None = None,
     codec: PayloadCodec | None = None,
     runtime: Runtime | None = None,
 ) -> Client:
-    """A client with ksquad's data converter (and payload codec); `api_key` (Temporal Cloud) implies TLS.
-    `runtime` carries the SDK's metrics exporter (temporal_client.telemetry)."""
+    """A client with ksquad's data converter (and payload codec); `api_key` (Temporal Cloud) implies TLS, and so
+    does `client_cert` (certificate and key, PEM: mutual TLS). `runtime` carries the SDK's metrics exporter
+    (temporal_client.telemetry)."""
     tls_config: TLSConfig | bool = tls or api_key is not None
-    if server_root_ca is not None:
-        tls_config = TLSConfig(server_root_ca_cert=server_root_ca)
+    if server_root_ca is not None or client_cert is not None or server_name is not None:
+        tls_config = TLSConfig(
+            server_root_ca_cert=server_root_ca,
+            client_cert=client_cert[0] if client_cert else None,
+            client_private_key=client_cert[1] if client_cert else None,
+            domain=server_name,
+        )
     return await Client.connect(
         target,
         namespace=namespace,
@@ -83,20 +96,79 @@ class TemporalSettings:
     namespace: str = "default"
     api_key: str | None = None  # Temporal Cloud's; implies TLS
     tls: bool = False
+    # Mutual TLS: the client certificate and key (PEM files: a mounted kubernetes.io/tls Secret, which
+    # cert-manager or an operator rotates in place), the CA the server's certificate is checked against, and the
+    # name it must carry. A certificate implies TLS.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+    tls_server_name: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "TemporalSettings":
+        def path(name: str) -> Path | None:
+            value = env.get(name)
+            return Path(value) if value else None
+
         return cls(
             address=env.get("KSQUAD_TEMPORAL_ADDRESS", cls.address),
             namespace=env.get("KSQUAD_TEMPORAL_NAMESPACE", cls.namespace),
             api_key=env.get("KSQUAD_TEMPORAL_API_KEY") or None,
             tls=env.get("KSQUAD_TEMPORAL_TLS", "").lower() in ("1", "true", "yes"),
+            tls_cert_file=path("KSQUAD_TEMPORAL_TLS_CERT_FILE"),
+            tls_key_file=path("KSQUAD_TEMPORAL_TLS_KEY_FILE"),
+            tls_ca_file=path("KSQUAD_TEMPORAL_TLS_CA_FILE"),
+            tls_server_name=env.get("KSQUAD_TEMPORAL_TLS_SERVER_NAME") or None,
         )
 
+    def tls_files(self) -> list[Path]:
+        return [f for f in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file) if f is not None]
+
     async def connect(self, codec: PayloadCodec | None = None, runtime: Runtime | None = None) -> Client:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise SystemExit(
+                "KSQUAD_TEMPORAL_TLS_CERT_FILE and KSQUAD_TEMPORAL_TLS_KEY_FILE go together (mutual TLS needs both)"
+            )
+        client_cert = None
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            client_cert = (self.tls_cert_file.read_bytes(), self.tls_key_file.read_bytes())
         return await connect(
-            self.address, self.namespace, api_key=self.api_key, tls=self.tls, codec=codec, runtime=runtime
+            self.address,
+            self.namespace,
+            api_key=self.api_key,
+            tls=self.tls,
+            server_root_ca=self.tls_ca_file.read_bytes() if self.tls_ca_file else None,
+            client_cert=client_cert,
+            server_name=self.tls_server_name,
+            codec=codec,
+            runtime=runtime,
         )
+
+
+def files_fingerprint(files: list[Path]) -> str:
+    """What the files hold now (a missing one counts as empty): it changes when a mounted Secret is rotated."""
+    digest = hashlib.sha256()
+    for file in files:
+        with contextlib.suppress(OSError):
+            digest.update(file.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+async def stop_when_changed(
+    files: list[Path], stop: asyncio.Event, program: str, every: float = 10.0
+) -> None:
+    """Set `stop` when any of `files` changes: the SDK cannot swap a connection's client certificate, so a
+    process whose certificate was rotated stops cleanly and its Deployment starts it again with the new one."""
+    if not files:
+        return
+    seen = files_fingerprint(files)
+    while not stop.is_set():
+        await asyncio.sleep(every)
+        if files_fingerprint(files) != seen:
+            log.warning("%s: the Temporal client certificate changed; stopping to reconnect with it", program)
+            stop.set()
+            return
 
 
 def with_converter(client: Client, codec: PayloadCodec | None = None) -> Client:

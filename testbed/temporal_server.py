@@ -18,10 +18,12 @@ from pathlib import Path
 
 import yaml
 from temporalio.client import Client
+from temporalio.service import TLSConfig
 
 from dev.binaries import die_with_parent, find_binary
 from dev.devserver import CLI_TYPES
 from testbed.isolate import free_port
+from testbed.pki import KeyPair, Pki
 from testbed.postgres import PostgresServer
 from workflows import search_attributes
 
@@ -65,7 +67,20 @@ class TemporalServer:
     namespace: str = "default"
     port: int = 0
     ip: str = "127.0.0.1"
+    # Mutual TLS on the frontend: a serving certificate and client certificates from this CA, and no client
+    # without one (as a cluster that authenticates its workers by certificate runs it).
+    pki: Pki | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    admin: KeyPair | None = field(default=None, repr=False)  # the client certificate the test bed itself uses
+
+    def tls_config(self) -> TLSConfig | None:
+        if self.pki is None or self.admin is None:
+            return None
+        return TLSConfig(
+            server_root_ca_cert=self.pki.ca.read_bytes(),
+            client_cert=self.admin.cert.read_bytes(),
+            client_private_key=self.admin.key.read_bytes(),
+        )
 
     @property
     def target(self) -> str:
@@ -139,6 +154,7 @@ class TemporalServer:
                 },
             },
             "global": {
+                **self._tls(),
                 "membership": {"maxJoinDuration": "30s", "broadcastAddress": self.ip},
                 "metrics": {
                     "prometheus": {
@@ -186,9 +202,44 @@ class TemporalServer:
         )
         return folder
 
+    def _tls(self) -> dict[str, object]:
+        if self.pki is None:
+            return {}
+        frontend = self.pki.issue("temporal-frontend", "temporal-frontend", server=True, addresses=(self.ip,))
+        system = self.pki.issue("temporal-system-worker", "temporal-system-worker")
+        self.admin = self.pki.issue("temporal-admin", "temporal-admin")
+        ca = [str(self.pki.ca)]
+        client = {"rootCaFiles": ca, "serverName": "localhost"}
+        return {
+            "tls": {
+                "frontend": {
+                    "server": {
+                        "certFile": str(frontend.cert),
+                        "keyFile": str(frontend.key),
+                        "requireClientAuth": True,
+                        "clientCaFiles": ca,
+                    },
+                    "client": client,
+                },
+                "systemWorker": {"certFile": str(system.cert), "keyFile": str(system.key), "client": client},
+            }
+        }
+
     def _cli(self, *args: str) -> None:
+        tls = (
+            [
+                "--tls-cert-path",
+                str(self.admin.cert),
+                "--tls-key-path",
+                str(self.admin.key),
+                "--tls-ca-path",
+                str(self.pki.ca),
+            ]
+            if self.pki is not None and self.admin is not None
+            else []
+        )
         done = subprocess.run(
-            [str(find_binary("temporal")), *args, "--address", self.target],
+            [str(find_binary("temporal")), *args, "--address", self.target, *tls],
             capture_output=True,
             text=True,
             timeout=120,
@@ -239,7 +290,9 @@ class TemporalServer:
             if self.process is not None and self.process.poll() is not None:
                 raise TemporalServerError(f"temporal-server exited: {self.log_tail()}")
             try:
-                client = await Client.connect(self.target, namespace="temporal-system")
+                client = await Client.connect(
+                    self.target, namespace="temporal-system", tls=self.tls_config() or False
+                )
                 if await client.service_client.check_health():
                     return
             except Exception:  # not up yet: refused, or the services still joining
@@ -263,8 +316,10 @@ class TemporalServer:
 
 
 @contextlib.asynccontextmanager
-async def temporal_server(postgres: PostgresServer, root: Path) -> AsyncIterator[TemporalServer]:
-    server = TemporalServer(postgres, root)
+async def temporal_server(
+    postgres: PostgresServer, root: Path, pki: Pki | None = None
+) -> AsyncIterator[TemporalServer]:
+    server = TemporalServer(postgres, root, pki=pki)
     try:
         await server.start()
         yield server

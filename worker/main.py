@@ -5,6 +5,9 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_ADDRESS      Temporal's frontend, host:port (default 127.0.0.1:7233)
   KSQUAD_TEMPORAL_NAMESPACE    Temporal namespace (default: default)
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
+  KSQUAD_TEMPORAL_TLS_CERT_FILE, _KEY_FILE, _CA_FILE, _SERVER_NAME
+                               mutual TLS: the client certificate and key (a changed file stops the worker, to
+                               be started again with it), the server's CA and name
   KSQUAD_CODEC_KEY_FILE        the payload codec's active key (32 bytes, raw, base64 or hex); unset: in clear
   KSQUAD_CODEC_KEYS            a directory of keys that decrypt too (the codec Secret, mounted)
   KSQUAD_SEAL_KEY_FILE         the key the bridge seals resolutions with (required: temporal_client.seal)
@@ -34,7 +37,7 @@ from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxAct
 from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store, StoreError
-from temporal_client.connection import codec_from_env, temporal_answers
+from temporal_client.connection import codec_from_env, stop_when_changed, temporal_answers
 from temporal_client.seal import sealer_from_env
 from temporal_client.telemetry import Telemetry
 from worker.registry import build_worker
@@ -89,12 +92,16 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         )
         readiness = Readiness({"store": store.ping, "temporal": lambda: temporal_answers(client)})
         checking = asyncio.create_task(readiness.watch())
+        rotation = asyncio.create_task(
+            stop_when_changed(settings.temporal.tls_files(), stop, "ksquad-worker")
+        )
         probes = Probes(
             settings.health_port, lambda: readiness.ready, readiness.details, telemetry.exposition
         )
         async with worker, probes:
             await stop.wait()
         checking.cancel()
+        rotation.cancel()
     log.info("stopped")
 
 

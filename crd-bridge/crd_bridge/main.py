@@ -9,6 +9,8 @@ Settings come from the environment (the chart sets them):
   KSQUAD_TEMPORAL_ADDRESS      Temporal's frontend, host:port (default 127.0.0.1:7233)
   KSQUAD_TEMPORAL_NAMESPACE    Temporal namespace (default: default)
   KSQUAD_TEMPORAL_TLS          true to connect with TLS; KSQUAD_TEMPORAL_API_KEY (Temporal Cloud) implies it
+  KSQUAD_TEMPORAL_TLS_CERT_FILE, _KEY_FILE, _CA_FILE, _SERVER_NAME
+                               mutual TLS (a changed certificate stops the bridge, to be started again with it)
   KSQUAD_CODEC_KEY_FILE        the payload codec's active key (32 bytes, raw, base64 or hex); unset: in clear
   KSQUAD_CODEC_KEYS            a directory of keys that decrypt too (the codec Secret, mounted)
   KSQUAD_SEAL_KEY_FILE         the key resolutions are sealed with for the worker (required: temporal_client.seal)
@@ -45,7 +47,7 @@ from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store
-from temporal_client.connection import codec_from_env, temporal_answers
+from temporal_client.connection import codec_from_env, stop_when_changed, temporal_answers
 from temporal_client.seal import sealer_from_env
 from temporal_client.telemetry import Telemetry
 from workflows.activity_types import BRIDGE_TASK_QUEUE
@@ -71,6 +73,10 @@ async def serve(settings: BridgeSettings) -> int:
         telemetry = Telemetry()
         resources.push_async_callback(telemetry.aclose)
         temporal = await settings.temporal.connect(codec_from_env(), telemetry.runtime)
+        rotation = asyncio.create_task(
+            stop_when_changed(settings.temporal.tls_files(), stop, "ksquad-bridge")
+        )
+        resources.push_async_callback(_cancel, rotation)
 
         async def api_server_answers() -> bool:
             await kube.get("/version")

@@ -11,6 +11,7 @@ import httpx
 
 from dev.binaries import die_with_parent
 from dev.devserver import DevServer
+from temporal_client.codec import ensure_key_file
 from testbed.isolate import free_port
 from testbed.postgres import PostgresServer
 
@@ -48,7 +49,9 @@ async def test_the_worker_is_unready_while_its_database_is_down(
         "KSQUAD_TASK_QUEUE": task_queue,
         "KSQUAD_HEALTH_PORT": str(port),
         "KSQUAD_SANDBOX_BACKEND": "local",
+        "KSQUAD_SEAL_KEY_FILE": str(tmp_path / "seal.key"),
     }
+    ensure_key_file(tmp_path / "seal.key")
     with (tmp_path / "worker.log").open("wb") as log:
         worker = subprocess.Popen(
             [WORKER], env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent

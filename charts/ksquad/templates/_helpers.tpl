@@ -73,6 +73,32 @@ capabilities:
 - name: KSQUAD_TEMPORAL_API_KEY
   valueFrom: {secretKeyRef: {name: {{ .Values.temporal.apiKeySecret.name }}, key: {{ .Values.temporal.apiKeySecret.key }}}}
 {{- end }}
+{{- with .Values.temporal.mtls }}
+{{- if .secretName }}
+- {name: KSQUAD_TEMPORAL_TLS_CERT_FILE, value: /var/run/ksquad/temporal-tls/tls.crt}
+- {name: KSQUAD_TEMPORAL_TLS_KEY_FILE, value: /var/run/ksquad/temporal-tls/tls.key}
+{{- if .caKey }}
+- {name: KSQUAD_TEMPORAL_TLS_CA_FILE, value: /var/run/ksquad/temporal-tls/{{ .caKey }}}
+{{- end }}
+{{- if .serverName }}
+- {name: KSQUAD_TEMPORAL_TLS_SERVER_NAME, value: {{ .serverName | quote }}}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- /* The bridge's and the worker's: Temporal's client certificate (mutual TLS), a kubernetes.io/tls Secret. */ -}}
+{{- define "ksquad.temporalMount" -}}
+{{- if .Values.temporal.mtls.secretName }}
+- {name: temporal-tls, mountPath: /var/run/ksquad/temporal-tls, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "ksquad.temporalVolume" -}}
+{{- if .Values.temporal.mtls.secretName }}
+- name: temporal-tls
+  secret: {secretName: {{ .Values.temporal.mtls.secretName }}, defaultMode: 0440}
+{{- end }}
 {{- end -}}
 
 {{- define "ksquad.codecEnv" -}}
