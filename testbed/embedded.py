@@ -174,6 +174,7 @@ async def start_workers(
             "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
             "KSQUAD_SANDBOX_BACKEND": "local",
             "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"),
+            "KSQUAD_SEAL_KEY_FILE": str(dev.state_dir / "seal.key"),  # the embedded bridge seals with it
             "KSQUAD_HEALTH_PORT": str(port),
         }
         with log.open("ab") as out:
