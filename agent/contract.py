@@ -7,13 +7,30 @@ agents. tests/agent/test_contract.py checks that it reads what the orchestrator 
 
 import json
 import os
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 CONTRACT_ENV = "KSQUAD_EXECUTION_CONTRACT"
 SUPPORTED_API_VERSIONS = ("ksquad.io/contract-v1",)
+# Kubernetes' own rules: a Secret's name is a DNS subdomain, a key is [-._a-zA-Z0-9]+ and neither `.` nor `..`.
+# Both become parts of a file path (agent.credentials), so anything else is refused.
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def secret_name_problem(name: str) -> str | None:
+    if len(name) > 253 or not _SECRET_NAME.match(name):
+        return f"credential Secret name {name!r} is not a Secret name (a DNS subdomain)"
+    return None
+
+
+def secret_key_problem(key: str) -> str | None:
+    if len(key) > 253 or not _SECRET_KEY.match(key) or key.startswith(".."):
+        return f"credential key {key!r} is not a plain file name ([-._a-zA-Z0-9], no `/`, no `..`)"
+    return None
 
 
 class _Read(BaseModel):
@@ -26,6 +43,23 @@ class Credential(_Read):
     secret_name: str
     key: str = "apiKey"
     env: str = ""  # where a cold sandbox gets the value
+    allowed_hosts: list[str] = Field(default_factory=list)  # where its value may go (agent.credentials)
+
+    @field_validator("secret_name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        problem = secret_name_problem(name)
+        if problem:
+            raise ValueError(problem)
+        return name
+
+    @field_validator("key")
+    @classmethod
+    def _plain_key(cls, key: str) -> str:
+        problem = secret_key_problem(key)
+        if problem:
+            raise ValueError(problem)
+        return key
 
 
 class Model(_Read):

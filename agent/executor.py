@@ -6,8 +6,14 @@ credentials). Outcomes are reported in A2A terms the orchestrator maps back:
 - FAILED with metadata `ksquad.io/error: rate_limited` plus the raw `retryAfter`/`retryAfterMs`/`date`,
   the model and the credential, when the model answers 429;
 - AUTH_REQUIRED when the model refuses the credential (401); INPUT_REQUIRED when the model asks the user;
-- CANCELED on CancelTask or SIGTERM; FAILED with the reason for anything else.
+- CANCELED on CancelTask or SIGTERM; FAILED with the reason for anything else, among them a credential the agent
+  will not send where the contract says (`ksquad.io/error: credential_refused`, naming the host and the Secret's
+  `ksquad.io/allowed-hosts` annotation).
 A message id seen before is never run again: its task is REJECTED, pointing at the original.
+
+Every message comes from an authenticated caller (agent.server's CallerAuth, agent.callers): its contract and
+model override are the worker's word. A shared endpoint's caller is one attempt's: its contract must be that
+attempt's, and its credentials are read from that namespace only, and only those the caller's token names.
 """
 
 import asyncio
@@ -35,8 +41,10 @@ from a2a.server.tasks import TaskUpdater
 from a2a.types import Message, TaskState
 from google.protobuf.json_format import MessageToDict
 
+from agent.callers import Caller
 from agent.contract import Contract, ContractError, Model, build_prompt, parse_contract
-from agent.model import ModelError, ModelFailed, RateLimited, Unauthorized, api_key, complete
+from agent.credentials import CredentialError, Credentials
+from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, complete
 from agent.tools import ToolBox
 
 log = logging.getLogger("ksquad.agent")
@@ -75,6 +83,7 @@ class Conversation:
     contract: Contract
     model: Model
     messages: list[dict[str, Any]]
+    credentials: Credentials  # where this conversation's keys are read (a shared endpoint: the caller's)
     pending_question: str | None = None  # the tool call id of an unanswered ksquad_request_input
     refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
 
@@ -105,6 +114,7 @@ class KsquadAgentExecutor(AgentExecutor):
         message = context.message
         assert message is not None and context.task_id is not None and context.context_id is not None
         updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        caller = context.call_context.state.get("auth")
         if context.current_task is None:
             await event_queue.enqueue_event(new_task_from_user_message(message))
             original = self.seen.get(message.message_id)
@@ -119,7 +129,7 @@ class KsquadAgentExecutor(AgentExecutor):
             self._remember(message.message_id, context.task_id)
             self.stats.messages += 1
             try:
-                conversation = self._start(message)
+                conversation = self._start(message, caller)
             except ContractError as err:
                 await updater.update_status(
                     TaskState.TASK_STATE_FAILED,
@@ -139,7 +149,15 @@ class KsquadAgentExecutor(AgentExecutor):
                 )
                 return
             conversation = existing
-            self._resume(conversation, message)
+            try:
+                self._resume(conversation, message, caller)
+            except ContractError as err:
+                await updater.update_status(
+                    TaskState.TASK_STATE_FAILED,
+                    self._text(updater, str(err)),
+                    metadata={ERROR_KEY: "invalid_contract"},
+                )
+                return
         current = asyncio.current_task()
         assert current is not None
         self.running[context.task_id] = current
@@ -178,7 +196,9 @@ class KsquadAgentExecutor(AgentExecutor):
 
     # --- the conversation ---------------------------------------------------------------------------------
 
-    def _start(self, message: Message) -> Conversation:
+    def _start(self, message: Message, caller: Any) -> Conversation:
+        if not isinstance(caller, Caller):  # CallerAuth lets no request through without one
+            raise ContractError("the message comes from no authenticated caller")
         contract = self.env_contract
         for part in get_data_parts(list(message.parts)):
             if isinstance(part, dict) and CONTRACT_PART in part:
@@ -187,10 +207,15 @@ class KsquadAgentExecutor(AgentExecutor):
             raise ContractError(
                 "no execution contract: set KSQUAD_EXECUTION_CONTRACT or send it in the message"
             )
+        credentials = _credentials_of(caller, contract)
         # The message's text only says which attempt this is: the task itself comes from the contract.
-        return Conversation(contract, self._model(contract, message), build_prompt(contract))
+        return Conversation(contract, self._model(contract, message), build_prompt(contract), credentials)
 
-    def _resume(self, conversation: Conversation, message: Message) -> None:
+    def _resume(self, conversation: Conversation, message: Message, caller: Any) -> None:
+        if not isinstance(caller, Caller):
+            raise ContractError("the message comes from no authenticated caller")
+        # A follow-up (a later activity) carries a token of its own: still this attempt's, maybe other credentials.
+        conversation.credentials = _credentials_of(caller, conversation.contract)
         text = get_message_text(message).strip()
         conversation.model = self._model(conversation.contract, message, conversation.model)
         if conversation.pending_question is not None:  # the answer to the model's question
@@ -226,7 +251,9 @@ class KsquadAgentExecutor(AgentExecutor):
                 )
                 try:
                     turn = await self._keepalive(
-                        complete(model, conversation.messages, definitions), updater, model
+                        complete(model, conversation.messages, definitions, conversation.credentials),
+                        updater,
+                        model,
                     )
                 except RateLimited as err:
                     credential = model.credential.secret_name if model.credential else None
@@ -244,8 +271,15 @@ class KsquadAgentExecutor(AgentExecutor):
                         },
                     )
                     return
+                except CredentialRefused as err:
+                    await updater.update_status(
+                        TaskState.TASK_STATE_FAILED,
+                        self._text(updater, str(err)),
+                        metadata={ERROR_KEY: "credential_refused", "model": model.name},
+                    )
+                    return
                 except Unauthorized as err:
-                    conversation.refused_key = _fingerprint(model)
+                    conversation.refused_key = _fingerprint(conversation)
                     await updater.update_status(
                         TaskState.TASK_STATE_AUTH_REQUIRED,
                         self._text(updater, str(err)),
@@ -301,7 +335,7 @@ class KsquadAgentExecutor(AgentExecutor):
         deadline = asyncio.get_running_loop().time() + ROTATION_WAIT_SECONDS
         # A file changes with no event to wait on: poll it.
         while asyncio.get_running_loop().time() < deadline:
-            if _fingerprint(conversation.model) != refused:
+            if _fingerprint(conversation) != refused:
                 return
             await asyncio.sleep(0.5)
 
@@ -342,11 +376,34 @@ class KsquadAgentExecutor(AgentExecutor):
         return updater.new_agent_message([new_text_part(text)])
 
 
-def _fingerprint(model: Model) -> str | None:
+def _fingerprint(conversation: Conversation) -> str | None:
+    credential = conversation.model.credential
     try:
-        return hashlib.sha256(api_key(model.credential).encode()).hexdigest()
-    except ModelError:
+        key = conversation.credentials.value(credential) if credential else ""
+    except CredentialError:
         return None
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _credentials_of(caller: Caller, contract: Contract) -> Credentials:
+    """A sandbox's caller is the worker of its one attempt: the contract is its word. A shared endpoint's caller is
+    one attempt's: the contract must be that attempt's, and only the credentials its token names are read, from
+    its namespace."""
+    claims = caller.claims
+    if claims is None:
+        return Credentials()
+    run = contract.run
+    if (run.namespace, run.uid, run.attempt, run.fence) != (
+        claims.namespace,
+        claims.uid,
+        claims.attempt,
+        claims.fence,
+    ):
+        raise ContractError(
+            f"the contract is for {run.namespace}/{run.name} attempt {run.attempt} (fence {run.fence}), the caller's "
+            f"token for {claims.namespace} run {claims.uid} attempt {claims.attempt} (fence {claims.fence})"
+        )
+    return Credentials(namespace=claims.namespace, permitted=claims.credentials)
 
 
 def _argument(arguments: str, name: str) -> str:

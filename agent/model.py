@@ -9,16 +9,14 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx2
 import openai
 
-from agent.contract import Credential, Model
+from agent.contract import Model
+from agent.credentials import CredentialError, CredentialMissing, Credentials
 
-SECRETS_DIR_ENV = "KSQUAD_SECRETS_DIR"  # mounted Secrets (kept current by the kubelet): <dir>/<secret>/<key>
-DEFAULT_SECRETS_DIR = "/var/run/ksquad/secrets"
 REQUEST_TIMEOUT = 300.0
 
 
@@ -62,6 +60,10 @@ class ModelFailed(ModelError):
     pass
 
 
+class CredentialRefused(ModelError):
+    """The agent will not send the credential where the contract says (agent.credentials says why)."""
+
+
 @dataclass
 class ToolCall:
     id: str
@@ -84,22 +86,6 @@ class Turn:
         return message
 
 
-def api_key(credential: Credential | None) -> str:
-    """The credential's value: the mounted Secret file (refreshed in place), else its environment variable."""
-    if credential is None:
-        return os.environ.get("OPENAI_API_KEY", "unused")
-    mounted = (
-        Path(os.environ.get(SECRETS_DIR_ENV, DEFAULT_SECRETS_DIR)) / credential.secret_name / credential.key
-    )
-    if mounted.is_file():
-        return mounted.read_text().strip()
-    if credential.env and credential.env in os.environ:
-        return os.environ[credential.env]
-    raise Unauthorized(
-        f"credential {credential.secret_name}/{credential.key} is not mounted at {mounted} nor set in ${credential.env}"
-    )
-
-
 _http: tuple[asyncio.AbstractEventLoop, httpx2.AsyncClient] | None = None
 
 
@@ -113,11 +99,24 @@ def shared_http() -> httpx2.AsyncClient:
     return _http[1]
 
 
-async def complete(model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Turn:
-    """One model turn, streamed; returns the text and the tool calls the model asked for."""
-    client = openai.AsyncOpenAI(  # cheap with a given http_client; the key is read afresh for every call
-        base_url=model.url or os.environ.get("OPENAI_BASE_URL"),
-        api_key=api_key(model.credential),
+async def complete(
+    model: Model,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    credentials: Credentials | None = None,
+) -> Turn:
+    """One model turn, streamed; returns the text and the tool calls the model asked for. The key is read afresh
+    for every call (a rotated Secret reaches a running agent), and only for a host its owner allows."""
+    base_url = model.url or os.environ.get("OPENAI_BASE_URL")
+    try:
+        key = (credentials or Credentials()).for_url(model.credential, base_url)
+    except CredentialMissing as err:
+        raise Unauthorized(str(err)) from None
+    except CredentialError as err:
+        raise CredentialRefused(str(err)) from None
+    client = openai.AsyncOpenAI(  # cheap with a given http_client
+        base_url=base_url,
+        api_key=key,
         max_retries=0,
         timeout=REQUEST_TIMEOUT,
         _strict_response_validation=True,

@@ -4,7 +4,9 @@
 
 Serves the agent card at `/.well-known/agent-card.json`, A2A JSON-RPC at `/`, `/healthz` (alive),
 `/readyz` (ready to take a task: it has a contract or can get one in the first message) and `/ksquad/stats`
-(what it was asked to do). On SIGTERM it cancels its tasks (each reports CANCELED), then stops.
+(what it was asked to do). JSON-RPC answers only the attempt's caller (agent.callers: a bearer token checked
+against the hash the sandbox was given, or a shared endpoint's signed token); the rest is public. On SIGTERM it
+cancels its tasks (each reports CANCELED), then stops.
 """
 
 import argparse
@@ -21,10 +23,13 @@ from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill
 from starlette.applications import Starlette
+from starlette.authentication import BaseUser
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from agent.callers import Caller, Check, check_from_env
 from agent.contract import contract_from_env
 from agent.executor import KsquadAgentExecutor
 from agent.task_store import RetainingTaskStore
@@ -60,7 +65,60 @@ def staged_toolchains() -> list[str]:
     return sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
 
 
-def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/ksquad/stats", "/.well-known/agent-card.json"})
+
+
+class CallerUser(BaseUser):
+    """The authenticated caller as Starlette (and so the a2a-sdk's call context) sees it: its scope is the
+    user name the task store partitions tasks by."""
+
+    def __init__(self, caller: Caller) -> None:
+        self.caller = caller
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def display_name(self) -> str:
+        return self.caller.scope
+
+
+class CallerAuth:
+    """Every request but the public paths carries the attempt's token, or is refused with 401 before the a2a-sdk
+    sees it. The caller goes into the request's scope (`auth`), where the executor reads it."""
+
+    def __init__(self, app: ASGIApp, check: Check) -> None:
+        self.app = app
+        self.check = check
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        token = _bearer(scope)
+        result = await self.check.caller(token) if token else "no bearer token"
+        if isinstance(result, str):
+            client = scope.get("client") or ("?", 0)
+            log.warning("refused %s %s from %s: %s", scope["method"], scope["path"], client[0], result)
+            response = JSONResponse(
+                {"error": f"unauthorized: {result}"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+            )
+            await response(scope, receive, send)
+            return
+        scope["user"], scope["auth"] = CallerUser(result), result
+        await self.app(scope, receive, send)
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
+def build_app(executor: KsquadAgentExecutor, url: str, check: Check) -> ASGIApp:
     card = agent_card(url)
     handler = DefaultRequestHandler(agent_executor=executor, task_store=RetainingTaskStore(), agent_card=card)
 
@@ -81,9 +139,10 @@ def build_app(executor: KsquadAgentExecutor, url: str) -> Starlette:
         )
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/ksquad/stats", stats)]
-    return Starlette(
+    app = Starlette(
         routes=routes + create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/")
     )
+    return CallerAuth(app, check)
 
 
 class AgentServer(uvicorn.Server):
@@ -125,7 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     advertised = args.host if args.host not in ("0.0.0.0", "::") else os.environ.get("POD_IP", "127.0.0.1")
     url = args.url or f"http://{advertised}:{args.port}/"
     config = uvicorn.Config(
-        build_app(executor, url), host=args.host, port=args.port, log_level="warning", lifespan="off"
+        build_app(executor, url, check_from_env()),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        lifespan="off",
     )
     log.info("ksquad-agent serving A2A at %s", url)
     asyncio.run(AgentServer(config, executor).serve())

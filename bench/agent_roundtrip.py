@@ -12,11 +12,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from temporalio.testing import ActivityEnvironment
 
-from activities.agents import AgentActivities
+from activities.agents import AgentActivities, CallerKeys
+from activities.agents.callers import process_keys
+from agent.callers import ENDPOINT_KEY_ENV
 from agent.contract import parse_contract
 from agent.model import complete
 from agent.scripted_model import ScriptedModel, build_app
@@ -32,21 +35,24 @@ async def main(iterations: int) -> None:
     state = ScriptedModel()
     state.load({"models": {"bench-model": [{"text": "done"}]}})
     async with serving(build_app(state)) as model_url:
-        model = ModelRef(
-            name="bench-model", url=f"{model_url}/v1", credential=CredentialRef(secret_name="bench")
-        )
-        agent = ResolvedAgent(name="bench", model=model)
+        credential = CredentialRef(secret_name="bench", allowed_hosts=[urlsplit(model_url).netloc])
+        model = ModelRef(name="bench-model", url=f"{model_url}/v1", credential=credential)
+        port = free_port()
+        # One long-lived agent for every attempt: a shared endpoint, checking the tokens the worker signs.
+        agent = ResolvedAgent(name="bench", model=model, endpoint=f"http://127.0.0.1:{port}/")
         base = ExecutionContract(
             run=RunIdentity(namespace="bench", name="r", uid="uid-bench", attempt=1, fence=1),
             inputs={"task": "say done"},
             agent=agent,
             model=model,
         )
-        port = free_port()
-        assert model.credential is not None
-        key_env = model.credential.env
-        env = {**os.environ, "KSQUAD_EXECUTION_CONTRACT": base.model_dump_json(), key_env: "sk-bench"}
+        key_env = credential.env
         with tempfile.TemporaryDirectory() as tmp:
+            endpoint_key = Path(tmp) / "endpoint.key"
+            endpoint_key.write_bytes(os.urandom(32))
+            (Path(tmp) / "secrets" / "bench" / "bench").mkdir(parents=True)
+            (Path(tmp) / "secrets" / "bench" / "bench" / "apiKey").write_text("sk-bench")
+            env = {**os.environ, ENDPOINT_KEY_ENV: str(endpoint_key), "KSQUAD_SECRETS_DIR": f"{tmp}/secrets"}
             process = subprocess.Popen(
                 [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
                 env=env,
@@ -56,7 +62,9 @@ async def main(iterations: int) -> None:
             try:
                 await wait_ready(f"http://127.0.0.1:{port}/readyz")
                 store = await Store.open(f"sqlite:///{Path(tmp) / 'bench.db'}")
-                acts = AgentActivities(store)
+                acts = AgentActivities(
+                    store, keys=CallerKeys(process_keys().sandbox, endpoint_key.read_bytes())
+                )
                 direct_contract = parse_contract(base.model_dump_json())
                 os.environ[key_env] = "sk-bench"
                 direct, invoked = [], []

@@ -166,10 +166,18 @@ async def create_at_rate(
 def start_remote_agent(stack: Stack) -> subprocess.Popen[bytes]:
     """The agent server as a long-lived process, and an Agent `remote` that points at it."""
     port = free_port()
-    # a remote agent reads its model key from its environment (a sandbox has it mounted)
+    # a shared endpoint: it answers the workers signing with the stack's endpoint key, and reads the model key
+    # mounted for the namespace its runs come from
+    secrets = stack.root / "remote-secrets"
+    (secrets / stack.namespace / "model-key").mkdir(parents=True, exist_ok=True)
+    (secrets / stack.namespace / "model-key" / "apiKey").write_text(MODEL_KEY)
     agent = subprocess.Popen(
         [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY},
+        env={
+            **os.environ,
+            "KSQUAD_ENDPOINT_TOKEN_KEY_FILE": str(stack.endpoint_key),
+            "KSQUAD_SECRETS_DIR": str(secrets),
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

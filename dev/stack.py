@@ -7,7 +7,10 @@ One process supervises:
 - the embedded bridge on `ksquad-bridge` (dev.embedded), and the API the CLI talks to (dev.api);
 - the model: `OPENAI_BASE_URL` (with `OPENAI_API_KEY`, `OPENAI_MODEL`) when set, else the scripted model.
 
-Payloads are encrypted with the key in `.ksquad/codec.key` (made on first start). Where everything listens
+Payloads are encrypted with the key in `.ksquad/codec.key` (made on first start). Local agents answer only the
+worker, which holds `.ksquad/sandbox-token.key` (activities.agents.callers): another local user reaching their
+loopback address is refused. An agent you run yourself as an Agent's `endpoint` checks the tokens the worker signs
+with `.ksquad/endpoint-token.key` (KSQUAD_ENDPOINT_TOKEN_KEY_FILE). Where everything listens
 is written to `.ksquad/dev.json`, which the CLI reads. Ctrl-C (or SIGTERM) stops it cleanly; the next start
 picks up every unfinished run where it was, and local agents still working are found again.
 """
@@ -30,7 +33,7 @@ import uvicorn
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.agents import AgentActivities
+from activities.agents import AgentActivities, CallerKeys
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
@@ -51,6 +54,8 @@ log = logging.getLogger("ksquad.dev")
 
 TEMPORAL_PORT, UI_PORT, API_PORT, MODEL_PORT = 7233, 8233, 8234, 8400
 TOKEN_FILE = "api.token"  # the API's and the codec endpoint's bearer token (0600), read by the CLI
+SANDBOX_KEY_FILE = "sandbox-token.key"  # the worker's key for its local agents' caller tokens (0600)
+ENDPOINT_KEY_FILE = "endpoint-token.key"  # shared with Agent.spec.endpoint agents run on this machine (0600)
 SCRIPTED_MODEL = "scripted"
 # What the scripted model answers, by model name (agent/scripted_model.py has the step format); the demo's
 # runs name the last two.
@@ -212,8 +217,14 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         local_model = LocalModel(
             model_url, CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey"), api_key
         )
-        sandboxes = LocalSandboxes(SandboxSettings(backend="local"), local_model, log_dir=state / "sandboxes")
-        agents = AgentActivities(store)
+        # Kept across restarts: a restarted stack still reaches the local agents of attempts in flight.
+        keys = CallerKeys(
+            ensure_key_file(state / SANDBOX_KEY_FILE), ensure_key_file(state / ENDPOINT_KEY_FILE)
+        )
+        sandboxes = LocalSandboxes(
+            SandboxSettings(backend="local"), local_model, log_dir=state / "sandboxes", keys=keys
+        )
+        agents = AgentActivities(store, keys=keys)
         stack.push_async_callback(agents.aclose)
         objects = ObjectStore(store)
         bridge = EmbeddedBridge(objects, model_url, model_name, sealer)

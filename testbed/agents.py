@@ -12,10 +12,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from mcp.server.mcpserver import Context, MCPServer
 
+from activities.agents.callers import process_keys
+from agent.callers import ENDPOINT_KEY_ENV, POD_ANNOTATIONS_ENV, TOKEN_SHA256_ENV
 from agent.scripted_model import ScriptedModel, build_app
 from dev.binaries import die_with_parent
 from testbed.asgi import serving
@@ -105,7 +108,13 @@ def contract(
             ToolSpec(name="notes", tool_name="add_note", mcp_server=server),
             ToolSpec(name="shell", tool_name="run_shell", mcp_server=server),
         ]
-    model_ref = ModelRef(name=model_name, url=model.url, credential=CredentialRef(secret_name="model-key"))
+    # The key may go to the scripted model's host only (the Secret's ksquad.io/allowed-hosts annotation).
+    allowed = [urlsplit(model.url).netloc]
+    model_ref = ModelRef(
+        name=model_name,
+        url=model.url,
+        credential=CredentialRef(secret_name="model-key", allowed_hosts=allowed),
+    )
     agent = ResolvedAgent(
         name="dev-1",
         model=model_ref,
@@ -149,16 +158,36 @@ AgentFactory = Callable[..., Any]
 
 @asynccontextmanager
 async def agent_starter(tmp_path: Path) -> AsyncIterator[AgentFactory]:
-    """Start `ksquad-agent` as its own process: `await start(contract=None)`; each stopped afterwards."""
+    """Start `ksquad-agent` as its own process: `await start(contract=None)`; each stopped afterwards.
+
+    The agent answers only its caller (agent.callers): given a contract, it is that attempt's sandbox and knows the
+    hash of the token this process's workers make for it (activities.agents.callers.process_keys); given
+    `annotations`, it reads the hash from that file, as a pod does from its downward-API volume; given
+    `endpoint_key`, it is a shared endpoint that checks signed tokens and reads credentials from
+    `<secrets_dir>/<namespace>/<secret>/<key>`."""
     started: list[AgentProcess] = []
 
-    async def start(contract: ExecutionContract | None = None) -> AgentProcess:
+    async def start(
+        contract: ExecutionContract | None = None,
+        *,
+        annotations: Path | None = None,
+        endpoint_key: Path | None = None,
+        secrets_dir: Path | None = None,
+    ) -> AgentProcess:
         port = free_port()
         env = {
             **os.environ,
             "KSQUAD_CREDENTIAL_MODEL_KEY_APIKEY": MODEL_KEY,
-            "KSQUAD_SECRETS_DIR": str(tmp_path / "no-secrets"),
+            "KSQUAD_SECRETS_DIR": str(secrets_dir or tmp_path / "no-secrets"),
         }
+        for name in (TOKEN_SHA256_ENV, POD_ANNOTATIONS_ENV, ENDPOINT_KEY_ENV):
+            env.pop(name, None)
+        if endpoint_key is not None:
+            env[ENDPOINT_KEY_ENV] = str(endpoint_key)
+        elif annotations is not None:
+            env[POD_ANNOTATIONS_ENV] = str(annotations)
+        elif contract is not None:
+            env[TOKEN_SHA256_ENV] = process_keys().sandbox_token_sha256(contract.run)
         if contract is not None:
             env["KSQUAD_EXECUTION_CONTRACT"] = contract.model_dump_json()
         log = tmp_path / f"agent-{port}.log"

@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 import httpx
 
+from agent.callers import ENDPOINT_KEY_ENV, SANDBOX_KEY_ENV
 from dev.binaries import die_with_parent
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
-from dev.stack import DevOptions, DevStack, dev_stack
+from dev.stack import ENDPOINT_KEY_FILE, SANDBOX_KEY_FILE, DevOptions, DevStack, dev_stack
 from testbed.isolate import free_port
 from testbed.postgres import PostgresServer
 from testbed.temporal_server import temporal_server
-from workflows.contract import CredentialRef
 from workflows.status import Phase
 
 NAMESPACE = "bench"
@@ -93,8 +93,17 @@ async def _with_agent(options: DevOptions) -> AsyncIterator[tuple[DevStack, subp
 
 
 async def start_agent(dev: DevStack) -> subprocess.Popen[bytes]:
+    """The instant agent: a shared endpoint (agent.callers), answering the stack's workers by the endpoint key of
+    its state folder, with the local model's key mounted for the namespace its runs come from."""
     port = free_port()
-    env = {**os.environ, CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey").env: "ksquad-dev"}
+    secrets = dev.state_dir / "agent-secrets"
+    (secrets / NAMESPACE / LOCAL_CREDENTIAL_SECRET).mkdir(parents=True, exist_ok=True)
+    (secrets / NAMESPACE / LOCAL_CREDENTIAL_SECRET / "apiKey").write_text("ksquad-dev")
+    env = {
+        **os.environ,
+        ENDPOINT_KEY_ENV: str(dev.state_dir / ENDPOINT_KEY_FILE),
+        "KSQUAD_SECRETS_DIR": str(secrets),
+    }
     agent = subprocess.Popen(
         [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
@@ -175,6 +184,8 @@ async def start_workers(
             "KSQUAD_SANDBOX_BACKEND": "local",
             "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"),
             "KSQUAD_SEAL_KEY_FILE": str(dev.state_dir / "seal.key"),  # the embedded bridge seals with it
+            SANDBOX_KEY_ENV: str(dev.state_dir / SANDBOX_KEY_FILE),
+            ENDPOINT_KEY_ENV: str(dev.state_dir / ENDPOINT_KEY_FILE),
             "KSQUAD_HEALTH_PORT": str(port),
         }
         with log.open("ab") as out:

@@ -87,11 +87,20 @@ class Stack:
         ensure_key_file(path)
         return path
 
+    @property
+    def endpoint_key(self) -> Path:
+        """The key the worker signs its callers' tokens to Agent.spec.endpoint agents with (agent.callers): a
+        shared endpoint agent started for this stack is given it (chart value agents.endpointTokenKeySecret)."""
+        path = self.root / "endpoint-token.key"
+        ensure_key_file(path)
+        return path
+
     def env(self, component: str) -> dict[str, str]:
         return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfigs[component]),
             "KSQUAD_SEAL_KEY_FILE": str(self.seal_key),
+            "KSQUAD_ENDPOINT_TOKEN_KEY_FILE": str(self.endpoint_key),
             "KSQUAD_TEMPORAL_ADDRESS": self.dev_server.target,
             "KSQUAD_TASK_QUEUE": self.task_queue,
             "KSQUAD_HEALTH_PORT": str(free_port()),

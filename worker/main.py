@@ -13,6 +13,9 @@ Settings come from the environment (the chart sets them):
   KSQUAD_SEAL_KEY_FILE         the key the bridge seals resolutions with (required: temporal_client.seal)
   KSQUAD_DATABASE_URL          the coordination store: postgresql://... (production) or sqlite:///FILE
   KSQUAD_SANDBOX_CONFIG        the sandbox settings (YAML; the chart's ConfigMap ksquad-sandbox)
+  KSQUAD_SANDBOX_TOKEN_KEY_FILE  the key of the attempts' caller tokens (activities.agents.callers: the same on
+                               every replica; the chart makes it); unset: a key of this process
+  KSQUAD_ENDPOINT_TOKEN_KEY_FILE the key shared with Agent.spec.endpoint agents, to sign their callers' tokens
   KSQUAD_TASK_QUEUE            the task queue served (default ksquad)
   KSQUAD_HEALTH_PORT           /healthz, /readyz (the store and Temporal) and /metrics (default 8082)
   KSQUAD_MAX_CACHED_WORKFLOWS  workflows kept in memory between tasks
@@ -30,7 +33,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
-from activities.agents import AgentActivities
+from activities.agents import AgentActivities, CallerKeys
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import KubernetesSandboxes, LocalSandboxes, SandboxActivities, SandboxSettings
@@ -54,15 +57,16 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.close)
         backend: KubernetesSandboxes | LocalSandboxes
+        keys = CallerKeys.from_env()  # the sandboxes get hashes of the tokens the agent activity sends
         if sandbox_settings.backend == "kubernetes":
             kube = await stack.enter_async_context(Kube(Config.load()))
-            backend = KubernetesSandboxes(kube, sandbox_settings)
+            backend = KubernetesSandboxes(kube, sandbox_settings, keys=keys)
         else:
-            backend = LocalSandboxes(sandbox_settings)
+            backend = LocalSandboxes(sandbox_settings, keys=keys)
         telemetry = Telemetry()
         stack.push_async_callback(telemetry.aclose)
         client = await settings.temporal.connect(codec_from_env(), telemetry.runtime)
-        agents = AgentActivities(store)
+        agents = AgentActivities(store, keys=keys)
         stack.push_async_callback(agents.aclose)
         activities: list[Callable[..., Any]] = [
             *ClaimActivities(store).all(),

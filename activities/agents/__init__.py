@@ -11,6 +11,8 @@
   (RateLimited with the raw Retry-After, CredentialExpired, InputRequired, AgentFailed with the agent's
   message, InvalidAgentResponse, SandboxLost) the workflow maps to its policies.
 - Cancelled (the run is cancelled, paused or throttled): CancelTask, then wait (bounded) for CANCELED.
+- Every request carries the attempt's caller token, and the agent's card is followed only on its endpoint
+  (activities.agents.callers).
 """
 
 import asyncio
@@ -25,6 +27,7 @@ from a2a.client import (
     ClientConfig,
     ClientFactory,
 )
+from a2a.client.interceptors import ClientCallInterceptor
 from a2a.types import (
     AgentCard,
 )
@@ -33,6 +36,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.agents.callers import BearerToken, CallerKeys, off_endpoint, process_keys
 from activities.agents.invocation import Invocation, cancel_and_wait
 from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress, Timing, previous_task_id
@@ -50,7 +54,7 @@ from workflows.activity_types import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OUTPUTS_ARTIFACT", "AgentActivities", "Timing"]
+__all__ = ["OUTPUTS_ARTIFACT", "AgentActivities", "CallerKeys", "Timing"]
 
 # An agent's card is read once per endpoint for this long: a long-lived agent (an Agent's `endpoint`) served a
 # card request for every run, a third of its work for a short task. Sandboxes have an endpoint each, so for
@@ -60,9 +64,10 @@ MAX_CACHED_CARDS = 256
 
 
 class AgentActivities:
-    def __init__(self, store: Store, timing: Timing | None = None) -> None:
+    def __init__(self, store: Store, timing: Timing | None = None, keys: CallerKeys | None = None) -> None:
         self.store = store
         self.timing = timing or Timing()
+        self.keys = keys or process_keys()
         self._http: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
         self._cards: dict[str, tuple[float, AgentCard]] = {}  # endpoint -> (read at, monotonic; card)
 
@@ -146,13 +151,19 @@ class AgentActivities:
 
     async def _connect(self, http: httpx.AsyncClient, inv: AgentInvocation) -> Client:
         factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
+        interceptors: list[ClientCallInterceptor] = [BearerToken(lambda: self.keys.token(inv.contract))]
         now = time.monotonic()
         cached = self._cards.get(inv.endpoint)
         if cached is not None and now - cached[0] < CARD_TTL_SECONDS:
-            return factory.create(cached[1])
+            return factory.create(cached[1], interceptors)
+        token = self.keys.token(inv.contract)
         try:
-            card = await A2ACardResolver(http, inv.endpoint).get_agent_card()
-            client = factory.create(card)
+            card = await A2ACardResolver(http, inv.endpoint).get_agent_card(
+                http_kwargs={"headers": {"Authorization": f"Bearer {token}"}} if token else None
+            )
+            elsewhere = off_endpoint(card, inv.endpoint)
+            if elsewhere is None:
+                client = factory.create(card, interceptors)
         except AgentCardResolutionError as err:
             raise agent_error(
                 AgentError.SANDBOX_LOST,
@@ -165,6 +176,13 @@ class AgentActivities:
                 f"invalid agent card at {inv.endpoint}: {err}",
                 FailureDetails(message=str(err)),
             ) from None
+        if elsewhere is not None:
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"the agent card at {inv.endpoint} sends its JSON-RPC calls to {elsewhere}, off the agent's "
+                "endpoint: not followed",
+                FailureDetails(message=f"agent card points at {elsewhere}"),
+            )
         self._cards.pop(inv.endpoint, None)
         if len(self._cards) >= MAX_CACHED_CARDS:
             self._cards = {e: c for e, c in self._cards.items() if now - c[0] < CARD_TTL_SECONDS}

@@ -81,6 +81,13 @@ class Invocation:
         try:
             return await self._run()
         except A2AClientError as err:  # outside a stream: a broken answer, or nobody answering at all
+            if "HTTP Error 401" in (err.message or ""):
+                raise agent_error(
+                    AgentError.INVALID_AGENT_RESPONSE,
+                    "the agent refused this worker as the attempt's caller (HTTP 401): the sandbox never learned "
+                    "its token's hash, or this worker holds another sandbox token key than the one it was made with",
+                    FailureDetails(message=err.message[:500], task_id=self.progress.task_id),
+                ) from None
             if _network_failure(err):
                 raise agent_error(
                     AgentError.SANDBOX_LOST,

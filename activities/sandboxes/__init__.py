@@ -7,7 +7,7 @@ Kubernetes:
   leaves the ReplicaSet's selector, the ReplicaSet makes a replacement, and a second claimer of the same pod
   gets 409 Conflict and moves to the next pod. A warm pod gets its contract in the first A2A message.
 - cold: a Job `<run>-exec-<attempt>` owned by the Run: no prompt or input in its spec (the contract comes in the
-  first A2A message), credentials by secretKeyRef only,
+  first A2A message; the pod knows only the hash of the token that may send it), credentials by secretKeyRef only,
   non-root, no service-account token, runtimeClassName, resources, a deadline and a TTL. Skills with
   requirements force cold: init containers stage toolchains into a shared volume, sidecars run beside.
 - readiness is awaited while heartbeating; pod failures (image pull, unschedulable, OOMKilled, crash,

@@ -1,4 +1,5 @@
-"""The Kubernetes backend: warm pods claimed from pools, else cold Jobs; released and confirmed gone."""
+"""The Kubernetes backend: warm pods claimed from pools, else cold Jobs; released and confirmed gone. The agent in a
+sandbox answers only the caller holding the attempt's token: its hash goes into the pod's annotations."""
 
 import asyncio
 import logging
@@ -7,8 +8,10 @@ from collections.abc import Callable
 
 from temporalio.exceptions import ApplicationError
 
+from activities.agents.callers import CallerKeys, process_keys
 from activities.sandboxes.manifests import (
     ANNOTATION_CREDENTIALS,
+    ANNOTATION_TOKEN_SHA256,
     FATAL_WAITING,
     LABEL_ATTEMPT,
     LABEL_POOL,
@@ -79,11 +82,16 @@ def pod_ready(pod: Obj) -> bool:
 
 class KubernetesSandboxes:
     def __init__(
-        self, kube: Kube, settings: SandboxSettings, heartbeat: Callable[..., None] = lambda *_: None
+        self,
+        kube: Kube,
+        settings: SandboxSettings,
+        heartbeat: Callable[..., None] = lambda *_: None,
+        keys: CallerKeys | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
         self.heartbeat = heartbeat
+        self.keys = keys or process_keys()
 
     # --- acquire ------------------------------------------------------------------------------------------
 
@@ -113,7 +121,8 @@ class KubernetesSandboxes:
 
     async def _claim(self, pod: Obj, contract: ExecutionContract, needed: set[str]) -> Obj | None:
         """The guarded label patch: 409 when the pod changed since it was read. A kubelet's status update or a
-        controller's touch changes it too, so read it again and try while it is still warm, ready and free."""
+        controller's touch changes it too, so read it again and try while it is still warm, ready and free.
+        The patch also gives the pod the hash of the attempt's caller token, which its agent reads (agent.callers)."""
         url = path("v1", "pods", contract.run.namespace, pod["metadata"]["name"])
         labels = {
             LABEL_STATE: "bound",
@@ -121,11 +130,13 @@ class KubernetesSandboxes:
             LABEL_RUN_UID: contract.run.uid,
             LABEL_ATTEMPT: str(contract.run.attempt),
         }
+        annotations = {ANNOTATION_TOKEN_SHA256: self.keys.sandbox_token_sha256(contract.run)}
         for _ in range(CLAIM_TRIES):
             patch = {
                 "metadata": {
                     "resourceVersion": pod["metadata"]["resourceVersion"],
                     "labels": labels,
+                    "annotations": annotations,
                     "ownerReferences": [owner_reference(contract.run)],
                 }
             }
@@ -151,7 +162,8 @@ class KubernetesSandboxes:
         contract = req.contract
         ns = contract.run.namespace
         deadline = req.run_seconds + req.timeout_seconds + 60
-        manifest = job_manifest(contract, req.policy, self.settings, deadline)
+        token_sha256 = self.keys.sandbox_token_sha256(contract.run)
+        manifest = job_manifest(contract, req.policy, self.settings, deadline, token_sha256)
         name = manifest["metadata"]["name"]
         try:
             await self.kube.create(path("batch/v1", "jobs", ns), manifest)

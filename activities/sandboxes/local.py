@@ -14,12 +14,14 @@ from pathlib import Path
 
 import httpx
 
+from activities.agents.callers import CallerKeys, process_keys
 from activities.sandboxes.manifests import (
     SandboxSettings,
     job_name,
     sandbox_failed,
     small_outputs,
 )
+from agent.callers import TOKEN_SHA256_ENV
 from workflows.activity_types import (
     OutputsRequest,
     PublishedOutputs,
@@ -74,7 +76,9 @@ class LocalModel:
 class LocalSandboxes:
     """The embedded default: the reference agent as a local process on its own loopback address, with a minimal
     environment: the local model's key goes to an agent only when every model of its contract that names that
-    key is the local model itself (a ModelEndpoint pointing elsewhere never receives it)."""
+    key is the local model itself (a ModelEndpoint pointing elsewhere never receives it). Any local user can
+    reach a loopback address, so the agent answers only the holder of the attempt's caller token: it is started
+    with the token's hash in its environment (agent.callers), which only this user can read."""
 
     def __init__(
         self,
@@ -82,16 +86,19 @@ class LocalSandboxes:
         local_model: LocalModel | None = None,
         log_dir: Path | None = None,
         heartbeat: Callable[..., None] = lambda *_: None,
+        keys: CallerKeys | None = None,
     ) -> None:
         self.settings = settings
         self.local_model = local_model
         self.log_dir = log_dir or Path(".ksquad/sandboxes")
         self.heartbeat = heartbeat
+        self.keys = keys or process_keys()
         self.processes: dict[str, asyncio.subprocess.Process] = {}
 
     def environment(self, contract: ExecutionContract) -> dict[str, str]:
         env = {k: os.environ[k] for k in LOCAL_AGENT_ENV if k in os.environ}
         env["PYTHONUNBUFFERED"] = "1"
+        env[TOKEN_SHA256_ENV] = self.keys.sandbox_token_sha256(contract.run)
         local = self.local_model
         if local is not None:
             models = [

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, Field
 from temporalio.exceptions import ApplicationError
 
+from agent.callers import POD_ANNOTATIONS_ENV, TOKEN_SHA256_ANNOTATION
 from kube import Obj
 from workflows.activity_types import (
     RunRef,
@@ -26,8 +27,18 @@ LABEL_STATE = "ksquad.io/state"
 LABEL_POOL = "ksquad.io/pool"
 LABEL_RUNTIME_CLASS = "ksquad.io/runtime-class"
 ANNOTATION_CREDENTIALS = "ksquad.io/credentials"  # the Secrets a warm pool's pods have mounted
+ANNOTATION_TOKEN_SHA256 = TOKEN_SHA256_ANNOTATION  # the attempt's caller token's hash (agent.callers)
 TOOLCHAINS_DIR = "/opt/ksquad/toolchains"
 SECRETS_DIR = "/var/run/ksquad/secrets"
+POD_INFO_DIR = (
+    "/etc/ksquad/pod"  # a downward-API volume: the pod's annotations, which the kubelet keeps current
+)
+# What the agent reads its caller's hash from; the chart's pools mount the same (charts/ksquad/templates/pools.yaml).
+POD_INFO_VOLUME: Obj = {
+    "name": "pod-info",
+    "downwardAPI": {"items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]},
+}
+POD_INFO_ENV: Obj = {"name": POD_ANNOTATIONS_ENV, "value": f"{POD_INFO_DIR}/annotations"}
 SANDBOX_FAILED = "SandboxFailed"
 FATAL_WAITING = {
     "ErrImagePull",
@@ -75,6 +86,10 @@ class SandboxSettings(BaseModel):
     toolchains: dict[str, ContainerSpec] = Field(default_factory=dict)  # staged into TOOLCHAINS_DIR/<name>
     sidecars: dict[str, ContainerSpec] = Field(default_factory=dict)
     poll_seconds: float = 0.25
+
+    def runtime_class_name(self, policy: SandboxPolicy) -> str | None:
+        """The RuntimeClass object a Run's sandboxPolicy.runtimeClass means (None: the nodes' default runtime)."""
+        return self.runtime_classes.get(policy.runtime_class, policy.runtime_class)
 
     @classmethod
     def from_env(cls) -> "SandboxSettings":
@@ -150,7 +165,10 @@ def job_manifest(
     policy: SandboxPolicy,
     settings: SandboxSettings,
     active_deadline_seconds: int,
+    caller_token_sha256: str,
 ) -> Obj:
+    """The attempt's Job. Its pod learns the hash of the attempt's caller token from its own annotation (a
+    downward-API volume), never the token: only the worker can make that."""
     run = contract.run
     name = job_name(run.name, run.attempt)
     labels = {
@@ -160,8 +178,11 @@ def job_manifest(
         "app.kubernetes.io/managed-by": "ksquad",
         "app.kubernetes.io/component": "sandbox",
     }
-    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"}]
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}, POD_INFO_VOLUME]
+    mounts: list[Obj] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "pod-info", "mountPath": POD_INFO_DIR, "readOnly": True},
+    ]
     # Credentials are also mounted (the kubelet keeps mounted Secrets current): a rotated key reaches a
     # running agent, which reads the file before the environment.
     for secret in sorted({e["valueFrom"]["secretKeyRef"]["name"] for e in credential_env(contract)}):
@@ -225,6 +246,7 @@ def job_manifest(
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": "KSQUAD_TOOLCHAINS_DIR", "value": TOOLCHAINS_DIR},
             {"name": "KSQUAD_SECRETS_DIR", "value": SECRETS_DIR},
+            POD_INFO_ENV,
             *credential_env(contract),
         ],
         "ports": [{"name": "a2a", "containerPort": settings.port}],
@@ -254,7 +276,7 @@ def job_manifest(
         "containers": [agent],
         "volumes": volumes,
     }
-    runtime_class = settings.runtime_classes.get(policy.runtime_class, policy.runtime_class)
+    runtime_class = settings.runtime_class_name(policy)
     if runtime_class:
         pod_spec["runtimeClassName"] = runtime_class
     if settings.node_selector:
@@ -272,7 +294,10 @@ def job_manifest(
             "backoffLimit": 0,
             "activeDeadlineSeconds": active_deadline_seconds,
             "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {ANNOTATION_TOKEN_SHA256: caller_token_sha256}},
+                "spec": pod_spec,
+            },
         },
     }
 

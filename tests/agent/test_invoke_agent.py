@@ -18,10 +18,12 @@ from starlette.routing import Route
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.agents import AgentActivities, Timing
+from activities.agents import AgentActivities, CallerKeys, Timing
+from activities.agents.callers import BearerToken, process_keys
+from agent.callers import TOKEN_SHA256_ANNOTATION
 from agent.server import agent_card
 from store import Holder, StaleFence, Store
-from testbed.agents import AgentFactory, ModelEndpoint, ToolServer, contract
+from testbed.agents import MODEL_KEY, AgentFactory, ModelEndpoint, ToolServer, contract
 from testbed.asgi import serving
 from workflows.activity_types import AgentInvocation, ContinueTask, RateLimitDetails, TaskPause
 
@@ -207,21 +209,33 @@ async def test_input_required_pauses_and_a_follow_up_continues_the_same_task(
 
 
 async def test_a_warm_sandbox_gets_its_contract_in_the_first_message(
-    store: Store, model: ModelEndpoint, start_agent: AgentFactory
+    store: Store, model: ModelEndpoint, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
     model.script("dev-model", {"text": "done warm"})
     fence = await claimed(store)
-    agent = await start_agent(None)  # a warm pod: started before any run existed
-    result = await invoke(store, invocation(agent.url, model, fence=fence))
+    annotations = tmp_path / "annotations"  # a pod's downward-API file: no caller until the claim
+    agent = await start_agent(None, annotations=annotations)  # a warm pod: started before any run existed
+    inv = invocation(agent.url, model, fence=fence)
+    call = asyncio.create_task(invoke(store, inv))
+    await asyncio.sleep(0.5)  # the first request waits for the kubelet to write the claim's annotation
+    digest = process_keys().sandbox_token_sha256(inv.contract.run)
+    annotations.write_text(f'other="x"\n{TOKEN_SHA256_ANNOTATION}="{digest}"\n')
+    result = await call
     assert result.outputs == {"answer": "done warm"}
 
 
 async def test_a_long_lived_agents_card_is_read_once_and_again_after_a_failed_call(
-    store: Store, model: ModelEndpoint, start_agent: AgentFactory
+    store: Store, model: ModelEndpoint, start_agent: AgentFactory, tmp_path: Path
 ) -> None:
     model.script("dev-model", {"text": "one"}, {"text": "two"}, {"error": 500}, {"text": "four"})
-    agent = await start_agent(None)  # an Agent's `endpoint`: one process serving many runs
-    acts = AgentActivities(store, FAST)
+    key = tmp_path / "endpoint.key"
+    key.write_bytes(bytes(range(32)))
+    secrets = tmp_path / "secrets"
+    (secrets / "payments" / "model-key").mkdir(parents=True)
+    (secrets / "payments" / "model-key" / "apiKey").write_text(MODEL_KEY)
+    # an Agent's `endpoint`: one process serving many runs, checking the tokens the worker signs
+    agent = await start_agent(None, endpoint_key=key, secrets_dir=secrets)
+    acts = AgentActivities(store, FAST, CallerKeys(process_keys().sandbox, endpoint=key.read_bytes()))
     card_reads: list[str] = []
 
     async def on_request(request: httpx.Request) -> None:
@@ -232,6 +246,7 @@ async def test_a_long_lived_agents_card_is_read_once_and_again_after_a_failed_ca
     outcomes: list[str] = []
     for run in range(4):
         inv = invocation(agent.url, model, uid=f"uid-{run}", work_item_ref=None)
+        inv.contract.agent.endpoint = agent.url
         try:
             outcomes.append((await ActivityEnvironment().run(acts.invoke_agent, inv)).outputs["answer"])
         except ApplicationError as err:
@@ -258,7 +273,9 @@ async def test_cancellation_reaches_the_agent_which_reports_canceled_and_abandon
         await run
     await until(lambda: model.state.in_flight == 0, "the agent to abandon the model call")
     assert model.state.abandoned == 1
-    assert await remote_state(agent.url, "uid-r-a1") == TaskState.TASK_STATE_CANCELED
+    assert await remote_state(agent.url, "uid-r-a1", contract(model, fence=fence).run) == (
+        TaskState.TASK_STATE_CANCELED
+    )
     assert (await agent.stats())["cancelled"] == 1
 
 
@@ -328,10 +345,11 @@ async def test_a_repeated_message_id_never_runs_twice(
     model: ModelEndpoint, start_agent: AgentFactory
 ) -> None:
     model.script("dev-model", {"delay": 1, "text": "once"})
-    agent = await start_agent(contract(model))
+    c = contract(model)
+    agent = await start_agent(c)
     async with httpx.AsyncClient(timeout=30) as http:
         client = await ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create_from_url(
-            agent.url
+            agent.url, interceptors=[BearerToken(lambda: process_keys().sandbox_token(c.run))]
         )
         states = []
         for _ in range(2):
@@ -355,11 +373,13 @@ async def until(predicate: Any, what: str, within: float = 20) -> None:
         await asyncio.sleep(0.02)
 
 
-async def remote_state(url: str, context_id: str) -> int:
+async def remote_state(url: str, context_id: str, run: Any) -> int:
     from a2a.types import ListTasksRequest
 
     async with httpx.AsyncClient(timeout=10) as http:
-        client = await ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create_from_url(url)
+        client = await ClientFactory(ClientConfig(streaming=True, httpx_client=http)).create_from_url(
+            url, interceptors=[BearerToken(lambda: process_keys().sandbox_token(run))]
+        )
         for _ in range(100):
             (task,) = (await client.list_tasks(ListTasksRequest(context_id=context_id))).tasks
             full = await client.get_task(GetTaskRequest(id=task.id))

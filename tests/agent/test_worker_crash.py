@@ -2,6 +2,7 @@
 remote task, and the agent received exactly one message."""
 
 import asyncio
+import os
 import subprocess
 import sys
 import uuid
@@ -9,6 +10,8 @@ from pathlib import Path
 
 from temporalio.api.enums.v1 import EventType
 
+from activities.agents import CallerKeys
+from agent.callers import SANDBOX_KEY_ENV, TOKEN_SHA256_ANNOTATION, read_key
 from dev.devserver import DevServer
 from store import Holder, Store
 from temporal_client.connection import connect
@@ -17,9 +20,12 @@ from tests.support.workflows import InvokeAgentOnce
 from workflows.activity_types import AgentInvocation
 
 
-def start_worker(dev_server: DevServer, task_queue: str, db: str, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(
+    dev_server: DevServer, task_queue: str, db: str, log: Path, key: Path
+) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.agent.invoke_worker", dev_server.target, task_queue, db],
+        env={**os.environ, SANDBOX_KEY_ENV: str(key)},
         stdout=subprocess.PIPE,
         stderr=log.open("ab"),
         cwd=Path(__file__).parents[2],
@@ -37,12 +43,17 @@ async def test_a_killed_worker_does_not_make_the_agent_run_twice(
     fence = (await store.claim("wi-1", Holder("uid-r", "payments/r", "alice@example.com"), 120)).fence
     model.script("dev-model", {"delay": 6, "text": "Fixed, once."})
     c = contract(model, fence=fence)
-    agent = await start_agent(c)
+    key = tmp_path / "sandbox-token.key"  # both workers hold it, as every replica of a deployment does
+    key.write_bytes(os.urandom(32))
+    annotations = tmp_path / "annotations"  # what the sandbox learns: the token's hash only
+    digest = CallerKeys(read_key(key)).sandbox_token_sha256(c.run)
+    annotations.write_text(f'{TOKEN_SHA256_ANNOTATION}="{digest}"\n')
+    agent = await start_agent(c, annotations=annotations)
     invocation = AgentInvocation(contract=c, endpoint=agent.url, message_id="uid-r-a1", context_id="uid-r-a1")
     task_queue = f"crash-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "workers.log"
 
-    first = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log)
+    first = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log, key)
     client = await connect(dev_server.target)
     handle = await client.start_workflow(
         InvokeAgentOnce.run, invocation, id=f"crash-{uuid.uuid4()}", task_queue=task_queue
@@ -54,7 +65,7 @@ async def test_a_killed_worker_does_not_make_the_agent_run_twice(
     await asyncio.sleep(1.0)  # a heartbeat or two carry the remote task id
     first.kill()
     first.wait()
-    second = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log)
+    second = await asyncio.to_thread(start_worker, dev_server, task_queue, db, log, key)
     try:
         result = await asyncio.wait_for(handle.result(), 60)
     finally:

@@ -7,7 +7,7 @@ import yaml
 
 from kube import path
 from testbed import chart
-from testbed.agents import AgentFactory, ModelEndpoint
+from testbed.agents import MODEL_KEY, AgentFactory, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
 from workflows.status import Phase
 
@@ -29,8 +29,12 @@ def run_docs(names: list[str], namespace: str) -> str:
 
 
 async def remote_agent(stack: Stack, model: ModelEndpoint, start_agent: AgentFactory) -> None:
-    """One already-running A2A agent for every run (Agent.endpoint): no sandbox per run."""
-    agent = await start_agent(None)
+    """One already-running A2A agent for every run (Agent.endpoint): no sandbox per run. It answers the workers
+    that sign with the stack's endpoint key and reads the namespace's credential as mounted for it."""
+    secrets = stack.root / "remote-secrets"
+    (secrets / stack.namespace / "model-key").mkdir(parents=True, exist_ok=True)
+    (secrets / stack.namespace / "model-key" / "apiKey").write_text(MODEL_KEY)
+    agent = await start_agent(None, endpoint_key=stack.endpoint_key, secrets_dir=secrets)
     stack.apply(*stack.resources(model, "remote", endpoint=agent.url))
 
 

@@ -94,7 +94,9 @@ async def write_status(kube: Kube, f: Fixture) -> Any:
 # sandbox (delete, then make sure it is gone), a warm claim (list, then a guarded label patch), the look for why a
 # Job has no pod (the Job, then its events), the outputs ConfigMap (made, then replaced).
 async def create_job(kube: Kube, f: Fixture) -> Any:
-    manifest = job_manifest(contract(f, f.unique("job")), SandboxPolicy(), sandboxes(kube).settings, 60)
+    manifest = job_manifest(
+        contract(f, f.unique("job")), SandboxPolicy(), sandboxes(kube).settings, 60, "0" * 64
+    )
     manifest["metadata"]["ownerReferences"] = []  # (its Run does not exist: nothing to own it)
     return await kube.create(path("batch/v1", "jobs", f.ns), manifest)
 
