@@ -6,13 +6,15 @@ Search attributes and workflow ids are not payloads and stay readable: they carr
 (see `workflows.search_attributes`). Failure messages and stack traces are payloads too (the data converter's
 failure converter encodes them), so a provider's error text or a model's question is ciphertext in history.
 
-A process that holds the ring acts only on payloads encrypted with one of its keys: whoever can write to the
-Temporal namespace without the key (`temporal workflow start` or `signal` without `--codec-endpoint`) cannot hand
-the worker a Run of their own. A payload in clear decodes to a refusal (`refused_payload`) that no converter
-reads: a workflow started with one never runs (its first task fails, naming this), a signal carrying one is
-dropped (the SDK logs why), an activity given one fails. `accept_plaintext` (KSQUAD_CODEC_ACCEPT_PLAINTEXT) lets
-clear payloads through, for histories written before a codec was configured; the codec endpoint that shows
-history to people passes them through as they are. A key is 32 random bytes in a file (the embedded default writes one
+A process that holds the ring builds none of ksquad's own types from a payload in clear: whoever can write to
+the Temporal namespace without the key (`temporal workflow start` or `signal` without `--codec-endpoint`) cannot
+hand the worker a Run of their own. The codec marks a payload in clear (`IN_CLEAR`), and ksquad's payload converter
+(temporal_client.connection) refuses to make a ksquad model of a marked one: a workflow started in clear never
+runs (its first task fails, naming this). Temporal's own payloads in clear (the server's "ACTIVITY_ID_NOT_STARTED"
+when an activity is cancelled before it started, a plain string) are read as they are: refusing them would fail
+the workflow task of a legitimate run. `accept_plaintext` (KSQUAD_CODEC_ACCEPT_PLAINTEXT) lets marked payloads
+become models again, for histories written before a codec was configured; the codec endpoint that shows history to
+people passes payloads in clear through unmarked. A key is 32 random bytes in a file (the embedded default writes one
 under `.ksquad/`; on a cluster, a Secret mounted as a directory). Keys form a ring: payloads are encrypted with
 the active key (`KSQUAD_CODEC_KEY_FILE`) and name it by a short id in their metadata; they decrypt with any key
 of the ring, the active one and every file of `KSQUAD_CODEC_KEYS` (a directory: the mounted Secret, whose
@@ -35,13 +37,7 @@ from temporalio.converter import PayloadCodec
 
 log = logging.getLogger(__name__)
 ENCODING = b"binary/encrypted"
-# What a payload in clear becomes: an encoding no payload converter knows, so nothing reads it, and its name
-# says why wherever the SDK reports the failure.
-REFUSED_ENCODING = (
-    b"refused/unencrypted: ksquad acts only on payloads encrypted with a key of its codec ring (send through "
-    b"the codec endpoint, e.g. temporal --codec-endpoint; KSQUAD_CODEC_ACCEPT_PLAINTEXT=true lets histories "
-    b"written before the codec through)"
-)
+IN_CLEAR = "ksquad-in-clear"  # metadata the codec adds to a payload that came in clear (see the module)
 KEY_ID = "encryption-key-id"
 NONCE_BYTES = 12
 RELOAD_SECONDS = 5.0  # an unknown key id reads the key directory again at most this often
@@ -133,18 +129,12 @@ class KeyRing:
         return aes
 
 
-def refused_payload(payload: Payload) -> Payload:
-    """What a payload in clear decodes to where clear payloads are refused: no data of it is kept."""
-    return Payload(metadata={"encoding": REFUSED_ENCODING})
-
-
 class EncryptionCodec(PayloadCodec):
     def __init__(self, keys: bytes | KeyRing, accept_plaintext: bool = False) -> None:
         self.ring = keys if isinstance(keys, KeyRing) else KeyRing(keys)
         self.aes = AESGCM(self.ring.active)
         self.key_id = self.ring.active_id
         self.accept_plaintext = accept_plaintext
-        self.refused = 0  # payloads in clear refused (a test and a log line read it)
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         encoded = []
@@ -168,11 +158,10 @@ class EncryptionCodec(PayloadCodec):
                 if accept_plaintext:
                     decoded.append(payload)  # written without the codec (older history): as it is
                 else:
-                    self.refused += 1
-                    log.warning(
-                        "refused a payload in clear (%s)", payload.metadata.get("encoding", b"").decode()
-                    )
-                    decoded.append(refused_payload(payload))
+                    marked = Payload()
+                    marked.CopyFrom(payload)
+                    marked.metadata[IN_CLEAR] = b"1"
+                    decoded.append(marked)
                 continue
             aes = self.ring.decrypter(payload.metadata.get(KEY_ID, b""))
             nonce, ciphertext = payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:]

@@ -8,26 +8,50 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from temporal_client.codec import EncryptionCodec, KeyRing
+from temporal_client.codec import IN_CLEAR, EncryptionCodec, KeyRing
 from workflows import search_attributes as sa
 
 log = logging.getLogger(__name__)
 CODEC_KEY_FILE_ENV = "KSQUAD_CODEC_KEY_FILE"  # the active key: it encrypts
 CODEC_KEYS_ENV = "KSQUAD_CODEC_KEYS"  # a directory of keys that decrypt too (the mounted Secret)
 CODEC_ACCEPT_PLAINTEXT_ENV = "KSQUAD_CODEC_ACCEPT_PLAINTEXT"  # "true": payloads in clear are read (migration)
+
+
+class RefusedInClear(ValueError):
+    """A payload that came in clear was to become an argument or a result of ksquad's code."""
+
+
+class KsquadPayloadConverter(PydanticPayloadConverter):
+    """Pydantic models as JSON; with a codec, no typed argument or result from a payload that came in clear (the
+    codec marks it, temporal_client.codec): a RunInput or a signal's answer written by someone without the key is
+    refused (a workflow started so never runs; a signal so is dropped, the SDK logs why). Untyped payloads, which
+    ksquad's code never acts on (the server's "ACTIVITY_ID_NOT_STARTED" in a cancellation), are read as they are."""
+
+    def from_payloads(self, payloads: Sequence[Payload], type_hints: list[type] | None = None) -> list[Any]:
+        for payload, hint in zip(payloads, type_hints or [], strict=False):
+            if IN_CLEAR in payload.metadata and hint is not None and hint is not Any:
+                name = getattr(hint, "__name__", str(hint))
+                raise RefusedInClear(
+                    f"refused a {name} in clear: ksquad acts only on payloads encrypted with a key of its codec ring "
+                    "(send it through the codec endpoint, e.g. temporal --codec-endpoint; "
+                    f"{CODEC_ACCEPT_PLAINTEXT_ENV}=true reads histories written before the codec)"
+                )
+        return super().from_payloads(payloads, type_hints)
 
 
 def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
@@ -37,6 +61,7 @@ def data_converter(codec: PayloadCodec | None = None) -> DataConverter:
         return pydantic_data_converter
     return dataclasses.replace(
         pydantic_data_converter,
+        payload_converter_class=KsquadPayloadConverter,
         payload_codec=codec,
         failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
     )

@@ -9,7 +9,9 @@ import pytest
 from temporalio.api.common.v1 import Payload
 
 from temporal_client import codec as codec_module
-from temporal_client.codec import KEY_ID, EncryptionCodec, KeyRing, key_id
+from temporal_client.codec import IN_CLEAR, KEY_ID, EncryptionCodec, KeyRing, key_id
+from temporal_client.connection import RefusedInClear, data_converter
+from workflows.spec import RunSpec
 
 
 def write_key(directory: Path, name: str) -> bytes:
@@ -62,3 +64,24 @@ def test_hidden_files_of_a_mounted_secret_are_not_keys(tmp_path: Path) -> None:
     (keys / "..data").mkdir()  # how the kubelet lays out a Secret volume
     (keys / ".hidden").write_text("not a key")
     assert KeyRing.from_files(keys / "key", keys).ids == [key_id(active).decode()]
+
+
+async def test_a_payload_in_clear_becomes_no_typed_value_but_temporals_own_strings_are_read() -> None:
+    """The server writes some payloads itself, in clear ("ACTIVITY_ID_NOT_STARTED" when an activity is cancelled
+    before it started): they are read; a RunInput or a signal's answer in clear is refused."""
+    codec = EncryptionCodec(os.urandom(32))
+    converter = data_converter(codec)
+    (sentinel,) = await codec.decode([payload('"ACTIVITY_ID_NOT_STARTED"')])
+    assert sentinel.metadata[IN_CLEAR] == b"1"
+    assert converter.payload_converter.from_payloads([sentinel]) == ["ACTIVITY_ID_NOT_STARTED"]
+    for hint in (str, RunSpec):
+        with pytest.raises(RefusedInClear, match=f"refused a {hint.__name__} in clear"):
+            converter.payload_converter.from_payloads([sentinel], [hint])
+    (encrypted,) = await codec.encode([payload('"an answer"')])
+    (decoded,) = await codec.decode([encrypted])
+    assert converter.payload_converter.from_payloads([decoded], [str]) == ["an answer"]
+    migrating = EncryptionCodec(os.urandom(32), accept_plaintext=True)
+    (older,) = await migrating.decode([payload('"written before the codec"')])
+    assert data_converter(migrating).payload_converter.from_payloads([older], [str]) == [
+        "written before the codec"
+    ]
