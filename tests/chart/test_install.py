@@ -248,58 +248,6 @@ async def test_a_run_author_reads_no_secret_and_leaves_no_sandbox_runtime_or_ima
     )
 
 
-def test_the_workers_service_account_makes_only_sandbox_shaped_jobs(release: Release) -> None:
-    token = release.kubectl("create", "token", "ksquad-worker", "-n", HOME, "--duration=10m").stdout.strip()
-    as_worker = release.cluster.token_kubeconfig("helm-worker", token, NS)
-    container: dict[str, Any] = {
-        "name": "agent",
-        "image": AGENT_IMAGE,
-        "securityContext": {"allowPrivilegeEscalation": False},
-    }
-    pod: dict[str, Any] = {
-        "serviceAccountName": "ksquad-sandbox",
-        "automountServiceAccountToken": False,
-        "runtimeClassName": "gvisor",
-        "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-        "containers": [container],
-    }
-
-    def job(name: str, **changes: Any) -> dict[str, Any]:
-        spec = json.loads(json.dumps(pod))
-        for key, value in changes.items():
-            spec[key] = value
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"backoffLimit": 0, "template": {"spec": spec}},
-        }
-
-    for name, changes, words in (
-        (
-            "other-account",
-            {"serviceAccountName": "default"},
-            "a sandbox runs as ServiceAccount ksquad-sandbox",
-        ),
-        ("host-path", {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "no hostPath"),
-        (
-            "foreign",
-            {"containers": [{**container, "image": "docker.io/attacker/miner:1"}]},
-            "image docker.io/attacker/miner:1 is not a sandbox image",
-        ),
-        ("with-token", {"automountServiceAccountToken": True}, "no ServiceAccount token"),
-        ("as-root", {"securityContext": {"runAsUser": 0}}, "runs as non-root"),
-    ):
-        message = refused(release, job(name, **changes), as_worker)
-        assert "ksquad-worker-makes-sandboxes" in message and words in message, message
-    # The same Job, sandbox-shaped, is admitted (dry run: nothing is started).
-    done = release.cluster.kubectl(
-        "apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(job("shaped")), kubeconfig=as_worker
-    )
-    assert "created (server dry run)" in done.stdout
-
-
 async def test_killing_the_leading_bridge_hands_the_lease_to_the_other_within_its_duration(
     release: Release,
 ) -> None:

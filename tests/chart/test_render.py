@@ -1,5 +1,6 @@
 """The Helm chart lints clean and renders what production needs."""
 
+import json
 import subprocess
 import tomllib
 from pathlib import Path
@@ -8,8 +9,19 @@ from typing import Any
 import pytest
 import yaml
 
+from activities.sandboxes import SandboxSettings, job_manifest
 from testbed import chart
 from testbed.controlplane import cached_binaries_dir
+from workflows.contract import (
+    CredentialRef,
+    ExecutionContract,
+    ModelRef,
+    ResolvedAgent,
+    RunIdentity,
+    SkillRequirements,
+    SkillSpec,
+)
+from workflows.spec import SandboxPolicy
 
 ROOT = Path(__file__).parents[2]
 VALUES = {
@@ -197,6 +209,52 @@ def test_the_allow_lists_reach_the_bridge_and_the_admission_policies() -> None:
     assert worker["matchConditions"][0]["expression"].endswith(
         "'system:serviceaccount:ksquad-tests:ksquad-worker'"
     )
+
+
+def test_the_worker_policy_knows_each_container_as_job_manifest_makes_it_from_the_same_values() -> None:
+    """The admission policy describes a sandbox's containers from the chart's values, job_manifest from the worker's
+    ConfigMap made of the same values: a toolchain's or sidecar's name, image, command, args and environment must
+    agree, or a Run needing it would be refused."""
+    toolchain = {"image": "registry.example.com/node:20", "command": ["cp", "-r", "/node"], "env": {"A": "1"}}
+    sidecar = {"image": "registry.example.com/pg:16", "args": ["-c", "fsync=off"]}
+    sandbox = {"allowedImages": ["registry.example.com/agent:2"], "port": 9090, "command": ["agent", "serve"]}
+    docs = chart.render(
+        {**VALUES, "sandbox": {**sandbox, "toolchains": {"Node.js": toolchain}, "sidecars": {"pg": sidecar}}}
+    )
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ksquad-sandbox"]
+    settings = SandboxSettings.model_validate(yaml.safe_load(config["data"]["sandbox.yaml"]))
+    model = ModelRef(name="m", credential=CredentialRef(secret_name="model-key"))
+    skill = SkillSpec(name="s", requires=SkillRequirements(toolchains=["Node.js"], sidecars=["pg"]))
+    agent = ResolvedAgent(name="a", model=model, skills=[skill], image="registry.example.com/agent:2")
+    run = RunIdentity(namespace="payments", name="r", uid="u", attempt=1, fence=1)
+    job = job_manifest(
+        ExecutionContract(run=run, agent=agent, model=model), SandboxPolicy(), settings, 60, "0" * 64
+    )
+    (policy,) = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy"
+        and d["metadata"]["name"] == "ksquad-worker-makes-sandboxes"
+    ]
+    known = {
+        v["name"]: json.loads(v["expression"])
+        for v in policy["spec"]["variables"]
+        if v["name"] in ("images", "commands", "args", "env")
+    }
+    pod = job["spec"]["template"]["spec"]
+    containers = pod["initContainers"] + pod["containers"]
+    assert (
+        {c["name"] for c in containers}
+        == set(known["images"])
+        == {"agent", "toolchain-node-js", "sidecar-pg"}
+    )
+    for c in containers:
+        name = c["name"]
+        assert c["image"] in known["images"][name]
+        assert (c.get("command", []), c.get("args", [])) == (known["commands"][name], known["args"][name])
+        literal = {e["name"]: e["value"] for e in c.get("env", []) if "valueFrom" not in e}
+        assert literal == known["env"][name], name
+    assert "ghcr.io/ksquad/ksquad-agent:0.1.0" in known["images"]["agent"], "the agent image, always"
 
 
 def test_the_bridge_survives_a_node_drain_and_the_worker_rolls_when_its_sandbox_settings_change() -> None:

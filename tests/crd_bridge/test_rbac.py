@@ -196,13 +196,17 @@ NOT_GRANTED: dict[str, Call] = {
 }
 
 
+SANDBOX = {"app.kubernetes.io/component": "sandbox"}  # the worker deletes only sandboxes (admission policy)
+
+
 def job(name: str) -> dict[str, Any]:
-    """A suspended sandbox-shaped Job (the chart's admission policy admits no other from the worker)."""
+    """A suspended Job labelled as a sandbox, locked down like one."""
     return {
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": SANDBOX},
         "spec": {
             "suspend": True,
             "template": {
+                "metadata": {"labels": SANDBOX},
                 "spec": {
                     "restartPolicy": "Never",
                     "serviceAccountName": "ksquad-sandbox",
@@ -216,7 +220,7 @@ def job(name: str) -> dict[str, Any]:
                             "securityContext": {"allowPrivilegeEscalation": False},
                         }
                     ],
-                }
+                },
             },
         },
     }
@@ -224,7 +228,7 @@ def job(name: str) -> dict[str, Any]:
 
 def pod(name: str) -> dict[str, Any]:
     return {
-        "metadata": {"name": name},
+        "metadata": {"name": name, "labels": SANDBOX},
         "spec": {"nodeSelector": {"never": "true"}, "containers": [{"name": "x", "image": "x"}]},
     }
 
@@ -420,7 +424,7 @@ def rewarm(cluster: ControlPlane, ns: str) -> None:
                 "spec": {**template, "nodeSelector": {"never": "true"}},
                 "metadata": {
                     "name": "warm",
-                    "labels": {"ksquad.io/state": "warm", "ksquad.io/runtime-class": "gvisor"},
+                    "labels": {"ksquad.io/state": "warm", "ksquad.io/runtime-class": "gvisor", **SANDBOX},
                 },
             }
         ),

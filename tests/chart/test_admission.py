@@ -1,0 +1,578 @@
+"""The installed chart's admission policies, met as an attacker meets them (issue 28, finding 4 and item 11).
+
+Whoever holds the worker's ServiceAccount token may create Jobs, patch and delete pods and write ConfigMaps in
+the Run namespaces (its Role). Each escape route out of the sandbox shape is tried here with that token, against
+the real API server (a dry run: admission runs in full, nothing is stored), and must be refused by the policy
+with a message naming the field. ksquad's own sandboxes, a cold Job as activities.sandboxes.job_manifest makes it
+from the release's sandbox settings and a warm pool pod from the chart's pool template, are admitted.
+
+Runs first of tests/chart/ (it installs the shared release) and leaves nothing behind in its namespaces.
+"""
+
+import copy
+import hashlib
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from activities.sandboxes import KubernetesSandboxes, SandboxSettings, job_manifest
+from kube import ApiError, Config, Kube, path
+from testbed.chart import render
+from tests.chart.conftest import HOME, NS, RELEASE, Release, wait_for
+from workflows.contract import CredentialRef, ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
+from workflows.spec import SandboxPolicy
+
+Job = dict[str, Any]
+RUN_API = "ksquad.io/v1alpha1"
+POOL = "admission"
+
+
+def kubeconfig_of(release: Release, account: str, namespace: str) -> Path:
+    token = release.kubectl("create", "token", account, "-n", namespace, "--duration=30m").stdout.strip()
+    return release.cluster.token_kubeconfig(f"admission-{account}", token, NS)
+
+
+@pytest.fixture(scope="module")
+def as_worker(release: Release) -> Path:
+    return kubeconfig_of(release, "ksquad-worker", HOME)
+
+
+@pytest.fixture(scope="module")
+def settings(release: Release) -> SandboxSettings:
+    """What the release's worker makes sandboxes with (its ConfigMap)."""
+    config = release.get("configmap", "ksquad-sandbox", "-n", HOME)["data"]["sandbox.yaml"]
+    return SandboxSettings.model_validate(yaml.safe_load(config))
+
+
+def cold_job(settings: SandboxSettings) -> Job:
+    """A Run's cold sandbox as the worker makes it: a model credential and the agent's own."""
+    model = ModelRef(
+        name="m", url="http://model.example/v1", credential=CredentialRef(secret_name="model-key")
+    )
+    agent = ResolvedAgent(
+        name="dev-1", model=model, credential=CredentialRef(secret_name="agent.key", key="tok-en")
+    )
+    run = RunIdentity(namespace=NS, name="shape", uid=str(uuid.uuid4()), attempt=1, fence=1)
+    contract = ExecutionContract(run=run, agent=agent, model=model)
+    token = hashlib.sha256(b"the attempt's caller token").hexdigest()
+    manifest = job_manifest(contract, SandboxPolicy(), settings, 600, token)
+    manifest["metadata"]["ownerReferences"] = []  # (its Run does not exist: nothing to own it)
+    return manifest
+
+
+def pool_replica_set(release: Release) -> dict[str, Any]:
+    """The chart's warm pool in the Run namespace, rendered with the release's values."""
+    values = yaml.safe_load(release.helm("get", "values", RELEASE, "-n", HOME, "-o", "yaml").stdout)
+    values["pools"] = [{"name": POOL, "namespace": NS, "replicas": 1}]
+    (replica_set,) = [d for d in render(values, namespace=HOME) if d["kind"] == "ReplicaSet"]
+    return replica_set
+
+
+def as_pod(name: str, template: dict[str, Any]) -> dict[str, Any]:
+    """A pod as a controller makes it from `template` (what Pod Security Admission judges)."""
+    metadata = {"name": name, "namespace": NS, **copy.deepcopy(template["metadata"])}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": copy.deepcopy(template["spec"])}
+
+
+def dry_run(
+    release: Release, verb: str, doc: dict[str, Any], kubeconfig: Path | None = None
+) -> tuple[int, str]:
+    """`kubectl <verb> --dry-run=server` (as the admin, or as `kubeconfig`'s user)."""
+    done = release.cluster.kubectl(
+        verb, "--dry-run=server", "-f", "-", input=yaml.safe_dump(doc), check=False, kubeconfig=kubeconfig
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+async def worker(as_worker: Path) -> AsyncIterator[Kube]:
+    async with Kube(Config.from_kubeconfig(as_worker)) as kube:
+        yield kube
+
+
+async def attempt(
+    kube: Kube, method: str, url: str, body: Any = None, content_type: str = "application/json"
+) -> ApiError | None:
+    """The request, as a dry run (the API call kubectl --dry-run=server makes): its refusal, None when admitted."""
+    try:
+        content = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type}
+        await kube._call(method, url, params={"dryRun": "All"}, content=content, headers=headers)
+    except ApiError as err:
+        return err
+    return None
+
+
+def denial(refusal: ApiError | None, policy: str) -> str:
+    """What `policy` said when it refused the request."""
+    assert refusal is not None, "admitted"
+    said = f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: "
+    assert said in refusal.message, refusal.message
+    return refusal.message.split(said, 1)[1]
+
+
+# --- ksquad's own sandboxes are admitted ----------------------------------------------------------------------
+
+
+async def test_the_workers_cold_sandbox_is_admitted(worker: Kube, settings: SandboxSettings) -> None:
+    job = cold_job(settings)
+    assert await attempt(worker, "POST", path("batch/v1", "jobs", NS), job) is None
+
+
+@pytest.fixture(scope="module")
+def warm_pool(release: Release) -> Iterator[dict[str, Any]]:
+    """The chart's pool ReplicaSet in the Run namespace, its pods kept off the node (a node selector no node has)
+    and marked Ready with an address."""
+    replica_set = pool_replica_set(release)
+    replica_set["spec"]["template"]["spec"]["nodeSelector"] = {"ksquad.io/no-node": "true"}
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump(replica_set))
+    try:
+        yield replica_set
+    finally:
+        release.kubectl("delete", "replicaset", replica_set["metadata"]["name"], "-n", NS, "--wait=false")
+        release.kubectl("delete", "pods", "-n", NS, "-l", f"ksquad.io/pool={POOL}", "--wait=false")
+
+
+async def test_the_workers_claim_of_a_warm_pool_pod_is_admitted(
+    release: Release, worker: Kube, settings: SandboxSettings, warm_pool: dict[str, Any]
+) -> None:
+    def made() -> str | None:
+        pods = release.get("pods", "-n", NS, "-l", f"ksquad.io/pool={POOL},ksquad.io/state=warm")["items"]
+        return pods[0]["metadata"]["name"] if pods else None
+
+    name = await wait_for("the ReplicaSet to make its pod", made, timeout=30)
+    ready = {"status": {"podIP": "10.244.255.2", "conditions": [{"type": "Ready", "status": "True"}]}}
+    release.kubectl("patch", "pod", name, "-n", NS, "--subresource=status", "-p", json.dumps(ready))
+    # The worker's own claim (activities.sandboxes) of the ReplicaSet's pod: one label patch, admitted.
+    model = ModelRef(name="m", url="http://model.example/v1")
+    run = RunIdentity(namespace=NS, name="claims", uid=str(uuid.uuid4()), attempt=1, fence=1)
+    contract = ExecutionContract(run=run, agent=ResolvedAgent(name="dev-1", model=model), model=model)
+    pools = SandboxSettings.model_validate(
+        {**settings.model_dump(), "pools": [{"name": POOL, "namespace": NS}]}  # as the chart's values would
+    )
+    bound = await KubernetesSandboxes(worker, pools).bind_warm(contract, SandboxPolicy())
+    assert bound is not None and bound.name == name, "the claim went through admission"
+
+
+# --- the escape routes, each as the worker's token --------------------------------------------------------------
+
+
+def agent(job: Job) -> dict[str, Any]:
+    container: dict[str, Any] = job["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def spec(job: Job) -> dict[str, Any]:
+    pod: dict[str, Any] = job["spec"]["template"]["spec"]
+    return pod
+
+
+def agent_security(job: Job) -> dict[str, Any]:
+    context: dict[str, Any] = agent(job)["securityContext"]
+    return context
+
+
+def pod_security(job: Job) -> dict[str, Any]:
+    context: dict[str, Any] = spec(job)["securityContext"]
+    return context
+
+
+def mount(job: Job, volume: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [m for m in agent(job)["volumeMounts"] if m["name"] == volume]
+    return found[0]
+
+
+def credential_volume(job: Job, volume: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [v for v in spec(job)["volumes"] if v["name"] == volume]
+    return found[0]
+
+
+SECRET_FILE = "/var/run/ksquad/secrets/model-key/apiKey"
+AGENT = "spec.template.spec.containers[agent]"
+POD = "spec.template.spec"
+
+# escape route -> (how the attacker changes ksquad's own Job, what the refusal must name)
+ESCAPES: dict[str, tuple[Callable[[Job], Any], str]] = {
+    # Finding 4: Secrets and ConfigMaps the sandbox is not given as credentials
+    "env secretKeyRef to any Secret": (
+        lambda j: agent(j)["env"].append(
+            {"name": "DB", "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}}}
+        ),
+        f"{AGENT}.env[DB]",
+    ),
+    "env secretKeyRef named like a credential, its Secret not mounted as one": (
+        lambda j: agent(j)["env"].append(
+            {
+                "name": "KSQUAD_CREDENTIAL_DB_PASSWORD_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": "db-password", "key": "password"}},
+            }
+        ),
+        f"{AGENT}.env[KSQUAD_CREDENTIAL_DB_PASSWORD_PASSWORD]",
+    ),
+    "env configMapKeyRef": (
+        lambda j: agent(j)["env"].append(
+            {"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "db"}}}
+        ),
+        f"{AGENT}.env[CFG]",
+    ),
+    "env a variable ksquad never sets": (
+        lambda j: agent(j)["env"].append({"name": "PYTHONWARNINGS", "value": "all"}),
+        f"{AGENT}.env[PYTHONWARNINGS]",
+    ),
+    "envFrom a Secret": (
+        lambda j: agent(j).update(envFrom=[{"secretRef": {"name": "db-password"}}]),
+        f"{AGENT}.envFrom",
+    ),
+    "a secret volume of a Secret no credential names": (
+        lambda j: spec(j)["volumes"].append(
+            {"name": "credential-db-password", "secret": {"secretName": "db-password"}}
+        ),
+        f"{POD}.volumes[credential-db-password].secret.secretName",
+    ),
+    "a credential volume's secretName changed": (
+        lambda j: credential_volume(j, "credential-model-key")["secret"].update(secretName="db-password"),
+        f"{POD}.volumes[credential-model-key].secret.secretName",
+    ),
+    "a credential mounted outside /var/run/ksquad/secrets": (
+        lambda j: mount(j, "credential-model-key").update(mountPath="/tmp/key"),
+        f"{AGENT}.volumeMounts[credential-model-key]",
+    ),
+    # Finding 4: a container's securityContext overriding the pod's
+    "container runAsUser 0": (
+        lambda j: agent_security(j).update(runAsUser=0),
+        f"{AGENT}.securityContext.runAsUser",
+    ),
+    "container runAsNonRoot false": (
+        lambda j: agent_security(j).update(runAsNonRoot=False),
+        f"{AGENT}.securityContext.runAsNonRoot",
+    ),
+    "pod seccompProfile Unconfined": (
+        lambda j: pod_security(j).update(seccompProfile={"type": "Unconfined"}),
+        f"{POD}.securityContext.seccompProfile",
+    ),
+    "container seccompProfile Unconfined": (
+        lambda j: agent_security(j).update(seccompProfile={"type": "Unconfined"}),
+        f"{AGENT}.securityContext.seccompProfile",
+    ),
+    "pod appArmorProfile Unconfined": (
+        lambda j: pod_security(j).update(appArmorProfile={"type": "Unconfined"}),
+        f"{POD}.securityContext.appArmorProfile",
+    ),
+    "container appArmorProfile Unconfined": (
+        lambda j: agent_security(j).update(appArmorProfile={"type": "Unconfined"}),
+        f"{AGENT}.securityContext.appArmorProfile",
+    ),
+    "AppArmor unconfined by annotation": (
+        lambda j: j["spec"]["template"]["metadata"]["annotations"].update(
+            {"container.apparmor.security.beta.kubernetes.io/agent": "unconfined"}
+        ),
+        "spec.template.metadata.annotations[container.apparmor.security.beta.kubernetes.io/agent]",
+    ),
+    "pod seLinuxOptions": (
+        lambda j: pod_security(j).update(seLinuxOptions={"type": "spc_t"}),
+        f"{POD}.securityContext.seLinuxOptions",
+    ),
+    "container seLinuxOptions": (
+        lambda j: agent_security(j).update(seLinuxOptions={"type": "spc_t"}),
+        f"{AGENT}.securityContext.seLinuxOptions",
+    ),
+    "capabilities not dropped": (
+        lambda j: agent_security(j).pop("capabilities"),
+        f"{AGENT}.securityContext.capabilities.drop",
+    ),
+    "capabilities added": (
+        lambda j: agent_security(j)["capabilities"].update(add=["NET_RAW"]),
+        f"{AGENT}.securityContext.capabilities.add",
+    ),
+    "privileged": (
+        lambda j: agent_security(j).update(privileged=True, allowPrivilegeEscalation=True),
+        f"{AGENT}.securityContext.privileged",
+    ),
+    "a writable root filesystem": (
+        lambda j: agent_security(j).update(readOnlyRootFilesystem=False),
+        f"{AGENT}.securityContext.readOnlyRootFilesystem",
+    ),
+    "sysctls": (
+        lambda j: pod_security(j).update(sysctls=[{"name": "net.ipv4.ping_group_range", "value": "0 0"}]),
+        f"{POD}.securityContext.sysctls",
+    ),
+    "supplementalGroups root": (
+        lambda j: pod_security(j).update(supplementalGroups=[0]),
+        f"{POD}.securityContext.supplementalGroups",
+    ),
+    # Finding 4: placement
+    "nodeName": (lambda j: spec(j).update(nodeName="node-1"), f"{POD}.nodeName"),
+    "tolerations": (lambda j: spec(j).update(tolerations=[{"operator": "Exists"}]), f"{POD}.tolerations"),
+    "priorityClassName": (
+        lambda j: spec(j).update(priorityClassName="system-node-critical"),
+        f"{POD}.priorityClassName",
+    ),
+    "nodeSelector": (
+        lambda j: spec(j).update(nodeSelector={"kubernetes.io/hostname": "node-1"}),
+        f"{POD}.nodeSelector",
+    ),
+    # Finding 4: the kubelet calls any host for a probe or a hook (and runs an exec probe in the container)
+    "readinessProbe httpGet.host": (
+        lambda j: agent(j)["readinessProbe"]["httpGet"].update(host="169.254.169.254"),
+        f"{AGENT}.readinessProbe.httpGet.host",
+    ),
+    "livenessProbe tcpSocket.host": (
+        lambda j: agent(j).update(livenessProbe={"tcpSocket": {"host": "10.96.0.1", "port": 443}}),
+        f"{AGENT}.livenessProbe.tcpSocket.host",
+    ),
+    "startupProbe exec": (
+        lambda j: agent(j).update(startupProbe={"exec": {"command": ["sh", "-c", f"cat {SECRET_FILE}"]}}),
+        f"{AGENT}.startupProbe.exec",
+    ),
+    "lifecycle httpGet.host": (
+        lambda j: agent(j).update(
+            lifecycle={"postStart": {"httpGet": {"host": "10.96.0.1", "path": "/", "port": 443}}}
+        ),
+        f"{AGENT}.lifecycle",
+    ),
+    # Finding 4: no sandbox label, no default-deny NetworkPolicy
+    "the Job without the sandbox label": (
+        lambda j: j["metadata"]["labels"].pop("app.kubernetes.io/component"),
+        "metadata.labels and spec.template.metadata.labels need app.kubernetes.io/component: sandbox",
+    ),
+    "its pods without the sandbox label": (
+        lambda j: j["spec"]["template"]["metadata"]["labels"].pop("app.kubernetes.io/component"),
+        "metadata.labels and spec.template.metadata.labels need app.kubernetes.io/component: sandbox",
+    ),
+    # The rest of the shape: what the sandbox runs, how many, where its names resolve
+    "another command": (
+        lambda j: agent(j).update(command=["sh", "-c", f"cat {SECRET_FILE}"]),
+        f"{AGENT}.command",
+    ),
+    "a second container": (
+        lambda j: spec(j)["containers"].append({**copy.deepcopy(agent(j)), "name": "miner", "ports": []}),
+        "got containers agent, miner",
+    ),
+    "fifty pods": (lambda j: j["spec"].update(parallelism=50, completions=50), "spec.parallelism"),
+    "dnsConfig": (
+        lambda j: spec(j).update(dnsPolicy="None", dnsConfig={"nameservers": ["10.0.0.53"]}),
+        f"{POD}.dnsPolicy, {POD}.dnsConfig",
+    ),
+    "hostAliases": (
+        lambda j: spec(j).update(hostAliases=[{"ip": "10.0.0.1", "hostnames": ["model.example"]}]),
+        f"{POD}.hostAliases",
+    ),
+    "shareProcessNamespace": (
+        lambda j: spec(j).update(shareProcessNamespace=True),
+        f"{POD}.shareProcessNamespace",
+    ),
+    "terminationMessagePath at a credential": (
+        lambda j: agent(j).update(terminationMessagePath=SECRET_FILE),
+        f"{AGENT}.terminationMessagePath",
+    ),
+    # Refused before as well (tests/chart/test_install.py had these)
+    "another ServiceAccount": (
+        lambda j: spec(j).update(serviceAccountName="default"),
+        f"{POD}.serviceAccountName",
+    ),
+    "a ServiceAccount token": (
+        lambda j: spec(j).update(automountServiceAccountToken=True),
+        f"{POD}.automountServiceAccountToken",
+    ),
+    "hostPath": (
+        lambda j: spec(j)["volumes"].append({"name": "root", "hostPath": {"path": "/"}}),
+        f"{POD}.volumes[root]",
+    ),
+    "a foreign image": (
+        lambda j: agent(j).update(image="docker.io/attacker/miner:1"),
+        "image docker.io/attacker/miner:1 is not a sandbox image",
+    ),
+    "pod runAsUser 0": (lambda j: pod_security(j).update(runAsUser=0), f"{POD}.securityContext.runAsUser"),
+    "hostNetwork": (lambda j: spec(j).update(hostNetwork=True), f"{POD}.hostNetwork"),
+    "hostPort": (lambda j: agent(j)["ports"][0].update(hostPort=8080), f"{AGENT}.ports[8080].hostPort"),
+    "no RuntimeClass": (lambda j: spec(j).pop("runtimeClassName"), f"{POD}.runtimeClassName"),
+}
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES))
+async def test_the_worker_cannot_make_a_job_outside_the_sandbox_shape(
+    worker: Kube, settings: SandboxSettings, escape: str
+) -> None:
+    change, names = ESCAPES[escape]
+    job = cold_job(settings)
+    change(job)
+    refusal = await attempt(worker, "POST", path("batch/v1", "jobs", NS), job)
+    assert names in denial(refusal, "ksquad-worker-makes-sandboxes")
+
+
+# --- what the worker may do to pods and ConfigMaps that are there ---------------------------------------------
+
+CLAIM: dict[str, Any] = {
+    "labels": {
+        "ksquad.io/state": "bound",
+        "ksquad.io/run": "claims",
+        "ksquad.io/run-uid": "0f6a1c2e-0000-4000-8000-000000000001",
+        "ksquad.io/attempt": "1",
+    },
+    "annotations": {"ksquad.io/caller-token-sha256": "ab" * 32},
+    "ownerReferences": [
+        {
+            "apiVersion": RUN_API,
+            "kind": "Run",
+            "name": "claims",
+            "uid": "0f6a1c2e-0000-4000-8000-000000000001",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ],
+}
+
+
+def claim_and(**metadata: Any) -> dict[str, Any]:
+    """The worker's claim patch with `metadata` changed too."""
+    labels = {**CLAIM["labels"], **metadata.pop("labels", {})}
+    return {"metadata": {**CLAIM, **metadata, "labels": labels}}
+
+
+@pytest.fixture(scope="module")
+def victims(release: Release) -> Iterator[None]:
+    """As the namespace's users have them: a warm and a bound sandbox (pool-shaped, kept off the node), a tenant's
+    own pod and Job, a tenant's ConfigMap named like a Run's outputs."""
+    template = pool_replica_set(release)["spec"]["template"]
+    template["spec"]["nodeSelector"] = {"ksquad.io/no-node": "true"}
+    warm = {**template["metadata"]["labels"], "ksquad.io/pool": "victims"}  # a pool no ReplicaSet here adopts
+    pods = {
+        "warm-victim": warm,
+        "bound-victim": {**warm, "ksquad.io/state": "bound", "ksquad.io/run": "other"},
+        "tenant-app": {"app": "web"},
+    }
+    docs: list[dict[str, Any]] = []
+    for name, labels in pods.items():
+        pod = as_pod(name, template)
+        pod["metadata"]["labels"] = labels
+        docs.append(pod)
+    tenant_job = cold_job(SandboxSettings())["spec"]["template"]
+    docs.append(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "tenant-job", "namespace": NS},
+            "spec": {"suspend": True, "template": {"spec": {**tenant_job["spec"], "restartPolicy": "Never"}}},
+        }
+    )
+    docs.append(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "r9-outputs", "namespace": NS}}
+    )
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    try:
+        yield
+    finally:
+        release.kubectl(
+            "delete", "-f", "-", "--wait=false", "--ignore-not-found", input=yaml.safe_dump_all(docs)
+        )
+
+
+# what the attacker does -> (the object, the patch (strategic merge), what the refusal must name)
+POD_CHANGES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "remove the sandbox label from a live sandbox": (
+        "bound-victim",
+        {"metadata": {"labels": {"app.kubernetes.io/component": None}}},
+        "metadata.labels[app.kubernetes.io/component]",
+    ),
+    "change the sandbox label": (
+        "warm-victim",
+        {"metadata": {"labels": {"app.kubernetes.io/component": "web"}}},
+        "metadata.labels[app.kubernetes.io/component]",
+    ),
+    "claim, dropping the sandbox label": (
+        "warm-victim",
+        claim_and(labels={"app.kubernetes.io/component": None}),
+        "metadata.labels[app.kubernetes.io/component]",
+    ),
+    "claim, adding a label another NetworkPolicy selects": (
+        "warm-victim",
+        claim_and(labels={"app": "web"}),
+        "metadata.labels[app]",
+    ),
+    "move a warm sandbox to another pool": (
+        "warm-victim",
+        claim_and(labels={"ksquad.io/pool": "other"}),
+        "metadata.labels[ksquad.io/pool]",
+    ),
+    "take a bound sandbox for another run": (
+        "bound-victim",
+        {"metadata": {"labels": {"ksquad.io/run": "mine"}}},
+        "metadata.labels[ksquad.io/state]",
+    ),
+    "claim, adding an annotation": ("warm-victim", claim_and(annotations={"x": "y"}), "metadata.annotations"),
+    "claim, adding a finalizer": (
+        "warm-victim",
+        claim_and(finalizers=["example.com/keep"]),
+        "metadata.finalizers",
+    ),
+    "claim, owned by something else": (
+        "warm-victim",
+        claim_and(ownerReferences=[{"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "1"}]),
+        "metadata.ownerReferences",
+    ),
+    "another image in a warm sandbox": (
+        "warm-victim",
+        {"spec": {"containers": [{"name": "agent", "image": "docker.io/attacker/miner:1"}]}},
+        "spec refused",
+    ),
+    "label a tenant's pod as a warm sandbox": (
+        "tenant-app",
+        {"metadata": {"labels": {"ksquad.io/state": "warm"}}},
+        "pod tenant-app refused: it is not a sandbox",
+    ),
+}
+
+
+@pytest.mark.parametrize("change", list(POD_CHANGES))
+async def test_the_worker_changes_a_pod_only_to_claim_a_warm_sandbox(
+    worker: Kube, victims: None, change: str
+) -> None:
+    pod, patch, names = POD_CHANGES[change]
+    strategic = "application/strategic-merge-patch+json"  # kubectl patch's
+    refusal = await attempt(worker, "PATCH", path("v1", "pods", NS, pod), patch, strategic)
+    assert names in denial(refusal, "ksquad-worker-claims-warm-pods")
+
+
+@pytest.mark.parametrize(
+    ("resource", "name"), [(("v1", "pods"), "tenant-app"), (("batch/v1", "jobs"), "tenant-job")]
+)
+async def test_the_worker_deletes_only_sandboxes(
+    worker: Kube, victims: None, resource: tuple[str, str], name: str
+) -> None:
+    refusal = await attempt(worker, "DELETE", path(*resource, NS, name))
+    assert f"{name} refused: it is not a sandbox" in denial(refusal, "ksquad-worker-deletes-sandboxes")
+
+
+def config_map(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    metadata = {"name": name, "namespace": NS, "labels": labels or {}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {"ca.crt": "attacker's CA"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("method", "doc"),
+    [
+        ("PUT", config_map("kube-root-ca.crt")),  # the CA every pod of the namespace trusts
+        ("POST", config_map("settings")),
+        ("PUT", config_map("r9-outputs", {"ksquad.io/run": "r9"})),  # a tenant's, named like outputs
+    ],
+    ids=["the namespace's CA bundle", "a new ConfigMap", "a tenant's ConfigMap named like outputs"],
+)
+async def test_the_worker_writes_only_a_runs_outputs_config_map(
+    worker: Kube, victims: None, method: str, doc: dict[str, Any]
+) -> None:
+    name = doc["metadata"]["name"]
+    url = path("v1", "configmaps", NS, name if method == "PUT" else None)
+    refusal = await attempt(worker, method, url, doc)
+    assert f"configmap {name} refused" in denial(refusal, "ksquad-worker-writes-outputs")
+    outputs = config_map("shape-outputs", {"ksquad.io/run": "shape"})
+    assert await attempt(worker, "POST", path("v1", "configmaps", NS), outputs) is None, "a Run's outputs"
