@@ -4,7 +4,8 @@ Whoever holds the worker's ServiceAccount token may create Jobs, patch and delet
 the Run namespaces (its Role). Each escape route out of the sandbox shape is tried here with that token, against
 the real API server (a dry run: admission runs in full, nothing is stored), and must be refused by the policy
 with a message naming the field. ksquad's own sandboxes, a cold Job as activities.sandboxes.job_manifest makes it
-from the release's sandbox settings and a warm pool pod from the chart's pool template, are admitted.
+from the release's sandbox settings and a warm pool pod from the chart's pool template, are admitted. A namespace
+editor cannot add ksquad.io/triggered-by to a Run created without it.
 
 Runs first of tests/chart/ (it installs the shared release) and leaves nothing behind in its namespaces.
 """
@@ -12,6 +13,7 @@ Runs first of tests/chart/ (it installs the shared release) and leaves nothing b
 import copy
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -576,3 +578,72 @@ async def test_the_worker_writes_only_a_runs_outputs_config_map(
     assert f"configmap {name} refused" in denial(refusal, "ksquad-worker-writes-outputs")
     outputs = config_map("shape-outputs", {"ksquad.io/run": "shape"})
     assert await attempt(worker, "POST", path("v1", "configmaps", NS), outputs) is None, "a Run's outputs"
+
+
+# --- the triggered-by annotation ---------------------------------------------------------------------------------
+
+
+def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(release: Release) -> None:
+    """Where no MutatingAdmissionPolicy stamps Runs (before Kubernetes 1.36, or a Run made before the chart), a Run
+    has no ksquad.io/triggered-by; its namespace's editor must not add one naming someone else (or anyone)."""
+    ns = f"tenant-{uuid.uuid4().hex[:6]}"
+    release.kubectl("create", "namespace", ns)
+    release.kubectl("create", "serviceaccount", "editor", "-n", ns)
+    release.kubectl(
+        "create", "role", "runs", "-n", ns, "--verb=get,update,patch", "--resource=runs.ksquad.io"
+    )
+    release.kubectl(
+        "create", "rolebinding", "editor", "-n", ns, "--role=runs", f"--serviceaccount={ns}:editor"
+    )
+    binding = release.get("mutatingadmissionpolicybinding", "ksquad-triggered-by")
+    original = binding["spec"].get("matchResources")
+    outside = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}
+    run = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": "unstamped", "namespace": ns}}
+    run["spec"] = {"agents": ["dev-1"]}
+    release.kubectl(
+        "patch",
+        "mutatingadmissionpolicybinding",
+        "ksquad-triggered-by",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"matchResources": {"namespaceSelector": {"matchExpressions": [outside]}}}}),
+    )
+    try:
+        for _ in range(100):  # the API server sees the binding change within moments
+            created = json.loads(
+                release.cluster.kubectl("create", "-o", "json", "-f", "-", input=yaml.safe_dump(run)).stdout
+            )
+            if "ksquad.io/triggered-by" not in created["metadata"].get("annotations", {}):
+                break
+            release.kubectl("delete", "run", "unstamped", "-n", ns)
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the MutatingAdmissionPolicy kept stamping Runs in the tenant namespace")
+    finally:
+        restore = {"op": "replace", "path": "/spec/matchResources", "value": original}
+        release.kubectl(
+            "patch",
+            "mutatingadmissionpolicybinding",
+            "ksquad-triggered-by",
+            "--type=json",
+            "-p",
+            json.dumps([restore if original else {"op": "remove", "path": "/spec/matchResources"}]),
+        )
+    try:
+        editor = kubeconfig_of(release, "editor", ns)
+        for name in ("ksquad-test-admin", "system:serviceaccount:ksquad:ksquad-worker"):
+            done = release.cluster.kubectl(
+                "annotate",
+                "run",
+                "unstamped",
+                "-n",
+                ns,
+                f"ksquad.io/triggered-by={name}",
+                check=False,
+                kubeconfig=editor,
+            )
+            assert done.returncode != 0, f"annotated: {done.stdout}"
+            assert "ksquad-triggered-by-immutable" in done.stderr, done.stderr
+            assert "ksquad.io/triggered-by is set when the Run is created" in done.stderr, done.stderr
+    finally:
+        release.kubectl("delete", "namespace", ns, "--wait=false")
