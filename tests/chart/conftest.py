@@ -156,12 +156,14 @@ def terminal_events(release: Release, uid: str) -> int:
 async def release(
     ksquad_cluster: ControlPlane, postgres: PostgresServer, dev_server: DevServer
 ) -> AsyncIterator[Release]:
-    """Installed as the README says: the namespace, the database and codec Secrets, `helm install --wait`."""
+    """Installed as the README says: the namespaces (the Runs' labelled for Pod Security Admission `restricted`),
+    the database and codec Secrets, `helm install --wait`."""
     cluster = ksquad_cluster
     database = postgres.create_database(f"helm_{uuid.uuid4().hex[:8]}")
     for namespace in (HOME, NS):
         cluster.kubectl("create", "namespace", namespace)
         cluster.wait_for_default_service_account(namespace)
+    cluster.kubectl("label", "namespace", NS, "pod-security.kubernetes.io/enforce=restricted")
     url = database.replace("postgresql+psycopg://", "postgresql://")
     cluster.kubectl("-n", HOME, "create", "secret", "generic", "ksquad-database", f"--from-literal=url={url}")
     key = base64.b64encode(secrets.token_bytes(32)).decode()

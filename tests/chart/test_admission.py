@@ -4,8 +4,9 @@ Whoever holds the worker's ServiceAccount token may create Jobs, patch and delet
 the Run namespaces (its Role). Each escape route out of the sandbox shape is tried here with that token, against
 the real API server (a dry run: admission runs in full, nothing is stored), and must be refused by the policy
 with a message naming the field. ksquad's own sandboxes, a cold Job as activities.sandboxes.job_manifest makes it
-from the release's sandbox settings and a warm pool pod from the chart's pool template, are admitted. A namespace
-editor cannot add ksquad.io/triggered-by to a Run created without it.
+from the release's sandbox settings and a warm pool pod from the chart's pool template, are admitted: from the
+worker, and under Pod Security Admission `restricted`, which the Run namespace enforces (as the README's install
+labels it). A namespace editor meets `restricted` and the triggered-by policy.
 
 Runs first of tests/chart/ (it installs the shared release) and leaves nothing behind in its namespaces.
 """
@@ -24,7 +25,7 @@ import yaml
 
 from activities.sandboxes import KubernetesSandboxes, SandboxSettings, job_manifest
 from kube import ApiError, Config, Kube, path
-from testbed.chart import render
+from testbed.chart import CHART, KUBE_VERSION, render
 from tests.chart.conftest import HOME, NS, RELEASE, Release, wait_for
 from workflows.contract import CredentialRef, ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy
@@ -32,6 +33,7 @@ from workflows.spec import SandboxPolicy
 Job = dict[str, Any]
 RUN_API = "ksquad.io/v1alpha1"
 POOL = "admission"
+PSA = "pod-security.kubernetes.io/enforce"
 
 
 def kubeconfig_of(release: Release, account: str, namespace: str) -> Path:
@@ -121,15 +123,20 @@ def denial(refusal: ApiError | None, policy: str) -> str:
 # --- ksquad's own sandboxes are admitted ----------------------------------------------------------------------
 
 
-async def test_the_workers_cold_sandbox_is_admitted(worker: Kube, settings: SandboxSettings) -> None:
+async def test_the_workers_cold_sandbox_is_admitted_and_its_pod_meets_restricted(
+    release: Release, worker: Kube, settings: SandboxSettings
+) -> None:
     job = cold_job(settings)
     assert await attempt(worker, "POST", path("batch/v1", "jobs", NS), job) is None
+    assert release.get("namespace", NS)["metadata"]["labels"].get(PSA) == "restricted"
+    code, output = dry_run(release, "create", as_pod("cold-sandbox", job["spec"]["template"]))
+    assert code == 0 and "created (server dry run)" in output, f"Pod Security Admission: {output}"
 
 
 @pytest.fixture(scope="module")
 def warm_pool(release: Release) -> Iterator[dict[str, Any]]:
     """The chart's pool ReplicaSet in the Run namespace, its pods kept off the node (a node selector no node has)
-    and marked Ready with an address."""
+    and marked Ready with an address: the ReplicaSet controller makes them under Pod Security Admission."""
     replica_set = pool_replica_set(release)
     replica_set["spec"]["template"]["spec"]["nodeSelector"] = {"ksquad.io/no-node": "true"}
     release.kubectl("apply", "-f", "-", input=yaml.safe_dump(replica_set))
@@ -140,9 +147,15 @@ def warm_pool(release: Release) -> Iterator[dict[str, Any]]:
         release.kubectl("delete", "pods", "-n", NS, "-l", f"ksquad.io/pool={POOL}", "--wait=false")
 
 
-async def test_the_workers_claim_of_a_warm_pool_pod_is_admitted(
+async def test_a_warm_pool_pod_meets_restricted_and_the_workers_claim_of_it_is_admitted(
     release: Release, worker: Kube, settings: SandboxSettings, warm_pool: dict[str, Any]
 ) -> None:
+    # The pool's pod as the chart renders it, unchanged, under restricted (the ReplicaSet's were made too).
+    code, output = dry_run(
+        release, "create", as_pod("warm-sandbox", pool_replica_set(release)["spec"]["template"])
+    )
+    assert code == 0 and "created (server dry run)" in output, f"Pod Security Admission: {output}"
+
     def made() -> str | None:
         pods = release.get("pods", "-n", NS, "-l", f"ksquad.io/pool={POOL},ksquad.io/state=warm")["items"]
         return pods[0]["metadata"]["name"] if pods else None
@@ -645,5 +658,53 @@ def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(relea
             assert done.returncode != 0, f"annotated: {done.stdout}"
             assert "ksquad-triggered-by-immutable" in done.stderr, done.stderr
             assert "ksquad.io/triggered-by is set when the Run is created" in done.stderr, done.stderr
+    finally:
+        release.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+# --- Pod Security Admission in the Run namespaces ---------------------------------------------------------------
+
+
+def test_a_namespace_editor_meets_restricted_in_a_run_namespace(release: Release) -> None:
+    release.kubectl("create", "serviceaccount", "tenant-editor", "-n", NS)
+    release.kubectl(
+        "create",
+        "rolebinding",
+        "tenant-editor",
+        "-n",
+        NS,
+        "--clusterrole=edit",
+        f"--serviceaccount={NS}:tenant-editor",
+    )
+    try:
+        editor = kubeconfig_of(release, "tenant-editor", NS)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "root-shell", "namespace": NS},
+            "spec": {
+                "containers": [{"name": "sh", "image": "busybox", "securityContext": {"privileged": True}}]
+            },
+        }
+        code, message = dry_run(release, "create", pod, editor)
+        assert code != 0, message
+        assert 'violates PodSecurity "restricted:latest"' in message and "privileged" in message, message
+    finally:
+        release.kubectl("delete", "rolebinding,serviceaccount", "tenant-editor", "-n", NS)
+
+
+def test_helm_refuses_a_run_namespace_that_does_not_enforce_restricted(release: Release) -> None:
+    ns = f"unlabelled-{uuid.uuid4().hex[:6]}"
+    release.kubectl("create", "namespace", ns)
+    # What helm install and upgrade do: look at the cluster (lookup) while rendering.
+    render = ["template", "psa", str(CHART), "-n", HOME, "--dry-run=server", "--kube-version", KUBE_VERSION]
+    try:
+        done = release.helm(*render, "--set", f"namespaces={{{ns}}}", check=False)
+        assert done.returncode != 0, "rendered"
+        assert f"namespace {ns} enforces Pod Security Admission level privileged" in done.stderr, done.stderr
+        assert f"kubectl label namespace {ns} pod-security.kubernetes.io/enforce=restricted" in done.stderr
+        release.kubectl("label", "namespace", ns, f"{PSA}=restricted")
+        labelled = release.helm(*render, "--set", f"namespaces={{{ns}}}")
+        assert "ksquad-worker-makes-sandboxes" in labelled.stdout
     finally:
         release.kubectl("delete", "namespace", ns, "--wait=false")

@@ -257,6 +257,14 @@ def test_the_worker_policy_knows_each_container_as_job_manifest_makes_it_from_th
     assert "ghcr.io/ksquad/ksquad-agent:0.1.0" in known["images"]["agent"], "the agent image, always"
 
 
+def test_a_pod_security_level_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(
+        RuntimeError, match=r"sandbox\.podSecurity\.enforce is strict: set restricted, baseline"
+    ):
+        chart.render({**VALUES, "sandbox": {"podSecurity": {"enforce": "strict"}}})
+    assert chart.render({**VALUES, "sandbox": {"podSecurity": {"enforce": ""}}}), "the check can be skipped"
+
+
 def test_the_bridge_survives_a_node_drain_and_the_worker_rolls_when_its_sandbox_settings_change() -> None:
     docs = chart.render(VALUES)
     (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
