@@ -14,7 +14,7 @@ import time
 
 import yaml
 
-from activities.sandboxes import KubernetesSandboxes, SandboxSettings, pod_ready
+from activities.sandboxes import KubernetesSandboxes, PoolRef, SandboxSettings, pod_ready
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
 from testbed.controlplane import ControlPlane
@@ -47,7 +47,10 @@ async def main(runs: int) -> None:
         pool = {
             "apiVersion": "apps/v1",
             "kind": "ReplicaSet",
-            "metadata": {"name": "pool", "namespace": NS},
+            "metadata": {
+                "name": "ksquad-pool-b",
+                "namespace": NS,
+            },  # a pool the worker knows (settings.pools)
             "spec": {
                 "replicas": 3,
                 "selector": {"matchLabels": {"ksquad.io/state": "warm", "ksquad.io/pool": "b"}},
@@ -60,6 +63,7 @@ async def main(runs: int) -> None:
                         }
                     },
                     "spec": {
+                        "runtimeClassName": "gvisor",  # what the label says, and the Run asks for
                         "containers": [
                             {
                                 "name": "agent",
@@ -77,7 +81,7 @@ async def main(runs: int) -> None:
                                     "periodSeconds": 1,
                                 },
                             }
-                        ]
+                        ],
                     },
                 },
             },
@@ -85,7 +89,13 @@ async def main(runs: int) -> None:
         plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(pool))
         async with Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as kube:
             sandboxes = KubernetesSandboxes(
-                kube, SandboxSettings(image=AGENT_IMAGE, poll_seconds=0.05, run_as_user=65532)
+                kube,
+                SandboxSettings(
+                    image=AGENT_IMAGE,
+                    poll_seconds=0.05,
+                    run_as_user=65532,
+                    pools=[PoolRef(name="b", namespace=NS)],
+                ),
             )
             warm, cold = [], []
             for i in range(runs):

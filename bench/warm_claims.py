@@ -78,6 +78,10 @@ async def main(rates: list[float], seconds: float, replicas: int, temporal: Temp
                 try:
                     stack.apply(*stack.resources(stack.model))
                     apply_pools(stack, replicas)
+                    stack.kill(
+                        "worker"
+                    )  # started again knowing the pools (the worker claims from those only)
+                    await stack.start("worker")
                     await pools_full(admin, stack.namespace, replicas)
                     idle = await machine_busy_over(IDLE_SECONDS)
                     results["machine_busy_idle"] = round(idle, 2)
@@ -124,6 +128,7 @@ def apply_pools(stack: Stack, replicas: int) -> None:
     }
     pools = [doc for doc in chart.render(values) if doc["kind"] == "ReplicaSet"]
     stack.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(pools))
+    stack.pools = [{"name": f"p{i}", "namespace": stack.namespace} for i in range(POOLS)]
 
 
 async def machine_busy_over(seconds: float) -> float:

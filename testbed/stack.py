@@ -63,6 +63,9 @@ class Stack:
     model: ModelEndpoint
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
+    # The warm pools the worker claims from ({name, namespace, runtime_class}), as the chart's sandbox settings list
+    # them: set before the worker starts (or start it again).
+    pools: list[dict[str, str]] = field(default_factory=list)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
@@ -140,6 +143,7 @@ class Stack:
                         "image": AGENT_IMAGE,
                         "poll_seconds": 0.1,
                         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+                        "pools": self.pools,
                     }
                 )
             )

@@ -2,10 +2,12 @@
 `local` (the reference agent as a local process, for the embedded default).
 
 Kubernetes:
-- warm: a pool is a ReplicaSet of ready agent pods labelled `ksquad.io/state=warm`. Claiming one is a single
-  merge patch guarded by the pod's resourceVersion (`state=bound`, `run=<run>`, owner = the Run): the pod
-  leaves the ReplicaSet's selector, the ReplicaSet makes a replacement, and a second claimer of the same pod
-  gets 409 Conflict and moves to the next pod. A warm pod gets its contract in the first A2A message.
+- warm: a pool is a ReplicaSet of ready agent pods labelled `ksquad.io/state=warm`, one of the chart's (the
+  worker's settings name them). Claiming one is a single merge patch guarded by the pod's resourceVersion
+  (`state=bound`, `run=<run>`, owner = the Run, the caller token's hash): the pod leaves the ReplicaSet's
+  selector, the ReplicaSet makes a replacement, and a second claimer of the same pod gets 409 Conflict and moves
+  to the next pod. A warm pod gets its contract in the first A2A message. Only pods the pool's ReplicaSet
+  controls, running its template on the Run's RuntimeClass, are claimed (activities.sandboxes.ownership).
 - cold: a Job `<run>-exec-<attempt>` owned by the Run: no prompt or input in its spec (the contract comes in the
   first A2A message; the pod knows only the hash of the token that may send it), credentials by secretKeyRef only,
   non-root, no service-account token, runtimeClassName, resources, a deadline and a TTL. Skills with
@@ -27,6 +29,7 @@ from activities.sandboxes.kubernetes import KubernetesSandboxes, pod_ready
 from activities.sandboxes.local import LocalModel, LocalSandboxes
 from activities.sandboxes.manifests import (
     ContainerSpec,
+    PoolRef,
     SandboxSettings,
     job_manifest,
     job_name,
@@ -48,6 +51,7 @@ __all__ = [
     "KubernetesSandboxes",
     "LocalModel",
     "LocalSandboxes",
+    "PoolRef",
     "SandboxActivities",
     "SandboxSettings",
     "job_manifest",
@@ -65,11 +69,19 @@ class SandboxActivities:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.backend.heartbeat = self._heartbeat
+        if isinstance(backend, KubernetesSandboxes):
+            backend.earlier = self._earlier
 
     @staticmethod
     def _heartbeat(*details: Any) -> None:
         if activity.in_activity():
             activity.heartbeat(*details)
+
+    @staticmethod
+    def _earlier() -> dict[str, Any]:
+        """What an earlier try of this activity heartbeat last (the Job it made), {} when none."""
+        details = activity.info().heartbeat_details if activity.in_activity() else ()
+        return dict(details[0]) if details and isinstance(details[0], dict) else {}
 
     @activity.defn(name=Activity.ACQUIRE_SANDBOX)
     async def acquire_sandbox(self, req: SandboxRequest) -> Sandbox:

@@ -1,25 +1,27 @@
-"""The Kubernetes backend: warm pods claimed from pools, else cold Jobs; released and confirmed gone. The agent in a
-sandbox answers only the caller holding the attempt's token: its hash goes into the pod's annotations."""
+"""The Kubernetes backend: warm pods claimed from pools, else cold Jobs; released and confirmed gone. A pod is
+used only when Kubernetes says it is the attempt's Job's or a pool's (activities.sandboxes.ownership), and the
+agent in it answers only the caller holding the attempt's token (its hash goes into the pod's annotations)."""
 
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
+from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
 from activities.agents.callers import CallerKeys, process_keys
 from activities.sandboxes.manifests import (
-    ANNOTATION_CREDENTIALS,
     ANNOTATION_TOKEN_SHA256,
     FATAL_WAITING,
     LABEL_ATTEMPT,
     LABEL_POOL,
     LABEL_RUN,
     LABEL_RUN_UID,
-    LABEL_RUNTIME_CLASS,
     LABEL_STATE,
     MAX_OUTPUTS_BYTES,
+    PoolRef,
     SandboxSettings,
     config_key,
     credential_env,
@@ -28,6 +30,12 @@ from activities.sandboxes.manifests import (
     owner_reference,
     sandbox_failed,
     small_outputs,
+)
+from activities.sandboxes.ownership import (
+    controlled_by,
+    mounted_secrets,
+    not_the_attempts_job,
+    spec_difference,
 )
 from kube import ApiError, Kube, Obj, path
 from workflows.activity_types import (
@@ -43,6 +51,7 @@ from workflows.spec import SandboxPolicy
 
 log = logging.getLogger(__name__)
 CLAIM_TRIES = 3  # guarded patches of one warm pod, each after reading it again
+POOL_CACHE_SECONDS = 10.0  # a pool's ReplicaSet is read again after this long, or when a pod differs from it
 
 
 def pod_failure(pod: Obj) -> str | None:
@@ -91,7 +100,10 @@ class KubernetesSandboxes:
         self.kube = kube
         self.settings = settings
         self.heartbeat = heartbeat
+        # What an earlier try of this activity recorded in its heartbeat (the Job it made), {} when none.
+        self.earlier: Callable[[], dict[str, Any]] = dict
         self.keys = keys or process_keys()
+        self._pools: dict[tuple[str, str], tuple[float, Obj]] = {}  # (namespace, ReplicaSet) -> (read at, it)
 
     # --- acquire ------------------------------------------------------------------------------------------
 
@@ -104,24 +116,92 @@ class KubernetesSandboxes:
         return await self.start_cold(req)
 
     async def bind_warm(self, contract: ExecutionContract, policy: SandboxPolicy) -> Sandbox | None:
-        """Take one ready warm pod of a matching pool, or None. One guarded label patch per pod tried."""
-        selector = {LABEL_STATE: "warm", LABEL_RUNTIME_CLASS: policy.runtime_class}
-        if policy.pool:
-            selector[LABEL_POOL] = policy.pool
+        """Take one ready pod of a matching pool, or None. A pool is one of the chart's (the worker's settings):
+        its ReplicaSet is read, and only pods it controls, running its template, on the Run's RuntimeClass, with
+        the credentials the run needs in that template, are claimed. One guarded patch per pod tried."""
+        ns = contract.run.namespace
+        pools = [
+            p
+            for p in self.settings.pools
+            if p.namespace == ns
+            and p.runtime_class == policy.runtime_class
+            and (not policy.pool or p.name == policy.pool)
+        ]
         needed = {e["valueFrom"]["secretKeyRef"]["name"] for e in credential_env(contract)}
-        pods = (await self.kube.list(path("v1", "pods", contract.run.namespace), labels=selector))["items"]
-        candidates = [p for p in pods if pod_ready(p) and needed <= _mounted_credentials(p)]
-        random.shuffle(candidates)  # concurrent claimers spread over the pool instead of racing for one pod
-        for pod in candidates:
-            bound = await self._claim(pod, contract, needed)
-            if bound is not None:
-                log.info("%s: bound warm pod %s", contract.run.name, bound["metadata"]["name"])
-                return Sandbox(name=bound["metadata"]["name"], kind="warm", endpoint=self._endpoint(bound))
+        random.shuffle(pools)
+        for pool in pools:
+            replica_set = await self._pool(pool)
+            if replica_set is None or not self._serves(replica_set, policy, needed):
+                continue
+            selector = {LABEL_STATE: "warm", LABEL_POOL: pool.name}
+            pods = (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
+            candidates = []
+            for pod in pods:
+                if pod_ready(pod) and await self._of_pool(pod, pool):
+                    candidates.append(pod)
+            # Concurrent claimers spread over the pool instead of racing for one pod.
+            random.shuffle(candidates)
+            for pod in candidates:
+                bound = await self._claim(pod, pool, contract)
+                if bound is not None:
+                    log.info("%s: bound warm pod %s", contract.run.name, bound["metadata"]["name"])
+                    return Sandbox(
+                        name=bound["metadata"]["name"], kind="warm", endpoint=self._endpoint(bound)
+                    )
         return None
 
-    async def _claim(self, pod: Obj, contract: ExecutionContract, needed: set[str]) -> Obj | None:
-        """The guarded label patch: 409 when the pod changed since it was read. A kubelet's status update or a
-        controller's touch changes it too, so read it again and try while it is still warm, ready and free.
+    async def _pool(self, pool: PoolRef, fresh: bool = False) -> Obj | None:
+        """The pool's ReplicaSet, as the cluster has it now (cached briefly: one read per claim costs latency)."""
+        key = (pool.namespace, pool.replica_set)
+        cached = self._pools.get(key)
+        if cached is not None and not fresh and time.monotonic() - cached[0] < POOL_CACHE_SECONDS:
+            return cached[1]
+        try:
+            replica_set = await self.kube.get(
+                path("apps/v1", "replicasets", pool.namespace, pool.replica_set)
+            )
+        except ApiError as err:
+            if err.status == 404:
+                self._pools.pop(key, None)
+                return None
+            raise
+        self._pools[key] = (time.monotonic(), replica_set)
+        return replica_set
+
+    def _serves(self, replica_set: Obj, policy: SandboxPolicy, needed: set[str]) -> bool:
+        """Whether the pool's template runs on the Run's RuntimeClass and mounts every credential it needs."""
+        template = replica_set["spec"]["template"]["spec"]
+        return template.get("runtimeClassName") == self.settings.runtime_class_name(policy) and needed <= (
+            mounted_secrets(template)
+        )
+
+    async def _of_pool(self, pod: Obj, pool: PoolRef) -> bool:
+        """Whether the pool's ReplicaSet controls the pod and the pod runs its template. A pod it controls that
+        differs (made from an older template, or adopted) is deleted, so the ReplicaSet makes a current one."""
+        replica_set = await self._pool(pool)
+        for fresh in (False, True):
+            if replica_set is None or not controlled_by(pod, "ReplicaSet", replica_set):
+                return False
+            difference = spec_difference(pod["spec"], replica_set["spec"]["template"]["spec"])
+            if difference is None:
+                return True
+            if not fresh:
+                replica_set = await self._pool(pool, fresh=True)  # the template may have changed meanwhile
+        name = pod["metadata"]["name"]
+        log.warning(
+            "pod %s/%s of pool %s is not its template (%s): deleted",
+            pool.namespace,
+            name,
+            pool.name,
+            difference,
+        )
+        # Never claimed, so it serves nothing: no grace (an adopted pod's own code gets none either).
+        await self.kube.delete(path("v1", "pods", pool.namespace, name), grace_seconds=0)
+        return False
+
+    async def _claim(self, pod: Obj, pool: PoolRef, contract: ExecutionContract) -> Obj | None:
+        """The guarded patch: 409 when the pod changed since it was read. A kubelet's status update or a
+        controller's touch changes it too, so read it again and try while it is still warm, ready and the pool's.
         The patch also gives the pod the hash of the attempt's caller token, which its agent reads (agent.callers)."""
         url = path("v1", "pods", contract.run.namespace, pod["metadata"]["name"])
         labels = {
@@ -154,7 +234,7 @@ class KubernetesSandboxes:
                     return None
                 raise
             still_free = pod["metadata"].get("labels", {}).get(LABEL_STATE) == "warm"
-            if not (still_free and pod_ready(pod) and needed <= _mounted_credentials(pod)):
+            if not (still_free and pod_ready(pod) and await self._of_pool(pod, pool)):
                 return None  # someone else took it: try the next one
         return None
 
@@ -166,23 +246,51 @@ class KubernetesSandboxes:
         manifest = job_manifest(contract, req.policy, self.settings, deadline, token_sha256)
         name = manifest["metadata"]["name"]
         try:
-            await self.kube.create(path("batch/v1", "jobs", ns), manifest)
+            job = await self.kube.create(path("batch/v1", "jobs", ns), manifest)
         except ApiError as err:
-            if err.status != 409:  # 409: a retried activity made it already
+            if err.status != 409:
                 raise sandbox_failed(f"cannot create Job {ns}/{name}: {err.message}") from None
-        pod = await self.wait_ready(ns, name, req.timeout_seconds, req.policy)
+            job = await self._made_earlier(ns, name, contract, token_sha256)
+        self.heartbeat({"job": name, "uid": job["metadata"]["uid"]})  # a retried try finds its Job by this
+        pod = await self.wait_ready(job, req.timeout_seconds, req.policy)
         return Sandbox(name=name, kind="cold", endpoint=self._endpoint(pod))
 
-    async def wait_ready(self, namespace: str, job: str, within: float, policy: SandboxPolicy) -> Obj:
+    async def _made_earlier(self, ns: str, name: str, contract: ExecutionContract, token_sha256: str) -> Obj:
+        """The Job already under the attempt's name: an earlier try of this activity made it, or it is not ours."""
+        try:
+            job = await self.kube.get(path("batch/v1", "jobs", ns, name))
+        except ApiError as err:
+            raise sandbox_failed(f"Job {ns}/{name} exists but cannot be read: {err.message}") from None
+        recorded = self.earlier().get("uid")
+        why = not_the_attempts_job(
+            job, contract.run.uid, contract.run.attempt, token_sha256, str(recorded) if recorded else None
+        )
+        if why:
+            raise sandbox_failed(f"Job {ns}/{name} exists and is not this attempt's ({why}): it is not used")
+        return job
+
+    async def wait_ready(self, job: Obj, within: float, policy: SandboxPolicy) -> Obj:
+        """The Job's pod, once ready: a pod it controls, running its template. A pod that only says so (labelled
+        for the Job, or adopted by it, running something else) fails the attempt."""
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        template = job["spec"]["template"]["spec"]
         loop = asyncio.get_running_loop()
         start = loop.time()
         unschedulable_since: float | None = None
         last = "no pod yet"
         while loop.time() - start < within:
-            self.heartbeat(f"waiting for Job {job}: {last}")
-            pods = (await self.kube.list(path("v1", "pods", namespace), labels={"job-name": job}))["items"]
-            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            self.heartbeat({"job": name, "uid": job["metadata"]["uid"], "waiting": last})
+            pods = (await self.kube.list(path("v1", "pods", namespace), labels={"job-name": name}))["items"]
+            live = [
+                p for p in pods if not p["metadata"].get("deletionTimestamp") and controlled_by(p, "Job", job)
+            ]
             for pod in live:
+                difference = spec_difference(pod["spec"], template)
+                if difference:
+                    raise sandbox_failed(
+                        f"pod {pod['metadata']['name']} is controlled by Job {name} but does not run its template "
+                        f"({difference}): not used"
+                    )
                 if pod_ready(pod):
                     ready: Obj = pod
                     return ready
@@ -198,9 +306,9 @@ class KubernetesSandboxes:
                 else:
                     last = f"pod {pod['metadata']['name']} {pod.get('status', {}).get('phase', 'Pending')}"
             if not live:
-                await self._job_failure(namespace, job, loop.time() - start, policy)
+                await self._job_failure(namespace, name, loop.time() - start, policy)
             await asyncio.sleep(self.settings.poll_seconds)
-        raise sandbox_failed(f"Job {namespace}/{job} not ready within {within:.0f}s ({last})")
+        raise sandbox_failed(f"Job {namespace}/{name} not ready within {within:.0f}s ({last})")
 
     async def _job_failure(self, namespace: str, job: str, waited: float, policy: SandboxPolicy) -> None:
         """No pod: the Job failed, or the pod was refused (admission, quota, missing ServiceAccount). A missing
@@ -261,7 +369,8 @@ class KubernetesSandboxes:
                         raise
                     gone = True
             else:
-                gone = not (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
+                pods = (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
+                gone = not [p for p in pods if _job_of(p) == name]
             if gone:
                 return
             await asyncio.sleep(self.settings.poll_seconds)
@@ -309,6 +418,9 @@ class KubernetesSandboxes:
         return PublishedOutputs(outputs=small_outputs(req.outputs), config_map=name)
 
 
-def _mounted_credentials(pod: Obj) -> set[str]:
-    annotation = pod["metadata"].get("annotations", {}).get(ANNOTATION_CREDENTIALS, "")
-    return {s.strip() for s in annotation.split(",") if s.strip()}
+def _job_of(pod: Obj) -> str | None:
+    """The Job a pod's controller reference names (a pod anyone labelled job-name=<name> does not count)."""
+    for ref in pod["metadata"].get("ownerReferences", []):
+        if ref.get("controller") and ref.get("kind") == "Job":
+            return str(ref.get("name"))
+    return None

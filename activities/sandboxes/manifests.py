@@ -26,7 +26,6 @@ LABEL_ATTEMPT = "ksquad.io/attempt"
 LABEL_STATE = "ksquad.io/state"
 LABEL_POOL = "ksquad.io/pool"
 LABEL_RUNTIME_CLASS = "ksquad.io/runtime-class"
-ANNOTATION_CREDENTIALS = "ksquad.io/credentials"  # the Secrets a warm pool's pods have mounted
 ANNOTATION_TOKEN_SHA256 = TOKEN_SHA256_ANNOTATION  # the attempt's caller token's hash (agent.callers)
 TOOLCHAINS_DIR = "/opt/ksquad/toolchains"
 SECRETS_DIR = "/var/run/ksquad/secrets"
@@ -39,6 +38,7 @@ POD_INFO_VOLUME: Obj = {
     "downwardAPI": {"items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]},
 }
 POD_INFO_ENV: Obj = {"name": POD_ANNOTATIONS_ENV, "value": f"{POD_INFO_DIR}/annotations"}
+POOL_PREFIX = "ksquad-pool-"  # a pool's ReplicaSet is ksquad-pool-<name> (charts/ksquad/templates/pools.yaml)
 SANDBOX_FAILED = "SandboxFailed"
 FATAL_WAITING = {
     "ErrImagePull",
@@ -59,6 +59,18 @@ class ContainerSpec(BaseModel):
     command: list[str] = Field(default_factory=list)
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+
+
+class PoolRef(BaseModel):
+    """A warm pool the chart deploys: the worker claims pods of these ReplicaSets only."""
+
+    name: str
+    namespace: str
+    runtime_class: str = "gvisor"  # Run.spec.sandboxPolicy.runtimeClass its pods serve
+
+    @property
+    def replica_set(self) -> str:
+        return POOL_PREFIX + self.name
 
 
 class SandboxSettings(BaseModel):
@@ -85,6 +97,7 @@ class SandboxSettings(BaseModel):
     termination_grace_seconds: int = 10
     toolchains: dict[str, ContainerSpec] = Field(default_factory=dict)  # staged into TOOLCHAINS_DIR/<name>
     sidecars: dict[str, ContainerSpec] = Field(default_factory=dict)
+    pools: list[PoolRef] = Field(default_factory=list)  # the chart's warm pools (values `pools`)
     poll_seconds: float = 0.25
 
     def runtime_class_name(self, policy: SandboxPolicy) -> str | None:

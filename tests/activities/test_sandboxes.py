@@ -19,6 +19,7 @@ from activities.agents import AgentActivities
 from activities.sandboxes import (
     ContainerSpec,
     KubernetesSandboxes,
+    PoolRef,
     SandboxActivities,
     SandboxSettings,
     job_name,
@@ -190,7 +191,7 @@ async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
         ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
     )
     await ready_warm(kube, run_ns, 5)
-    backend = KubernetesSandboxes(kube, settings())
+    backend = KubernetesSandboxes(kube, settings(pools=[PoolRef(name="p1", namespace=run_ns)]))
     contracts = []
     for i in range(20):
         name = f"race-{i}"
@@ -251,7 +252,7 @@ async def test_a_warm_pod_touched_between_the_list_and_the_claim_is_still_claime
         ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
     )
     (warm,) = await ready_warm(kube, run_ns, 1)
-    backend = KubernetesSandboxes(kube, settings())
+    backend = KubernetesSandboxes(kube, settings(pools=[PoolRef(name="p1", namespace=run_ns)]))
     listed = backend.kube.list
 
     async def list_then_touch(url: str, **kwargs: Any) -> Any:
@@ -274,11 +275,14 @@ async def test_a_warm_pod_touched_between_the_list_and_the_claim_is_still_claime
     assert pod["metadata"]["labels"]["ksquad.io/run"] == name
 
 
-async def ready_warm(kube: Kube, namespace: str, count: int, within: float = 90) -> list[Any]:
+async def ready_warm(
+    kube: Kube, namespace: str, count: int, within: float = 90, pool: str = "p1"
+) -> list[Any]:
     from activities.sandboxes import pod_ready
 
     for _ in range(int(within / 0.2)):
-        pods = (await kube.list(path("v1", "pods", namespace), labels="ksquad.io/state=warm"))["items"]
+        selector = f"ksquad.io/state=warm,ksquad.io/pool={pool}"
+        pods = (await kube.list(path("v1", "pods", namespace), labels=selector))["items"]
         ready = [p for p in pods if pod_ready(p)]
         if len(ready) == count:
             return ready
@@ -405,3 +409,228 @@ async def test_the_run_workflow_completes_on_a_cold_sandbox(
     assert await gone(kube, path("batch/v1", "jobs", run_ns, "whole-run-exec-1"))
     running = next(e for e in world.events["whole-run"] if e.phase == Phase.RUNNING)
     assert (running.message or "").endswith("dev-1 on whole-run-exec-1")
+
+
+# --- pods are ours because Kubernetes says so ------------------------------------------------------------------
+# An intruder is a user who may edit a Run namespace (the `edit` ClusterRole: pods, Jobs, ReplicaSets), but is not
+# the worker. Its pods run a listener of its own that records whatever it is sent.
+
+LISTENER = r"""
+import http.server, json, os
+seen = {"posts": 0, "contract": False}
+class Listener(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/.well-known/agent-card.json":
+            body = os.environ["CARD"].replace("URL-HERE", "http://" + self.headers["Host"] + "/")
+        else:
+            body = json.dumps(seen)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+    def do_POST(self):
+        data = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        seen["posts"] += 1
+        seen["contract"] = seen["contract"] or b"ksquad.io/contract" in data
+        self.send_response(500)
+        self.end_headers()
+http.server.ThreadingHTTPServer(("", 8080), Listener).serve_forever()
+"""
+
+
+def intruder(cluster: ControlPlane, namespace: str) -> Path:
+    """A kubeconfig of a user who may edit the namespace (create pods, Jobs, ReplicaSets) and nothing else."""
+    cluster.kubectl("create", "serviceaccount", "intruder", "-n", namespace)
+    cluster.kubectl(
+        "create", "rolebinding", "intruder", "-n", namespace, "--clusterrole=edit",
+        f"--serviceaccount={namespace}:intruder",
+    )  # fmt: skip
+    token = cluster.kubectl("create", "token", "intruder", "-n", namespace, "--duration=1h").stdout.strip()
+    return cluster.token_kubeconfig(f"intruder-{namespace}", token, namespace)
+
+
+def listener_pod(
+    name: str, labels: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The intruder's pod: its own code (a listener) on the node's default runtime (runc), locked down otherwise."""
+    from google.protobuf.json_format import MessageToDict
+
+    from agent.server import agent_card
+
+    card = json.dumps(MessageToDict(agent_card("URL-HERE")))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": KSQUAD_IMAGE,
+                    "command": ["python3", "-c", LISTENER],
+                    "env": [{"name": "CARD", "value": card}],
+                    "readinessProbe": {"httpGet": {"path": "/seen", "port": 8080}, "periodSeconds": 1},
+                    "securityContext": {"allowPrivilegeEscalation": False},
+                }
+            ],
+        },
+    }
+
+
+async def running(kube: Kube, namespace: str, name: str, within: float = 60) -> Any:
+    from activities.sandboxes import pod_ready
+
+    for _ in range(int(within / 0.2)):
+        pod = await kube.get(path("v1", "pods", namespace, name))
+        if pod_ready(pod):
+            return pod
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"pod {name} not ready")
+
+
+async def heard(pod: Any) -> dict[str, Any]:
+    import httpx
+
+    async with httpx.AsyncClient() as http:
+        result: dict[str, Any] = (
+            await http.get(f"http://{pod['status']['podIP']}:8080/seen", timeout=5)
+        ).json()
+        return result
+
+
+async def test_a_pod_labelled_for_the_attempts_job_is_not_its_sandbox_nor_a_job_made_under_its_name(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint, tmp_path: Path
+) -> None:
+    model.script("dev-model", {"text": "answered by the Job's own pod"})
+    as_intruder = intruder(ksquad_cluster, run_ns)
+    uid = create_run(ksquad_cluster, run_ns, "labelled")
+    c = contract(model, namespace=run_ns, name="labelled", uid=uid, work_item_ref=None)
+    # Before the worker makes the Job, the intruder starts a pod labelled as its pod would be, on runc.
+    decoy = listener_pod(
+        "a-decoy",
+        {"job-name": job_name("labelled", 1), "batch.kubernetes.io/job-name": job_name("labelled", 1)},
+    )
+    ksquad_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(decoy), kubeconfig=as_intruder)
+    decoy = await running(kube, run_ns, "a-decoy")
+
+    backend = KubernetesSandboxes(kube, settings())
+    sandbox = await acquire(backend, request(c, SandboxPolicy(class_="batch")))
+    assert sandbox.endpoint != f"http://{decoy['status']['podIP']}:8080/", "the decoy is not the sandbox"
+    job = await kube.get(path("batch/v1", "jobs", run_ns, sandbox.name))
+    (pod,) = [
+        p
+        for p in (await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name}))["items"]
+        if p["metadata"]["name"] != "a-decoy"
+    ]
+    assert sandbox.endpoint == f"http://{pod['status']['podIP']}:8080/", "the pod the Job made"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    assert pod["spec"]["runtimeClassName"] == "gvisor"
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    try:
+        inv = AgentInvocation(
+            contract=c, endpoint=sandbox.endpoint, message_id=f"{uid}-a1", context_id=f"{uid}-a1"
+        )
+        result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, inv)
+    finally:
+        await store.close()
+    assert result.outputs == {"answer": "answered by the Job's own pod"}, (
+        "its agent knew the caller's token hash"
+    )
+    assert await heard(decoy) == {"posts": 0, "contract": False}, "the decoy was sent nothing"
+
+    # The intruder makes the next attempt's Job itself, owned by the Run and labelled for the attempt.
+    c2 = contract(model, namespace=run_ns, name="labelled", uid=uid, attempt=2, work_item_ref=None)
+    impostor = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name("labelled", 2),
+            "labels": {"ksquad.io/run": "labelled", "ksquad.io/run-uid": uid, "ksquad.io/attempt": "2"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "ksquad.io/v1alpha1",
+                    "kind": "Run",
+                    "name": "labelled",
+                    "uid": uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {
+            "suspend": True,
+            "template": {"spec": {"restartPolicy": "Never", **listener_pod("x", {})["spec"]}},
+        },
+    }
+    ksquad_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(impostor), kubeconfig=as_intruder)
+    with pytest.raises(ApplicationError) as caught:
+        await acquire(backend, request(c2, SandboxPolicy(class_="batch")))
+    assert caught.value.type == "SandboxFailed"
+    assert f"Job {run_ns}/{job_name('labelled', 2)} exists and is not this attempt's" in str(caught.value)
+    await release(backend, c, sandbox)
+
+
+async def test_a_pod_labelled_warm_is_claimed_only_when_the_pools_replicaset_made_it(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint, tmp_path: Path
+) -> None:
+    model.script("dev-model", {"text": "answered by the pool's own pod"})
+    as_intruder = intruder(ksquad_cluster, run_ns)
+    warm = {
+        "ksquad.io/state": "warm",
+        "ksquad.io/runtime-class": "gvisor",
+        "app.kubernetes.io/component": "sandbox",
+    }
+    # One decoy says it is warm and holds the run's credential; the other matches the pool's selector before the
+    # pool exists, so the pool's ReplicaSet adopts it as its own replica.
+    loose = listener_pod("decoy-loose", warm, {"ksquad.io/credentials": "model-key"})
+    adopted = listener_pod("decoy-adopted", {**warm, "ksquad.io/pool": "p1"})
+    for decoy in (loose, adopted):
+        ksquad_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(decoy), kubeconfig=as_intruder)
+    loose = await running(kube, run_ns, "decoy-loose")
+    await running(kube, run_ns, "decoy-adopted")
+    pool = {
+        "name": "p1",
+        "namespace": run_ns,
+        "replicas": 1,
+        "runtimeClass": "gvisor",
+        "credentials": ["model-key"],
+    }
+    apply_sandbox_parts(
+        ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
+    )
+    for _ in range(100):
+        owners = (await kube.get(path("v1", "pods", run_ns, "decoy-adopted")))["metadata"].get(
+            "ownerReferences", []
+        )
+        if owners:
+            break
+        await asyncio.sleep(0.1)
+    assert owners[0]["kind"] == "ReplicaSet", "the pool's ReplicaSet adopted the decoy"
+
+    backend = KubernetesSandboxes(kube, settings(pools=[PoolRef(name="p1", namespace=run_ns)]))
+    uid = create_run(ksquad_cluster, run_ns, "warmly")
+    c = contract(model, namespace=run_ns, name="warmly", uid=uid, work_item_ref=None)
+    assert await backend.bind_warm(c, SandboxPolicy()) is None, "neither decoy is claimed"
+    assert await gone(kube, path("v1", "pods", run_ns, "decoy-adopted"), within=30), (
+        "the adopted decoy, not the pool's template, was deleted: the ReplicaSet replaces it"
+    )
+    (made,) = await ready_warm(kube, run_ns, 1)  # the pool's: the loose decoy is in none
+    assert await backend.bind_warm(c, SandboxPolicy(runtime_class="runc")) is None, (
+        "a runc Run: not a gvisor pool"
+    )
+    bound = await backend.bind_warm(c, SandboxPolicy())
+    assert bound is not None and bound.name == made["metadata"]["name"]
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    try:
+        inv = AgentInvocation(
+            contract=c, endpoint=bound.endpoint, message_id=f"{uid}-a1", context_id=f"{uid}-a1"
+        )
+        result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, inv)
+    finally:
+        await store.close()
+    assert result.outputs == {"answer": "answered by the pool's own pod"}, (
+        "the claim gave it the token's hash"
+    )
+    assert await heard(loose) == {"posts": 0, "contract": False}
+    await release(backend, c, bound)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from temporalio.exceptions import ApplicationError
 
-from activities.sandboxes import KubernetesSandboxes, SandboxSettings, job_manifest
+from activities.sandboxes import KubernetesSandboxes, PoolRef, SandboxSettings, job_manifest
 from crd_bridge.activities import BridgeActivities
 from crd_bridge.leader import LeaderElector
 from kube import ApiError, Config, Kube, path
@@ -57,9 +57,10 @@ async def first_event(kube: Kube, url: str) -> None:
         return
 
 
-def sandboxes(kube: Kube) -> KubernetesSandboxes:
+def sandboxes(kube: Kube, pools: list[PoolRef] | None = None) -> KubernetesSandboxes:
     return KubernetesSandboxes(
-        kube, SandboxSettings(image=AGENT_IMAGE, poll_seconds=0.05, release_timeout_seconds=5)
+        kube,
+        SandboxSettings(image=AGENT_IMAGE, poll_seconds=0.05, release_timeout_seconds=5, pools=pools or []),
     )
 
 
@@ -91,8 +92,8 @@ async def write_status(kube: Kube, f: Fixture) -> Any:
 
 
 # The worker's own calls (activities.sandboxes): the Job start_cold creates, the release of a cold and of a warm
-# sandbox (delete, then make sure it is gone), a warm claim (list, then a guarded label patch), the look for why a
-# Job has no pod (the Job, then its events), the outputs ConfigMap (made, then replaced).
+# sandbox (delete, then make sure it is gone), a warm claim (the pool's ReplicaSet, its pods, then a guarded label
+# patch), the look for why a Job has no pod (the Job, then its events), the outputs ConfigMap (made, then replaced).
 async def create_job(kube: Kube, f: Fixture) -> Any:
     manifest = job_manifest(
         contract(f, f.unique("job")), SandboxPolicy(), sandboxes(kube).settings, 60, "0" * 64
@@ -107,7 +108,9 @@ async def release(kube: Kube, f: Fixture, kind: Literal["cold", "warm"]) -> Any:
 
 
 async def claim_warm(kube: Kube, f: Fixture) -> Any:
-    bound = await sandboxes(kube).bind_warm(contract(f), SandboxPolicy())
+    bound = await sandboxes(kube, [PoolRef(name="rbac", namespace=f.ns)]).bind_warm(
+        contract(f), SandboxPolicy()
+    )
     assert bound is not None, "the warm pod was there to claim"
     return bound
 
@@ -172,6 +175,7 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ("ksquad-worker", "", "pods", "list"): lambda k, f: release(k, f, "cold"),
     ("ksquad-worker", "", "pods", "get"): lambda k, f: release(k, f, "warm"),
     ("ksquad-worker", "", "pods", "patch"): claim_warm,
+    ("ksquad-worker", "apps", "replicasets", "get"): claim_warm,
     ("ksquad-worker", "", "pods", "delete"): lambda k, f: release(k, f, "warm"),
     ("ksquad-worker", "", "configmaps", "create"): publish_outputs,
     ("ksquad-worker", "", "configmaps", "update"): publish_outputs,
@@ -408,29 +412,42 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
 
 
 def rewarm(cluster: ControlPlane, ns: str) -> None:
-    """A warm pod to claim: labelled as a pool's, Ready with an address (it never runs: no node takes it)."""
-    cluster.kubectl("delete", "pod", "warm", "-n", ns, "--ignore-not-found", "--wait=true")
+    """A warm pod to claim: a pool's (its ReplicaSet ksquad-pool-rbac makes one after each claim), made Ready with
+    an address (it never runs: no node takes it)."""
+    labels = {
+        "ksquad.io/state": "warm",
+        "ksquad.io/pool": "rbac",
+        "ksquad.io/runtime-class": "gvisor",
+        "app.kubernetes.io/component": "sandbox",
+    }
     template = job("warm")["spec"]["template"]["spec"]  # locked down like a pool's pod
-    cluster.kubectl(
-        "apply",
-        "-n",
-        ns,
-        "-f",
-        "-",
-        input=yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "spec": {**template, "nodeSelector": {"never": "true"}},
-                "metadata": {
-                    "name": "warm",
-                    "labels": {"ksquad.io/state": "warm", "ksquad.io/runtime-class": "gvisor", **SANDBOX},
-                },
-            }
-        ),
-    )
+    pool = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "ksquad-pool-rbac"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"ksquad.io/pool": "rbac", "ksquad.io/state": "warm"}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {**template, "restartPolicy": "Always", "nodeSelector": {"never": "true"}},
+            },
+        },
+    }
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(pool))
+    for _ in range(200):
+        pods = json.loads(
+            cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", "ksquad.io/pool=rbac,ksquad.io/state=warm", "-o", "json"
+            ).stdout
+        )["items"]
+        if pods:
+            break
+        time.sleep(0.05)
     ready = {"status": {"podIP": "10.244.255.1", "conditions": [{"type": "Ready", "status": "True"}]}}
-    cluster.kubectl("patch", "pod", "warm", "-n", ns, "--subresource=status", "-p", json.dumps(ready))
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        cluster.kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "-p", json.dumps(ready))
 
 
 def test_every_granted_rule_has_a_call_that_needs_it(rbac: Rbac) -> None:
@@ -449,7 +466,7 @@ async def test_removing_a_rule_refuses_the_call_that_needs_it(
     def prepare() -> None:  # what a call consumes, made again
         if verb == "delete" or (resource, verb) in {("pods", "list"), ("pods", "get")}:
             recreate_victim(rbac, "jobs" if (resource, verb) == ("pods", "list") else resource)
-        if (resource, verb) == ("pods", "patch"):
+        if (resource, verb) in {("pods", "patch"), ("replicasets", "get")}:
             rewarm(rbac.cluster, rbac.ns)
 
     prepare()

@@ -1,0 +1,112 @@
+"""Sandboxes are ours because Kubernetes says so, never because of a label anyone may write.
+
+Whoever may create pods in a Run's namespace can label one `job-name=<run>-exec-<n>` or `ksquad.io/state=warm`,
+and a Job or ReplicaSet controller adopts an orphan pod whose labels match its selector (a Job's selector is its
+own uid, which anyone who can read the Job knows). So a pod is a sandbox only when:
+- its controller (the ownerReference with `controller: true`) is the Job the worker created for the attempt, or a
+  ReplicaSet of the chart's pools (name from the worker's settings, uid read from the cluster); and
+- its spec is its controller's pod template: what a controller makes, not an adopted pod running something
+  else. Only what the scheduler and admission assign to a pod (its node, tolerations, priority, the
+  RuntimeClass's overhead) may differ; a container, an environment variable, a volume, a host alias more is a
+  difference.
+A Job found under the attempt's name (409 on create) is taken only when an earlier try of the same activity
+recorded its uid: the worker made it. Anything else fails the attempt with the reason.
+"""
+
+import copy
+from typing import Any
+
+from kube import Obj
+
+# Set on a pod after its controller made it (scheduling and admission), so not in the template.
+ASSIGNED_POD_FIELDS = frozenset(
+    {"nodeName", "nodeSelector", "tolerations", "priority", "preemptionPolicy", "overhead"}
+)
+
+
+def controller(obj: Obj) -> Obj | None:
+    for ref in obj["metadata"].get("ownerReferences", []):
+        if ref.get("controller"):
+            return dict(ref)
+    return None
+
+
+def controlled_by(obj: Obj, kind: str, owner: Obj) -> bool:
+    ref = controller(obj)
+    return (
+        ref is not None
+        and ref.get("kind") == kind
+        and ref.get("uid") == owner["metadata"]["uid"]
+        and ref.get("name") == owner["metadata"]["name"]
+    )
+
+
+def spec_difference(pod_spec: Obj, template_spec: Obj) -> str | None:
+    """Where a pod's spec differs from its controller's template (None: it is what the controller makes)."""
+    pod = {k: v for k, v in pod_spec.items() if k not in ASSIGNED_POD_FIELDS}
+    template = {k: v for k, v in as_pod(template_spec).items() if k not in ASSIGNED_POD_FIELDS}
+    return _difference(pod, template, "spec")
+
+
+def as_pod(template_spec: Obj) -> Obj:
+    """A pod template's spec with the defaults the API server gives a Pod only, never a template (SetDefaults_Pod):
+    enableServiceLinks true, and each container's requests taken from its limits where it has none."""
+    spec = copy.deepcopy(template_spec)
+    spec.setdefault("enableServiceLinks", True)
+    for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+        resources = container.get("resources") or {}
+        for name, value in (resources.get("limits") or {}).items():
+            resources.setdefault("requests", {}).setdefault(name, value)
+    return spec
+
+
+def _difference(actual: Any, expected: Any, where: str) -> str | None:
+    if isinstance(actual, dict) and isinstance(expected, dict):
+        for key in sorted(set(actual) | set(expected)):
+            if key not in expected:
+                return f"{where}.{key} is not in the template"
+            if key not in actual:
+                return f"{where}.{key} is missing"
+            found = _difference(actual[key], expected[key], f"{where}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(actual, list) and isinstance(expected, list):
+        if len(actual) != len(expected):
+            return f"{where} has {len(actual)} items, the template {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            found = _difference(a, e, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    return None if actual == expected else f"{where} differs"
+
+
+def mounted_secrets(pod_spec: Obj) -> set[str]:
+    """The Secrets a pod spec (a pool's template) mounts as volumes."""
+    return {
+        v["secret"]["secretName"]
+        for v in pod_spec.get("volumes", [])
+        if v.get("secret", {}).get("secretName")
+    }
+
+
+def not_the_attempts_job(
+    job: Obj, run_uid: str, attempt: int, token_sha256: str, recorded_uid: str | None
+) -> str | None:
+    """Why a Job found under the attempt's name is not the one the worker made for it (None: it is)."""
+    meta = job["metadata"]
+    ref = controller(job)
+    if ref is None or ref.get("kind") != "Run" or ref.get("uid") != run_uid:
+        return "it is not controlled by the Run"
+    labels = meta.get("labels", {})
+    if labels.get("ksquad.io/run-uid") != run_uid or labels.get("ksquad.io/attempt") != str(attempt):
+        return "it is not labelled for this attempt"
+    annotations = job["spec"]["template"]["metadata"].get("annotations", {})
+    if annotations.get("ksquad.io/caller-token-sha256") != token_sha256:
+        return "its pod template does not carry this attempt's caller token hash"
+    if recorded_uid is None:
+        return "no earlier try of this activity recorded making it"
+    if meta["uid"] != recorded_uid:
+        return f"it is not the Job an earlier try made (uid {recorded_uid}): it was replaced"
+    return None
