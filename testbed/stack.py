@@ -228,7 +228,7 @@ class Stack:
                     "name": "model-key",
                     "labels": {"ksquad.io/credential": "true"},
                     # its owner's word: the scripted model, and nowhere else
-                    "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).netloc},
+                    "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).hostname or ""},
                 },
                 "stringData": {"apiKey": MODEL_KEY},
             },

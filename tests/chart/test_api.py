@@ -46,7 +46,7 @@ def squad(release: Release, model: ModelEndpoint) -> None:
                 "name": "api-key",
                 "namespace": NS,
                 "labels": {"ksquad.io/credential": "true"},
-                "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).netloc},
+                "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).hostname or ""},
             },
             "stringData": {"apiKey": MODEL_KEY},
         },
@@ -191,7 +191,17 @@ async def test_ksquad_runs_watch_streams_a_run_through_the_api_across_its_restar
     assert new != old
 
     # The artifact's content, through the API, for the same user.
-    got = await ksquad(tmp_path, "runs", "artifacts", f"{NS}/watched", "answer", "--kubeconfig", str(reader))
+    got = await ksquad(
+        tmp_path,
+        "runs",
+        "artifacts",
+        f"{NS}/watched",
+        "answer",
+        "--kubeconfig",
+        str(reader),
+        "--api",
+        API_URL,
+    )
     assert got.code == 0, got.err
     assert got.out == ANSWER
 

@@ -90,7 +90,7 @@ async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
         "-n", NS, "create", "secret", "generic", "model-key", f"--from-literal=apiKey={MODEL_KEY}"
     )
     release.kubectl("-n", NS, "label", "secret", "model-key", "ksquad.io/credential=true")
-    host = urlsplit(model.url).netloc
+    host = urlsplit(model.url).hostname or ""
     release.kubectl("-n", NS, "annotate", "secret", "model-key", f"ksquad.io/allowed-hosts={host}")
     release.squad(model)
     release.kubectl("apply", "-f", str(SEED))  # byte for byte

@@ -23,7 +23,7 @@ def two_credentials(model: ModelEndpoint) -> list[dict[str, Any]]:
                 "metadata": {
                     "name": f"key-{x}",
                     "labels": {"ksquad.io/credential": "true"},
-                    "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).netloc},
+                    "annotations": {"ksquad.io/allowed-hosts": urlsplit(model.url).hostname or ""},
                 },
                 "stringData": {"apiKey": MODEL_KEY},
             },
