@@ -46,9 +46,11 @@ def phase_records(snapshot: StatusSnapshot) -> list[PhaseRecord]:
     ]
 
 
-# Whose message is the agent's or the provider's words: an answer, a question, a failure it reported.
+# Whose message is the agent's or the provider's words: an answer, a question, a failure it reported. A rate
+# limit's message is ksquad's own (the credential and when it resumes).
 AGENT_WORDS = frozenset(
     {"Succeeded", "InputRequired", "Resumed", "RetryBackoff", *(e.value for e in AgentError)}
+    - {"RateLimited"}
 )
 
 
