@@ -15,18 +15,21 @@ $(BIN)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/ksquad dev --demo
 
-# The test control plane (kube-apiserver, kube-controller-manager, etcd), helm and Temporal's production server,
-# built from the Go module proxy once into ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
+# The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server and
+# kube-network-policies (the node's NetworkPolicy), built from the Go module proxy once into
+# ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
 testbins:
 	testbed/build-control-plane.sh >/dev/null
 	testbed/build-temporal.sh >/dev/null
+	testbed/build-network-policies.sh >/dev/null
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
-# podman and mmdebstrap (the images), containerd, runc, the CNI plugins and nftables (the test cluster's node),
-# Chromium and curl (a web page and a command line attacking the dev API).
+# podman and mmdebstrap (the images), containerd, runc, gVisor's runsc, the CNI plugins and nftables (the test
+# cluster's node), Chromium and curl (a web page and a command line attacking the dev API).
 HOST_PROGRAMS := /usr/lib/postgresql/*/bin/postgres /usr/bin/podman /usr/bin/mmdebstrap /usr/bin/containerd \
-                 /usr/sbin/runc /usr/lib/cni/bridge /usr/sbin/nft /usr/sbin/iptables /usr/bin/chromium /usr/bin/curl
-HOST_PACKAGES := postgresql podman mmdebstrap containerd runc containernetworking-plugins nftables iptables \
+                 /usr/sbin/runc /usr/bin/runsc /usr/lib/cni/bridge /usr/sbin/nft /usr/sbin/iptables /usr/bin/chromium \
+                 /usr/bin/curl
+HOST_PACKAGES := postgresql podman mmdebstrap containerd runc runsc containernetworking-plugins nftables iptables \
                  chromium curl
 host-packages:
 	@ls $(HOST_PROGRAMS) >/dev/null 2>&1 || { \

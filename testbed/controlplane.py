@@ -5,8 +5,8 @@ The binaries come from `build-control-plane.sh` (built once from the Go module p
 clone). Authorization is Node and RBAC; the admin authenticates with a client certificate in
 `system:masters`, every component with its own certificate (the controller manager then with per-controller
 service-account credentials), as in a real cluster. It runs inside the test session's namespaces
-(testbed/isolate.py): the API server listens on the node's address too, where pods reach it through
-the `kubernetes` Service.
+(testbed/isolate.py), etcd and the API server off the node, in the network beyond it (testbed/outside.py):
+pods reach the API server through the `kubernetes` Service, routed by the node, where NetworkPolicy applies.
 """
 
 import contextlib
@@ -29,7 +29,8 @@ from typing import Any
 import yaml
 
 from dev.binaries import die_with_parent, find_binary
-from testbed.isolate import LOOPBACK, NODE_ADDRESS, free_port, isolated
+from testbed import outside
+from testbed.isolate import LOOPBACK, free_port, isolated
 from testbed.node import Node
 from testbed.pki import KeyPair, Pki
 
@@ -169,8 +170,13 @@ class ControlPlane:
     etcd_port: int = 0
 
     @property
+    def apiserver_address(self) -> str:
+        """Off the node inside the test bed's namespaces (testbed/outside.py); loopback outside them."""
+        return outside.CONTROL_ADDRESS if isolated() else LOOPBACK
+
+    @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.apiserver_address}:{self.apiserver_port}"
 
     @property
     def admin_kubeconfig(self) -> Path:
@@ -195,10 +201,12 @@ class ControlPlane:
         bins = self.bins = cached_binaries_dir()
         t0 = time.monotonic()
         self.pki = Pki(self.root / "pki")
-        # Inside the test bed's namespaces the API server also serves the node's address (the `kubernetes`
-        # Service's endpoint, for pods); outside them, loopback only.
+        # Inside the test bed's namespaces etcd and the API server run beyond the node, where the API server
+        # serves its address (the `kubernetes` Service's endpoint) and etcd only its own loopback.
+        if isolated():
+            outside.create()
         bind = "0.0.0.0" if isolated() else "127.0.0.1"
-        advertise = NODE_ADDRESS if isolated() else "127.0.0.1"
+        advertise = self.apiserver_address
         serving = self.pki.issue(
             "apiserver",
             "kube-apiserver",
@@ -244,6 +252,7 @@ class ControlPlane:
                 "--log-level",
                 "warn",
             ],
+            off_node=True,
         )
         self._spawn(
             "kube-apiserver",
@@ -293,6 +302,7 @@ class ControlPlane:
                 "--audit-log-format",
                 "json",
             ],
+            off_node=True,
         )
         write_kubeconfig(self.admin_kubeconfig, self.server, self.pki.ca, _client_cert_user(admin))
         self._wait_ready("kube-apiserver", f"{self.server}/readyz", admin, timeout=90)
@@ -363,8 +373,8 @@ class ControlPlane:
         self.node.start()
 
     def add_runtime_classes(self) -> None:
-        """The RuntimeClasses Runs ask for (`sandboxPolicy.runtimeClass`): gvisor and kata, whose handlers the
-        node maps to runc (testbed/node.py)."""
+        """The RuntimeClasses Runs ask for (`sandboxPolicy.runtimeClass`): gvisor, whose handler runsc the node
+        runs under gVisor, and kata, which it maps to runc (testbed/node.py)."""
         for name, handler in (("gvisor", "runsc"), ("kata", "kata")):
             self.kubectl(
                 "apply",
@@ -413,7 +423,9 @@ class ControlPlane:
     def check_alive(self) -> None:
         self._check_alive()
 
-    def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None) -> None:
+    def _spawn(self, name: str, cmd: list[str], cwd: Path | None = None, off_node: bool = False) -> None:
+        if off_node and isolated():
+            cmd = outside.enter(cmd)
         self.commands[name] = (cmd, cwd)
         out = self.log_file(name).open("ab")
         self.processes[name] = subprocess.Popen(
@@ -501,6 +513,8 @@ class ControlPlane:
             node.stop()
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             self.stop_process(name)
+        if isolated():
+            outside.delete()
         if os.environ.get("KSQUAD_KEEP_CLUSTER"):  # set it to keep logs and state for a post-mortem
             (self.root / "keep").touch()
         else:

@@ -1,13 +1,31 @@
-"""The test cluster's node: a real kubelet that runs pods in containers through containerd and runc, and
-kube-proxy for Services.
+"""The test cluster's node: a real kubelet that runs pods in containers through containerd (runc, or gVisor
+for RuntimeClass `gvisor`), kube-proxy for Services and kube-network-policies for NetworkPolicy.
 
 Everything runs inside the test session's namespaces (testbed/isolate.py): pods get addresses on the
 bridge `ksq0` through the CNI bridge plugin (Debian's containernetworking-plugins), the node is NODE_ADDRESS.
+The API server and etcd are off the node, in the network beyond it (testbed/outside.py).
 Images come from `make images` (testbed/images.py), imported into containerd; nothing is pulled.
 
+What is enforced as on a production node:
+- RuntimeClass handler `runsc` runs pods under gVisor: Debian's `runsc` (release 20221219, the ptrace
+  platform: no KVM here), one sandbox per pod. The package has no containerd shim: containerd's runc shim runs
+  it through runsc-for-containerd.sh, which also lets the shim see each container of a pod end. A process in
+  such a pod sees gVisor's kernel, not the host's.
+- NetworkPolicy, by kube-network-policies (testbed/netpol.py) on what the node forwards: pod to pod, and pod to
+  the network beyond the node (the API server, the metadata address 169.254.169.254). Its verdicts are its own;
+  the hand-over of packets to it is the node's iptables rules (this kernel lacks the nftables rules' `queue`).
+
 What differs from a production node, on purpose:
-- RuntimeClass handlers `runsc` (gVisor) and `kata` map to runc: the objects and their admission are real, the
-  isolation they promise is not exercised here.
+- RuntimeClass handler `kata` maps to runc: the object and its admission are real, no VM is started.
+- A gVisor sandbox uses the pod's network namespace through the host kernel (`--network=host`) instead of
+  gVisor's own network stack, which this runsc refuses to start on this kernel (runsc-for-containerd.sh says
+  why): a sandbox's sockets are the host kernel's. Its address, and the NetworkPolicy applied to it, are as
+  they would be.
+- Pods reach the node's own address (NODE_ADDRESS) unfiltered, as on most production nodes; here the test
+  bed's servers listen there (Temporal, PostgreSQL, the scripted model, MCP servers), so a sandbox can reach
+  them, where on a production cluster they would be off the node and behind its egress policy.
+- kube-network-policies learns pods' addresses from the API server (containerd 1.6 has no NRI): a new pod's
+  first packets, before that, are not filtered.
 - containerd runs with `restrict_oom_score_adj` (this machine refuses lowering oom_score_adj), cgroups v1
   (`failCgroupV1: false`) and no per-QoS cgroups; image garbage collection is off, as are evictions.
 - No cluster DNS: pods' resolv.conf names 127.0.0.1, so a name lookup fails at once instead of hanging.
@@ -28,15 +46,20 @@ import yaml
 
 from testbed import images
 from testbed.isolate import BRIDGE, LOOPBACK, NODE_ADDRESS, POD_RANGE, POD_SUBNET, free_port, isolated
+from testbed.netpol import NetworkPolicies, remove_queue_rules
 
 if TYPE_CHECKING:
     from testbed.controlplane import ControlPlane
 
 log = logging.getLogger(__name__)
 NODE_NAME = "ksquad-node"
-RUNTIME_HANDLERS = ("runc", "runsc", "kata")  # RuntimeClass gvisor -> runsc, kata -> kata: runc here
+# RuntimeClass handler -> the OCI runtime containerd's runc shim runs for it: gVisor for `runsc` (RuntimeClass
+# gvisor), runc for the rest (`kata` too: no VMs here).
+RUNTIME_HANDLERS = {"runc": "runc", "runsc": "runsc", "kata": "runc"}
 CNI_PLUGINS = Path("/usr/lib/cni")
-HOST_PACKAGES = "containerd runc containernetworking-plugins nftables iptables podman"
+HOST_PACKAGES = "containerd runc runsc containernetworking-plugins nftables iptables podman"
+# What containerd's runc shim runs for handler runsc: runsc, with what it takes to stand in for runc.
+RUNSC = Path(__file__).with_name("runsc-for-containerd.sh")
 
 
 class NodeError(RuntimeError):
@@ -44,13 +67,15 @@ class NodeError(RuntimeError):
 
 
 def containerd_config(root: Path) -> str:
+    binaries = {"runc": "runc", "runsc": str(RUNSC)}
     runtimes = "\n".join(
         f"""[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{handler}]
   runtime_type = "io.containerd.runc.v2"
 [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{handler}.options]
-  Root = "{root}/runc"
+  BinaryName = "{binaries[runtime]}"
+  Root = "{root}/{runtime}"
 """
-        for handler in RUNTIME_HANDLERS
+        for handler, runtime in RUNTIME_HANDLERS.items()
     )
     return f"""version = 2
 root = "{root}/root"
@@ -182,7 +207,7 @@ class Node:
                 "`make test` / `make pytest` (as root), which starts them in their own namespaces "
                 "(python -m testbed.isolate pytest ...)"
             )
-        for program in ("containerd", "runc", "ctr"):
+        for program in ("containerd", "runc", "runsc", "ctr", "nft", "iptables"):
             if shutil.which(program) is None:
                 raise NodeError(
                     f"{program} not found: `make test` installs it (apt-get install {HOST_PACKAGES})"
@@ -262,6 +287,9 @@ class Node:
             )
         )
         self.plane.spawn("kube-proxy", [str(bins / "kube-proxy"), "--config", str(proxy_config), "-v=1"])
+        # In force before the first pod is scheduled: a pod's policies apply from its start.
+        self.network_policies = NetworkPolicies(self.plane, self.root, NODE_NAME)
+        self.network_policies.start()
         self._wait(f"node {NODE_NAME} to be Ready", self._ready, timeout)
         log.info(
             "node ready: images imported in %.1fs, kubelet ready %.1fs later",
@@ -305,6 +333,8 @@ class Node:
 
     def stop(self) -> None:
         """Stop the kubelet first (so nothing restarts), then every container, then containerd."""
+        remove_queue_rules()
+        self.plane.stop_process("kube-network-policies")
         self.plane.stop_process("kube-proxy")
         self.plane.stop_process("kubelet")
         if self.containerd_socket.exists() and self.plane.running("containerd"):

@@ -285,3 +285,80 @@ def test_the_bridge_survives_a_node_drain_and_the_worker_rolls_when_its_sandbox_
         return str(worker["spec"]["template"]["metadata"]["annotations"]["checksum/sandbox-config"])
 
     assert checksum(VALUES) != checksum({**VALUES, "sandbox": {"runtimeClasses": {"gvisor": "gvisor-v2"}}})
+
+
+def _sandbox_policy(egress: list[dict[str, Any]], **network: Any) -> dict[str, Any]:
+    docs = chart.render({**VALUES, "sandbox": {"network": {"egress": egress, **network}}})
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "payments"]
+    spec: dict[str, Any] = policy["spec"]
+    return spec
+
+
+def test_sandboxes_may_ask_only_the_cluster_dns_in_kube_system() -> None:
+    spec = _sandbox_policy([])
+    assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "sandbox"}}
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    # One peer (namespace AND pod selector): a pod labelled k8s-app=kube-dns elsewhere is not the cluster DNS.
+    assert spec["egress"] == [
+        {
+            "to": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                }
+            ],
+            "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+        }
+    ]
+    (ingress,) = spec["ingress"]
+    assert ingress["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": chart.RELEASE_NAMESPACE}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/component": "worker"}},
+        }
+    ]
+    # A cluster whose DNS runs elsewhere says so (a label of the default is dropped by setting it to null: Helm
+    # merges maps).
+    other = _sandbox_policy(
+        [],
+        dns={
+            "namespace": "openshift-dns",
+            "podLabels": {"k8s-app": None, "dns.operator.openshift.io/daemonset-dns": "default"},
+        },
+    )
+    assert other["egress"][0]["to"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "openshift-dns"}},
+            "podSelector": {"matchLabels": {"dns.operator.openshift.io/daemonset-dns": "default"}},
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cidr", "excepted"),
+    [
+        ("0.0.0.0/0", ["169.254.0.0/16"]),
+        ("128.0.0.0/1", ["169.254.0.0/16"]),
+        ("169.0.0.0/8", ["169.254.0.0/16"]),
+        ("169.254.0.0/15", ["169.254.0.0/16"]),
+        ("169.252.0.0/15", None),  # next to it, not over it
+        ("0.0.0.0/1", None),
+        ("203.0.113.0/24", None),
+        ("169.254.169.254/32", None),  # named on purpose (a node-local DNS cache, say): the operator's call
+        ("::/0", ["fe80::/10"]),
+        ("fe80::/9", ["fe80::/10"]),
+        ("fe00::/7", ["fe80::/10"]),
+        ("FE00::/7", ["fe80::/10"]),
+        ("fc00::/7", None),  # unique local, beside link-local
+        ("2000::/3", None),
+        ("2001:db8::/32", None),
+    ],
+)
+def test_egress_cidrs_never_include_the_link_local_metadata_addresses(
+    cidr: str, excepted: list[str] | None
+) -> None:
+    spec = _sandbox_policy([{"cidr": cidr, "ports": [443]}])
+    (dns, configured) = spec["egress"]
+    assert dns["ports"][0] == {"port": 53, "protocol": "UDP"}
+    expected: dict[str, Any] = {"cidr": cidr} if excepted is None else {"cidr": cidr, "except": excepted}
+    assert configured == {"to": [{"ipBlock": expected}], "ports": [{"port": 443, "protocol": "TCP"}]}
