@@ -46,10 +46,11 @@ import uvicorn
 from prometheus_client import Counter, Gauge
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from api.codec import codec_app
+from api.errors import ROUTING_ERRORS, error
 from api.kubernetes_auth import Access, KubernetesAuth, User
 from api.streams import parse_cursor, stream_events
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
@@ -67,10 +68,6 @@ RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exist
 
 REQUESTS = Counter("ksquad_api_requests", "requests to ksquad-api, by route and status", ["route", "code"])
 STREAMS = Gauge("ksquad_api_event_streams", "event streams open now")
-
-
-def error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
 
 
 @dataclass
@@ -318,14 +315,18 @@ def cluster_api(
     codec_routes = (
         codec_app(codec, settings.ui_origins, authorize_codec, login_routes)
         if codec is not None
-        else Starlette(routes=[Route("/{rest:path}", no_codec, methods=["GET", "POST", "OPTIONS"])])
+        else Starlette(
+            exception_handlers=ROUTING_ERRORS,
+            routes=[Route("/{rest:path}", no_codec, methods=["GET", "POST", "OPTIONS"])],
+        )
     )
     return Starlette(
+        exception_handlers=ROUTING_ERRORS,
         routes=[
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
             Mount("/codec", codec_routes),
-        ]
+        ],
     )
 
 

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.api.common.v1 import Payloads
 
+from api.errors import ROUTING_ERRORS
 from temporal_client.codec import EncryptionCodec
 
 # A refusal (401, 403...) for a request that may not use the codec, or None to let it through.
@@ -65,4 +66,4 @@ def codec_app(
         Route("/{namespace}/encode", endpoint(codec.encode), methods=["POST", "OPTIONS"]),
         Route("/{namespace}/decode", endpoint(codec.decode_for_display), methods=["POST", "OPTIONS"]),
     ]
-    return Starlette(routes=[*(extra_routes or []), *routes])
+    return Starlette(routes=[*(extra_routes or []), *routes], exception_handlers=ROUTING_ERRORS)

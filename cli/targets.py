@@ -17,7 +17,7 @@ from crd_bridge.resources import CANCEL_ANNOTATION, INPUT_ANNOTATION, PAUSE_ANNO
 from kube import ApiError, Config, ConfigError, Kube, Unreachable, path
 from workflows.signals import RunSignal
 from workflows.spec import API_VERSION
-from workflows.status import PauseReason, Phase
+from workflows.status import Phase, not_waiting_for_input
 
 # In ksquad's own namespace (the chart's release namespace), never a Run namespace: {"url": where ksquad-api serves}
 # (the chart's api.url). The CLI sends the user's cluster credentials there, so it reads the URL only where no
@@ -243,12 +243,8 @@ class ClusterTarget:
         run = await self.get(namespace, name)
         annotations: dict[str, str | None]
         if action == RunSignal.INPUT:
-            status = run.get("status") or {}
-            if (status.get("phase"), status.get("pauseReason")) != (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
-                shown = status.get("phase") or "Pending"
-                if status.get("pauseReason"):
-                    shown += f" ({status['pauseReason']})"
-                raise CliError(f"run {namespace}/{name} is not waiting for input: it is {shown}")
+            if why := not_waiting_for_input(run.get("status")):
+                raise CliError(f"run {namespace}/{name} is not waiting for input: {why}")
             annotations = {INPUT_ANNOTATION: reason or ""}
         else:
             annotations = {

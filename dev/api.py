@@ -23,8 +23,10 @@ origin proves nothing about who is asking, and the codec decrypts the history an
     GET    /ui/signin?token=TOKEN[&next=/ui/...]   the session cookie for the UI, then to the UI
     *      /ui/...                         the Temporal UI (with the session cookie)
 
-Errors are JSON `{"error": "...", "problems": [...]}`: 400 for a body that is not JSON or an unknown action,
-401 without the token (or, for /ui/ and /codec/, the session cookie), 403 for another origin, 404 for an unknown run, 413 for a body too large, 415 for a body
+Errors are JSON `{"error": "...", "problems": [...]}`: 400 for a body that is not JSON, not of the shape the
+route takes, or an unknown action, 401 without the token (or, for /ui/ and /codec/, the session cookie), 403 for
+another origin, 404 for an unknown run or route, 405 for a method the route does not take, 409 for a signal the
+run cannot take (it has ended; an answer to a run that asks nothing), 413 for a body too large, 415 for a body
 that is not application/json, 421 for another Host, 422 for invalid objects.
 """
 
@@ -43,8 +45,9 @@ from starlette.routing import Route
 from temporalio.service import RPCError
 
 from api.codec import codec_app
+from api.errors import ROUTING_ERRORS, error
 from api.streams import parse_cursor, stream_events
-from dev.embedded import EmbeddedRuns, UnknownRun
+from dev.embedded import EmbeddedRuns, RunRefuses, UnknownRun
 from store import Store, StoreError
 from temporal_client.codec import EncryptionCodec
 from workflows.model import InvalidObject
@@ -77,10 +80,6 @@ def session_value(token: str) -> str:
     return hmac.new(token.encode(), b"ksquad-dev-ui-session", hashlib.sha256).hexdigest()
 
 
-def error(status: int, message: str, problems: list[str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "problems": problems or []}, status_code=status)
-
-
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -92,6 +91,8 @@ def _errors(handler: Handler) -> Handler:
             return await handler(request)
         except UnknownRun as err:
             return error(404, str(err))
+        except RunRefuses as err:
+            return error(409, str(err))
         except InvalidObject as err:
             return error(422, str(err), err.problems)
         except (StoreError, RPCError, RuntimeError) as err:
@@ -145,12 +146,17 @@ def api_app(
         action = request.path_params["action"]
         if action not in USER_SIGNALS:  # `POST /runs/{ns}/{name}/{action}` sends only these
             return error(400, f"unknown action {action!r}: one of {', '.join(USER_SIGNALS)}")
-        body = await json_body(request) if await request.body() else {}
-        if isinstance(body, Response):
-            return body
-        fields = body if isinstance(body, dict) else {}
-        if action == RunSignal.INPUT and not isinstance(fields.get("text"), str):
+        fields = await json_body(request) if await request.body() else {}
+        if isinstance(fields, Response):
+            return fields
+        if action == RunSignal.INPUT and not (
+            isinstance(fields, dict) and isinstance(fields.get("text"), str)
+        ):
             return error(400, 'input needs {"text": "..."}: the answer the agent asked for')
+        if not isinstance(fields, dict) or not isinstance(fields.get("reason") or "", str):
+            return error(
+                400, f'{action} takes {{"reason": "..."}} or no body, got {json.dumps(fields)[:200]}'
+            )
         reason = fields.get("reason") or f"ksquad runs {action}"
         args = (
             ()
@@ -249,7 +255,7 @@ def api_app(
                 f"{UI_PREFIX}/{{path:path}}", ui, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
             ),
         ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers=ROUTING_ERRORS)
     if codec is not None:
         app.mount("/codec", codec_app(codec, frozenset()))  # the UI is of this origin: no CORS
     return Guard(app, token, hosts)

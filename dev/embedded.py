@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from crd_bridge.activities import status_body
 from crd_bridge.events import phase_records
@@ -43,7 +43,7 @@ from workflows.model import InvalidObject, field_problems
 from workflows.run import RunInput, RunWorkflow
 from workflows.signals import RunSignal
 from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest
-from workflows.status import Phase, StatusSnapshot
+from workflows.status import Phase, StatusSnapshot, not_waiting_for_input
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,10 @@ ALL_KINDS = ("Run", *KINDS)
 class UnknownRun(LookupError):
     def __init__(self, namespace: str, name: str) -> None:
         super().__init__(f'run "{namespace}/{name}" not found')
+
+
+class RunRefuses(Exception):
+    """A signal the Run cannot take in its state (it has ended; it asks no question): nothing was sent."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +265,17 @@ class EmbeddedRuns:
 
     async def signal(self, namespace: str, name: str, signal: RunSignal, *args: Any) -> StoredObject:
         run = await self.get(namespace, name)
-        await self.workflows.handle(namespace, name).signal(signal, *args)
+        phase = Phase((run.status or {}).get("phase") or Phase.PENDING)
+        if phase.terminal:
+            raise RunRefuses(f"run {namespace}/{name} has ended ({phase}): it takes no {signal}")
+        if signal == RunSignal.INPUT and (why := not_waiting_for_input(run.status)):
+            raise RunRefuses(f"run {namespace}/{name} is not waiting for input: {why}")
+        try:
+            await self.workflows.handle(namespace, name).signal(signal, *args)
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:  # ended since its status was read
+                raise
+            raise RunRefuses(f"run {namespace}/{name} has ended: it takes no {signal}") from None
         return run
 
     async def delete(self, namespace: str, name: str, wait_seconds: float = 30.0) -> StoredObject:

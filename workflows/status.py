@@ -1,8 +1,9 @@
 """The Run's status: what `kubectl get run -o yaml` shows and what the workflow's `state` query returns."""
 
+from collections.abc import Mapping
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -30,6 +31,17 @@ class PauseReason(StrEnum):
     CREDENTIAL_EXPIRED = "CredentialExpired"
     INPUT_REQUIRED = "InputRequired"
     MANUAL = "Manual"
+
+
+def not_waiting_for_input(status: Mapping[str, Any] | None) -> str | None:
+    """Why a Run with this status (as stored: the Run's `.status`) takes no answer now, or None when it is
+    paused for input. The workflow drops an answer it was not waiting for (workflows/run/pauses.py), so the
+    CLI and the APIs refuse it up front with this."""
+    status = status or {}
+    phase, reason = status.get("phase") or Phase.PENDING, status.get("pauseReason")
+    if (phase, reason) == (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
+        return None
+    return f"it is {phase} ({reason})" if reason else f"it is {phase}"
 
 
 class ConditionType(StrEnum):

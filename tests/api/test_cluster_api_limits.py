@@ -1,6 +1,6 @@
 """ksquad-api (api.cluster) served on loopback against the real API server and a real store, as a client meets
 it: one user cannot hold unbounded event streams, and the codec cookie is neither the shared token nor sent over
-plain HTTP once the browser came through HTTPS."""
+plain HTTP once the browser came through HTTPS; what the router refuses is JSON like the rest."""
 
 import asyncio
 import contextlib
@@ -95,3 +95,17 @@ async def test_the_codec_cookie_is_not_the_token_and_is_secure_behind_https(api:
         assert (await http.post("/codec/decode", json=body, cookies={CODEC_COOKIE: value})).status_code == 200
         raw = await http.post("/codec/decode", json=body, cookies={CODEC_COOKIE: SHARED_TOKEN})
         assert raw.status_code == 401, "the token itself is no cookie"
+
+
+async def test_what_the_router_refuses_is_answered_in_the_apis_error_shape(api: str) -> None:
+    async with httpx.AsyncClient(base_url=api, timeout=30) as http:
+        unknown = await http.get("/no/such/route")
+        assert (unknown.status_code, unknown.json()) == (
+            404,
+            {"error": "no such route: GET /no/such/route", "problems": []},
+        )
+        wrong = await http.delete("/runs/default/r/events")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD", wrong.headers
+        assert wrong.json()["error"] == "/runs/default/r/events does not take DELETE (it takes GET, HEAD)"
+        in_codec = await http.get("/codec/nothing/here/at/all")  # a mounted app of its own
+        assert in_codec.status_code == 404 and "no such route" in in_codec.json()["error"], in_codec.text

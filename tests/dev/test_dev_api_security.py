@@ -212,6 +212,45 @@ async def test_callers_without_the_token_or_with_a_bad_request_are_refused_with_
         assert (dev.state / name).stat().st_mode & 0o077 == 0, f"{name} is the user's only"
 
 
+async def test_a_signal_the_run_cannot_take_or_a_body_of_the_wrong_shape_is_refused_and_changes_nothing(
+    dev: DevProcess,
+) -> None:
+    api, token = dev.info["api"], dev.api_headers["Authorization"]
+    post = ["-X", "POST", "-H", f"Authorization: {token}", "-H", "Content-Type: application/json"]
+    docs = write_docs(dev.root / "shapes.yaml", AGENT, run_doc("shapes"), run_doc("ended", "quick"))
+    assert (await dev.cli("run", "-f", str(docs))).code == 0
+    await dev.wait_phase("shapes", {"Running"})
+    for action, body in (("pause", '["x"]'), ("cancel", '"x"'), ("cancel", '{"reason": 7}')):
+        code, answer = curl(*post, f"{api}/runs/default/shapes/{action}", "-d", body)
+        refusal = json.loads(answer)["error"]
+        assert code == 400 and refusal.startswith(f'{action} takes {{"reason": "..."}} or no body'), answer
+    code, answer = curl(*post, f"{api}/runs/default/shapes/input", "-d", '{"text": "nobody asked"}')
+    assert (code, json.loads(answer)["error"]) == (
+        409,
+        "run default/shapes is not waiting for input: it is Running",
+    )
+    given = await dev.cli("runs", "input", "default/shapes", "nobody asked")
+    assert given.code != 0 and "not waiting for input: it is Running" in given.err, given
+    await asyncio.sleep(1)  # a signal that got through would show by now
+    assert (await dev.run_json("shapes"))["status"]["phase"] == "Running", "none of them reached the run"
+
+    await dev.wait_phase("ended", {"Succeeded"})
+    for action in ("cancel", "pause", "input"):
+        code, answer = curl(*post, f"{api}/runs/default/ended/{action}", "-d", '{"text": "late"}')
+        assert (code, json.loads(answer)["error"]) == (
+            409,
+            f"run default/ended has ended (Succeeded): it takes no {action}",
+        ), answer
+    # What the router answers is in the API's shape too.
+    code, answer = curl("-H", f"Authorization: {token}", f"{api}/no/such/route")
+    assert (code, json.loads(answer)) == (404, {"error": "no such route: GET /no/such/route", "problems": []})
+    code, answer = curl("-X", "DELETE", "-H", f"Authorization: {token}", f"{api}/apply")
+    assert code == 405 and json.loads(answer)["error"] == "/apply does not take DELETE (it takes POST)", (
+        answer
+    )
+    await dev.cli("runs", "cancel", "default/shapes")
+
+
 async def test_the_developers_key_goes_to_the_local_model_only(
     dev: DevProcess, local_model: tuple[str, ScriptedModel], tmp_path: Path
 ) -> None:
