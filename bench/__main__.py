@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
         ["--runs", "20", "--batch", "10", "--rounds", "2", "--temporal", "production"],
     ),
     "throughput@production": (["--temporal", "production"], ["--runs", "60", "--temporal", "production"]),
+    "cancel": ([], ["--runs", "5"]),
     "paused": ([], ["--runs", "500"]),
     "paused@production": (["--temporal", "production"], ["--runs", "500", "--temporal", "production"]),
 }
@@ -216,6 +217,20 @@ ROWS: list[Row] = [
         None,
     ),
     ("agent_roundtrip", "invoke_agent p50 (ms)", lambda d: dig(d, "invoke_agent", "p50_ms"), "", None),
+    (
+        "cancel",
+        "Running -> Cancelled p50 / p99 (ms)",
+        lambda d: _percentiles(d.get("running_to_cancelled_ms")),
+        "p50 <= 1000",
+        lambda v: v[0] <= 1000,
+    ),
+    (
+        "cancel",
+        "Paused -> Cancelled p50 / p99 (ms)",
+        lambda d: _percentiles(d.get("paused_to_cancelled_ms")),
+        "",
+        None,
+    ),
 ]
 
 

@@ -268,10 +268,12 @@ class Invocation:
         if not self.progress.task_id:
             return
         with contextlib.suppress(A2AError, A2AClientError):
-            await self.client.cancel_task(
+            answer = await self.client.cancel_task(
                 CancelTaskRequest(id=self.progress.task_id),
                 context=ClientCallContext(timeout=self.timing.probe_seconds),
             )
+            if answer.status.state in TERMINAL:  # the agent stopped it before answering: no need to ask again
+                return
         deadline = asyncio.get_running_loop().time() + self.timing.cancel_wait_seconds
         while asyncio.get_running_loop().time() < deadline:
             with contextlib.suppress(A2AError, A2AClientError):
