@@ -20,7 +20,8 @@ port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /
 
 Settings, from the environment (the chart sets them):
   KSQUAD_DATABASE_URL          the worker's store (run events and artifacts)
-  KSQUAD_CODEC_KEY_FILE        the codec's active key; KSQUAD_CODEC_KEYS a directory of keys that decrypt too
+  KSQUAD_CODEC_KEY_FILE        the codec's active key; KSQUAD_CODEC_KEYS a directory of keys that decrypt too (none:
+                               payloads are in clear, and /codec/ answers 404 saying so)
   KSQUAD_CODEC_TOKEN_FILE      the shared codec token (a mounted Secret; read again when it changes)
   KSQUAD_API_UI_ORIGINS        the Temporal UI's origins, comma-separated (CORS for the codec)
   KSQUAD_API_LISTEN_PORT       the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
@@ -352,11 +353,7 @@ class _Server(uvicorn.Server):
 
 
 async def serve(settings: ApiSettings) -> None:
-    codec = codec_from_env()
-    if codec is None:
-        raise SystemExit(
-            "ksquad-api: set KSQUAD_CODEC_KEY_FILE: without the codec's keys there is nothing to decode"
-        )
+    codec = codec_from_env()  # None: payloads are in clear, /codec/ says so (404) and the rest is served
     store = await Store.open(settings.database_url, migrate=False)
     telemetry = Telemetry()
     async with contextlib.AsyncExitStack() as stack:
@@ -392,10 +389,10 @@ async def serve(settings: ApiSettings) -> None:
         ):
             serving = asyncio.create_task(server.serve())
             log.info(
-                "serving on :%d (health :%d), key ring %s",
+                "serving on :%d (health :%d), %s",
                 settings.port,
                 settings.health_port,
-                codec.ring.ids,
+                f"codec key ring {codec.ring.ids}" if codec else "no codec (payloads in clear)",
             )
             await asyncio.wait(
                 [serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED

@@ -1,7 +1,7 @@
 """Leader election on a coordination.k8s.io Lease: two bridge replicas never both reconcile Runs.
 
 The holder renews the Lease every `renew_seconds`; another replica takes it only once `lease_seconds` have
-passed since the last renewal. A leader that cannot renew in time stops acting (the process exits and is
+passed since the last renewal, or at once when the holder gave it up on stopping (`release`). A leader that cannot renew in time stops acting (the process exits and is
 restarted), so two leaders never overlap for longer than the clock skew between nodes.
 """
 
@@ -70,6 +70,28 @@ class LeaderElector:
                 seconds=self.lease_seconds - self.renew_seconds
             ):
                 raise LostLeadership(f"{self.identity}: could not renew the lease in time")
+
+    async def release(self, within: float = 3.0) -> None:
+        """Give the Lease up, as client-go's ReleaseOnCancel does: a replica stopping gracefully (a pod deleted,
+        `helm upgrade`, a node drain) lets the standby take over at its next try, instead of leaving Runs
+        without status writes until the Lease expires. Only a Lease this replica still holds; call it once this
+        replica has stopped acting. A failure costs only that wait."""
+        try:
+            async with asyncio.timeout(within):
+                lease = await self.kube.get(self.url)
+                current = lease.get("spec", {})
+                if current.get("holderIdentity") != self.identity:
+                    return
+                lease["spec"] = {
+                    **current,
+                    "holderIdentity": "",
+                    "leaseDurationSeconds": 1,
+                    "renewTime": _micro(datetime.now(UTC)),
+                }
+                await self.kube.replace(self.url, lease)
+            log.info("%s gave the lease %s/%s up", self.identity, self.namespace, self.name)
+        except (Unreachable, ApiError, TimeoutError) as err:
+            log.warning("could not give the lease up (the standby takes it when it expires): %s", err)
 
     async def _try(self) -> bool:
         now = datetime.now(UTC)

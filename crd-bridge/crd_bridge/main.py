@@ -118,11 +118,17 @@ async def serve(settings: BridgeSettings) -> int:
                 done, _ = await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
                 for task in tasks:
                     task.cancel()
+                await asyncio.wait(
+                    tasks, timeout=SHUTDOWN_SECONDS
+                )  # each has stopped acting, or ended itself
+                state["leader"] = bridge.watching = False
                 for task in done:
                     if task is not stopping and task.exception() is not None:
                         error = task.exception()
                         log.error("stopping: %s", error)
                         code = 1 if isinstance(error, LostLeadership) else 2
+                if code != 1:  # stopped acting: the standby may act now (a lost Lease is not ours to give)
+                    await elector.release()
             else:
                 acquiring.cancel()
         finally:

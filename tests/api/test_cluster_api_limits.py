@@ -1,6 +1,7 @@
 """ksquad-api (api.cluster) served on loopback against the real API server and a real store, as a client meets
 it: one user cannot hold unbounded event streams, and the codec cookie is neither the shared token nor sent over
-plain HTTP once the browser came through HTTPS; what the router refuses is JSON like the rest."""
+plain HTTP once the browser came through HTTPS; what the router refuses is JSON like the rest; without a codec key
+it serves all the same."""
 
 import asyncio
 import contextlib
@@ -13,13 +14,14 @@ import httpx
 import pytest
 import yaml
 
-from api.cluster import CODEC_COOKIE, MAX_STREAMS_PER_USER, ApiSettings, cluster_api
+from api.cluster import CODEC_COOKIE, MAX_STREAMS_PER_USER, ApiSettings, cluster_api, serve
 from api.kubernetes_auth import KubernetesAuth
 from kube import Config, Kube
 from store import Store
 from temporal_client.codec import EncryptionCodec
 from testbed.asgi import serving
 from testbed.controlplane import ControlPlane
+from testbed.isolate import free_port
 
 SHARED_TOKEN = "the-shared-codec-token"
 
@@ -109,3 +111,38 @@ async def test_what_the_router_refuses_is_answered_in_the_apis_error_shape(api: 
         assert wrong.json()["error"] == "/runs/default/r/events does not take DELETE (it takes GET, HEAD)"
         in_codec = await http.get("/codec/nothing/here/at/all")  # a mounted app of its own
         assert in_codec.status_code == 404 and "no such route" in in_codec.json()["error"], in_codec.text
+
+
+async def test_without_a_codec_key_ksquad_api_serves_and_says_there_is_no_codec(
+    ksquad_cluster: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chart's default has no codec.keySecret: ksquad-api used to exit at start, so `helm install --wait`
+    timed out instead of saying what to set."""
+    monkeypatch.delenv("KSQUAD_CODEC_KEY_FILE", raising=False)
+    database = f"sqlite:///{tmp_path / 'store.db'}"
+    await (await Store.open(database)).close()  # migrated, as the worker leaves it
+    settings = ApiSettings(
+        database_url=database,
+        port=free_port(),
+        health_port=free_port(),
+        kubeconfig=str(ksquad_cluster.admin_kubeconfig),
+    )
+    serving_api = asyncio.create_task(serve(settings))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.port}", timeout=30) as http:
+            for _ in range(200):
+                assert not serving_api.done(), serving_api.exception()
+                with contextlib.suppress(httpx.TransportError):
+                    answer = await http.post("/codec/decode", json={"payloads": []})
+                    break
+                await asyncio.sleep(0.05)
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["error"].startswith("no codec is configured (codec.keySecret)")
+            unauthenticated = await http.get("/runs/default/r/events")
+            assert unauthenticated.status_code == 401, "the rest is served, as ever"
+            ready = await http.get(f"http://127.0.0.1:{settings.health_port}/readyz")
+            assert ready.status_code == 200, ready.text
+    finally:
+        serving_api.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving_api

@@ -599,20 +599,28 @@ async def test_the_worker_writes_only_a_runs_outputs_config_map(
 def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(release: Release) -> None:
     """Where no MutatingAdmissionPolicy stamps Runs (before Kubernetes 1.36, or a Run made before the chart), a Run
     has no ksquad.io/triggered-by; its namespace's editor must not add one naming someone else (or anyone)."""
-    ns = f"tenant-{uuid.uuid4().hex[:6]}"
-    release.kubectl("create", "namespace", ns)
-    release.kubectl("create", "serviceaccount", "editor", "-n", ns)
+    ns, editor_name = (
+        NS,
+        f"runs-editor-{uuid.uuid4().hex[:6]}",
+    )  # a namespace ksquad serves (others refuse Runs)
+    release.kubectl("create", "serviceaccount", editor_name, "-n", ns)
     release.kubectl(
-        "create", "role", "runs", "-n", ns, "--verb=get,update,patch", "--resource=runs.ksquad.io"
+        "create", "role", editor_name, "-n", ns, "--verb=get,update,patch", "--resource=runs.ksquad.io"
     )
     release.kubectl(
-        "create", "rolebinding", "editor", "-n", ns, "--role=runs", f"--serviceaccount={ns}:editor"
+        "create",
+        "rolebinding",
+        editor_name,
+        "-n",
+        ns,
+        f"--role={editor_name}",
+        f"--serviceaccount={ns}:{editor_name}",
     )
     binding = release.get("mutatingadmissionpolicybinding", "ksquad-triggered-by")
     original = binding["spec"].get("matchResources")
     outside = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}
     run = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": "unstamped", "namespace": ns}}
-    run["spec"] = {"agents": ["dev-1"]}
+    run["spec"] = {"agents": ["no-such-agent"]}  # it fails its references at once: nothing runs
     release.kubectl(
         "patch",
         "mutatingadmissionpolicybinding",
@@ -643,7 +651,7 @@ def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(relea
             json.dumps([restore if original else {"op": "remove", "path": "/spec/matchResources"}]),
         )
     try:
-        editor = kubeconfig_of(release, "editor", ns)
+        editor = kubeconfig_of(release, editor_name, ns)
         for name in ("ksquad-test-admin", "system:serviceaccount:ksquad:ksquad-worker"):
             done = release.cluster.kubectl(
                 "annotate",
@@ -658,6 +666,29 @@ def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(relea
             assert done.returncode != 0, f"annotated: {done.stdout}"
             assert "ksquad-triggered-by-immutable" in done.stderr, done.stderr
             assert "ksquad.io/triggered-by is set when the Run is created" in done.stderr, done.stderr
+    finally:
+        release.kubectl("delete", "run", "unstamped", "-n", ns, "--wait=false")
+        release.kubectl("delete", "rolebinding,role,serviceaccount", editor_name, "-n", ns)
+
+
+def test_a_run_in_a_namespace_ksquad_does_not_serve_is_refused_naming_the_chart_value(
+    release: Release,
+) -> None:
+    """No bridge watches it: accepted, it would wait forever without a status, a message or an Event."""
+    ns = f"unserved-{uuid.uuid4().hex[:6]}"
+    release.kubectl("create", "namespace", ns)
+    try:
+        for namespace in (ns, HOME):  # any other namespace, and the release's own
+            run = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": "lost", "namespace": namespace}}
+            code, message = dry_run(release, "create", {**run, "spec": {"agents": ["dev-1"]}})
+            assert code != 0, message
+            assert (
+                f"no ksquad serves Runs in namespace {namespace}: the release {RELEASE} in namespace {HOME} "
+                f"serves {NS} (chart value namespaces)"
+            ) in message, message
+        served = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": "served", "namespace": NS}}
+        code, message = dry_run(release, "create", {**served, "spec": {"agents": ["dev-1"]}})
+        assert code == 0, message
     finally:
         release.kubectl("delete", "namespace", ns, "--wait=false")
 

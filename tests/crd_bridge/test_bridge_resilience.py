@@ -1,7 +1,9 @@
-"""The bridge under stress: killed during a burst of Run creations, and two replicas behind one Lease."""
+"""The bridge under stress: killed during a burst of Run creations, and two replicas behind one Lease (a leader
+killed, and one stopped gracefully that gives the Lease up)."""
 
 import asyncio
 import signal
+import time
 
 import yaml
 
@@ -101,3 +103,41 @@ async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
         path("coordination.k8s.io/v1", "leases", chart.RELEASE_NAMESPACE, f"bridge-{stack.namespace}")
     )
     assert lease["spec"]["leaseTransitions"] == 1
+
+
+async def test_a_leader_that_stops_gives_the_lease_up_and_the_standby_leads_at_once(
+    start_stack: StackFactory, model: ModelEndpoint, start_agent: AgentFactory
+) -> None:
+    model.script("dev-model", {"text": "done"})
+    stack = await start_stack()
+    first = stack.processes.pop("bridge")
+    stack.processes["bridge-a"] = first
+    await remote_agent(stack, model, start_agent)
+    lease_path = path(
+        "coordination.k8s.io/v1", "leases", chart.RELEASE_NAMESPACE, f"bridge-{stack.namespace}"
+    )
+    standby = await stack.start("bridge")
+    await asyncio.sleep(3)  # both replicas share bridge.log: count who leads
+    assert stack.log("bridge").count(" leads (lease") == 1, "exactly one replica leads"
+    leader = (await stack.kube.get(lease_path))["spec"]["holderIdentity"]
+
+    first.send_signal(signal.SIGTERM)  # how a pod's deletion, `helm upgrade` and a node drain stop it
+    assert await asyncio.to_thread(first.wait, 30) == 0
+    stopped = time.monotonic()
+    given_up = (await stack.kube.get(lease_path))["spec"]
+    # Read as the process exits: without the release the Lease would name it for leaseDurationSeconds (15) more.
+    assert given_up["holderIdentity"] != leader, given_up
+    assert " gave the lease " in stack.log("bridge")
+    while stack.log("bridge").count(" leads (lease") < 2:
+        assert time.monotonic() - stopped < 60, "the standby never led"
+        await asyncio.sleep(0.1)
+    print(f"[lease] the standby led {time.monotonic() - stopped:.1f}s after the leader exited")
+    stack.kubectl("apply", "-f", "-", input=run_docs(["after-handover"], stack.namespace))
+    assert (await stack.wait_phase("after-handover", {"Succeeded"}, within=90))["status"][
+        "phase"
+    ] == "Succeeded"
+    assert standby.poll() is None
+    lease = (await stack.kube.get(lease_path))["spec"]
+    assert (lease["holderIdentity"], lease["leaseTransitions"]) != (leader, 0) and lease[
+        "leaseTransitions"
+    ] == 1
