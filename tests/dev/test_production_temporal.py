@@ -2,8 +2,9 @@
 services, built from the Go module proxy) on PostgreSQL for persistence and SQL visibility, its search attributes
 registered with the operator CLI as docs/operating.md says, with ksquad's embedded stack (worker, store, local
 sandboxes running the reference agent, the scripted model) connected to it instead of the dev server: a run
-succeeds, a run pauses on a 429 and resumes by its timer, `temporal workflow cancel` cancels one, and
-`temporal workflow list -q "KsquadPhase=..."` finds them by phase."""
+succeeds, a run pauses on a 429 and resumes by its timer (whose summary says when), one paused by hand shows why in
+its current details and `temporal workflow cancel` cancels it there, and `temporal workflow list -q
+"KsquadPhase=..."` finds them by phase (Running, Paused, Succeeded, Cancelled)."""
 
 import asyncio
 import json
@@ -15,12 +16,14 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 
 from dev.binaries import find_binary
 from dev.stack import DevStack, dev_stack
 from testbed.embedded import stack_options, wait_terminal
 from testbed.postgres import PostgresServer
 from testbed.temporal_server import TemporalServer, temporal_server
+from workflows.signals import RunSignal
 
 NS = "bench"
 API = "ksquad.io/v1alpha1"
@@ -113,6 +116,20 @@ async def test_the_run_lifecycle_on_the_production_server(
         await asyncio.sleep(0.2)
     assert f"{NS}/cancelled" in found, found
 
+    # Paused by hand, as an operator sees it: listed by phase, its current details say why (the Temporal UI shows
+    # them on the workflow's page), and Temporal's cancel still ends it from there.
+    await dev.runs.signal(NS, "cancelled", RunSignal.PAUSE, "looking at it")
+    await until(dev, "cancelled", "Paused")
+    for _ in range(300):
+        if f"{NS}/cancelled" in (found := await listed(f"KsquadPhase='Paused' AND KsquadNamespace='{NS}'")):
+            break
+        await asyncio.sleep(0.2)
+    assert f"{NS}/cancelled" in found, found
+    metadata = await dev.client.get_workflow_handle(f"{NS}/cancelled").query(
+        "__temporal_workflow_metadata", result_type=WorkflowMetadata
+    )
+    assert metadata.current_details == "**Paused**: looking at it", metadata.current_details
+
     said = await asyncio.to_thread(
         temporal, production_temporal, "workflow", "cancel", "-w", f"{NS}/cancelled"
     )
@@ -131,6 +148,14 @@ async def test_the_run_lifecycle_on_the_production_server(
     assert (resumed["attempt"], resumed["message"]) == (2, "after the limit"), (
         "resumed by its timer: a new attempt, as in the demo"
     )
+    # The timer it waited on says when it would resume, in the history the UI shows.
+    history = await dev.client.get_workflow_handle(f"{NS}/pauses").fetch_history()
+    summaries = [
+        await dev.client.data_converter.decode([e.user_metadata.summary])
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.user_metadata.HasField("summary")
+    ]
+    assert any(str(s[0]).startswith("rate limited: resume at ") for s in summaries), summaries
     for _ in range(50):
         done = await listed(f"KsquadPhase='Succeeded' AND KsquadNamespace='{NS}'")
         if {f"{NS}/succeeds", f"{NS}/pauses"} <= done:
