@@ -159,3 +159,38 @@ async def test_a_temporal_cancel_while_another_runs_limit_stops_the_attempt_is_n
     final = await world.until_phase("r", "Cancelled")
     assert final.attempt == 1, "no new attempt after the cancel"
     assert "wi-1" not in world.claims and not world.sandboxes, "torn down"
+
+
+async def test_a_temporal_cancel_while_a_manual_pause_renews_its_claim_cancels_the_run(
+    client: Client, world: World
+) -> None:
+    # Paused(Manual) shows while the pause still renews the claim's lease. Temporal's cancel arriving then used to
+    # cancel the renewal with it: the run ended Failed ("Activity cancelled") and its workflow Completed; and when
+    # the renewal answered while the cancel's workflow task was in flight, the test server refused that task's
+    # cancel of an activity already done (ACTIVITY_UNKNOWN) and the run hung. The renewal ends, then the cancel.
+    world.slow_renewals["r"] = 1.0
+    handle = await manual_pause(client, world)
+    await world.wait_entered(Activity.RENEW_CLAIM, "r")
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    events = [e async for e in handle.fetch_history_events()]
+    assert events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED
+    renewal = next(
+        e.event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == Activity.RENEW_CLAIM
+    )
+    assert renewal not in [
+        e.activity_task_cancel_requested_event_attributes.scheduled_event_id
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED
+    ], "the renewal is not cancelled with the run"
+    final = await world.until_phase("r", "Cancelled")
+    assert final.reason == "Cancelled"
+    order = world.order("r")
+    renewed = order.index("renew_claim")
+    assert renewed < order.index("fence_work_item", renewed) < order.index("release_work_item")
+    assert "wi-1" not in world.claims and not world.sandboxes, "torn down"

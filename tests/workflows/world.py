@@ -141,6 +141,7 @@ class World:
         self.released: dict[str, asyncio.Event] = {}  # run name -> set by the test to end a `block`
         self.blocked_claims: set[str] = set()  # runs whose claims hang until cancelled
         self.stalled_mirrors: dict[str, int] = {}  # run name -> how many status writes hang (then fail)
+        self.slow_renewals: dict[str, float] = {}  # run name -> seconds each lease renewal takes to answer
 
     def _entered(self, name: Activity, run: str) -> asyncio.Event:
         return self.entered.setdefault((name.value, run), asyncio.Event())
@@ -245,6 +246,8 @@ class World:
     async def renew_claim(self, upd: ClaimUpdate) -> Claim:
         self._check(upd, Activity.RENEW_CLAIM)
         self.record(Activity.RENEW_CLAIM, upd.run.name, lease=upd.lease_seconds)
+        if upd.run.name in self.slow_renewals:
+            await asyncio.sleep(self.slow_renewals[upd.run.name])  # a claim store slow to answer
         return Claim(work_item_ref=upd.work_item_ref, fence=upd.fence)
 
     @activity.defn(name=Activity.RELEASE_WORK_ITEM)

@@ -3,6 +3,7 @@ fence-then-release: bump the fence (the old holder's writes are rejected from th
 when fenced, confirm it is gone, then release the claim; shielded, so that a cancellation waits for it."""
 
 import asyncio
+import contextlib
 from datetime import datetime
 
 from temporalio import workflow
@@ -28,12 +29,16 @@ from workflows.activity_types import (
 )
 from workflows.run.interrupts import ANY_INTERRUPT, Interrupts
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, start
 from workflows.run.outcomes import AttemptFailed, RunFailed, cause
 from workflows.spec import RunSpec
 from workflows.status import ConditionType, WorkItemStatus
 
 # What stops claiming and starting a sandbox: every interrupt (a throttle too: the attempt would only wait).
+
+# A Temporal cancel that arrives while a pause renews the claim waits for the renewal, then goes on up as itself
+# (workflow.patched: runs that cancelled the renewal with it before replay as they ran).
+RENEWAL_SHIELDED_PATCH = "renewal-shielded-from-cancel"
 
 
 class Holdings:
@@ -153,10 +158,24 @@ class Holdings:
         self.claim_fence = None
 
     async def renew_for(self, until: datetime) -> None:
-        """A pause holds the claim: extend the lease to cover it (heartbeats are not renewing it)."""
+        """A pause holds the claim: extend the lease to cover it (heartbeats are not renewing it). Shielded, as
+        teardown is: a Temporal cancel that arrives meanwhile waits for the renewal, then goes on up. Cancelled with
+        the run, the renewal ended in an ActivityError that ended the run Failed instead of Cancelled (and a
+        cancel request for a renewal that had just completed was refused by the test server: the run hung)."""
         ref = self.work_item
         if ref is None or self.claim_fence is None:
             return
         lease = int((until - workflow.now()).total_seconds()) + CLAIM_LEASE_SECONDS
         update = ClaimUpdate(run=self.run, work_item_ref=ref, fence=self.claim_fence, lease_seconds=lease)
-        await call(renew_claim, update, summary=f"hold {ref} through the pause")
+        renewal = start(renew_claim, update, summary=f"hold {ref} through the pause")
+        try:
+            await asyncio.shield(renewal)
+        except asyncio.CancelledError:
+            if not workflow.patched(RENEWAL_SHIELDED_PATCH):
+                # Recorded before the patch: the renewal was cancelled with the run, and replays the same way.
+                renewal.cancel()
+                await renewal
+                return
+            with contextlib.suppress(ActivityError):
+                await renewal  # renewed or not: the cancellation's teardown releases the claim next
+            raise

@@ -32,6 +32,37 @@ RETRY_BOOKKEEPING = RetryPolicy(
 EntityKind = Literal["CredentialThrottle", "ConcurrencyGate"]
 
 
+def start(
+    stub: Callable[[A], Awaitable[R]],
+    arg: A,
+    *,
+    summary: str,
+    task_queue: str | None = None,
+    deadline: datetime | None = None,
+    start_to_close: float = 60,
+    heartbeat: timedelta | None = None,
+    retry: RetryPolicy | None = None,
+    cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+) -> workflow.ActivityHandle[R]:
+    """Start the activity `stub` names (its command is issued now, in this step) and return its handle. A
+    `deadline` (a phase's bound, from the Run's timeouts) bounds it as a whole, queue time and retries included;
+    without one it gets `start_to_close` per try and RETRY_BOOKKEEPING's tries."""
+    schedule_to_close = None
+    if deadline is not None:
+        schedule_to_close = timedelta(seconds=max(1.0, (deadline - workflow.now()).total_seconds()))
+    return workflow.start_activity(
+        stub,
+        arg,
+        task_queue=task_queue,
+        schedule_to_close_timeout=schedule_to_close,
+        start_to_close_timeout=timedelta(seconds=start_to_close),
+        heartbeat_timeout=heartbeat,
+        retry_policy=retry or (RETRY_UNTIL_DEADLINE if deadline is not None else RETRY_BOOKKEEPING),
+        cancellation_type=cancellation_type,
+        summary=summary,
+    )
+
+
 async def call(
     stub: Callable[[A], Awaitable[R]],
     arg: A,
@@ -44,22 +75,17 @@ async def call(
     retry: RetryPolicy | None = None,
     cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
 ) -> R:
-    """Run the activity `stub` names. A `deadline` (a phase's bound, from the Run's timeouts) bounds it as a
-    whole, queue time and retries included; without one it gets `start_to_close` per try and
-    RETRY_BOOKKEEPING's tries."""
-    schedule_to_close = None
-    if deadline is not None:
-        schedule_to_close = timedelta(seconds=max(1.0, (deadline - workflow.now()).total_seconds()))
-    return await workflow.execute_activity(
+    """Run the activity `stub` names, with `start`'s options, and return its result."""
+    return await start(
         stub,
         arg,
-        task_queue=task_queue,
-        schedule_to_close_timeout=schedule_to_close,
-        start_to_close_timeout=timedelta(seconds=start_to_close),
-        heartbeat_timeout=heartbeat,
-        retry_policy=retry or (RETRY_UNTIL_DEADLINE if deadline is not None else RETRY_BOOKKEEPING),
-        cancellation_type=cancellation_type,
         summary=summary,
+        task_queue=task_queue,
+        deadline=deadline,
+        start_to_close=start_to_close,
+        heartbeat=heartbeat,
+        retry=retry,
+        cancellation_type=cancellation_type,
     )
 
 
