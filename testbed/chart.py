@@ -46,11 +46,21 @@ def render(
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
+SERVED_NAMESPACES_POLICY = "ksquad-served-namespaces"
+
+
 def apply(
     cluster: ControlPlane, docs: list[dict[str, Any]], kinds: set[str] | None = None
 ) -> list[dict[str, Any]]:
-    """Apply the rendered objects of `kinds` (all when None); the release namespace is made when needed."""
-    chosen = [d for d in docs if kinds is None or d["kind"] in kinds]
+    """Apply the rendered objects of `kinds` (all when None); the release namespace is made when needed. Never
+    the policy that refuses Runs outside the rendered namespaces: the test bed applies the chart's parts for many
+    namespaces side by side (a stack each), and it would refuse every other's Runs (`helm install` in tests/chart
+    installs it)."""
+    chosen = [
+        d
+        for d in docs
+        if (kinds is None or d["kind"] in kinds) and d["metadata"]["name"] != SERVED_NAMESPACES_POLICY
+    ]
     if any(d["metadata"].get("namespace") == RELEASE_NAMESPACE for d in chosen):
         cluster.kubectl("create", "namespace", RELEASE_NAMESPACE, check=False)
     if chosen:

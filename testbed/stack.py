@@ -66,6 +66,9 @@ class Stack:
     # The warm pools the worker claims from ({name, namespace, runtime_class}), as the chart's sandbox settings list
     # them: set before the worker starts (or start it again).
     pools: list[dict[str, str]] = field(default_factory=list)
+    # More of the bridge's settings (its chart-rendered environment, e.g. KSQUAD_NAMESPACE_MAX_CONCURRENT_RUNS):
+    # set before the bridge starts.
+    bridge_env: dict[str, str] = field(default_factory=dict)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
@@ -132,6 +135,7 @@ class Stack:
                 "POD_NAME": f"bridge-{uuid.uuid4().hex[:6]}",
                 "KSQUAD_CANCEL_WAIT_SECONDS": "30",
                 "KSQUAD_DATABASE_URL": self.database_url,  # phase events, for the cluster API's streams
+                **self.bridge_env,
             }
             module = "crd_bridge.main"
         else:

@@ -4,6 +4,7 @@ killed, and one stopped gracefully that gives the Lease up)."""
 import asyncio
 import signal
 import time
+from typing import Any
 
 import yaml
 
@@ -30,14 +31,18 @@ def run_docs(names: list[str], namespace: str) -> str:
     )
 
 
-async def remote_agent(stack: Stack, model: ModelEndpoint, start_agent: AgentFactory) -> None:
+async def remote_agent(
+    stack: Stack, model: ModelEndpoint, start_agent: AgentFactory, agent_spec: dict[str, Any] | None = None
+) -> None:
     """One already-running A2A agent for every run (Agent.endpoint): no sandbox per run. It answers the workers
     that sign with the stack's endpoint key and reads the namespace's credential as mounted for it."""
     secrets = stack.root / "remote-secrets"
     (secrets / stack.namespace / "model-key").mkdir(parents=True, exist_ok=True)
     (secrets / stack.namespace / "model-key" / "apiKey").write_text(MODEL_KEY)
     agent = await start_agent(None, endpoint_key=stack.endpoint_key, secrets_dir=secrets)
-    stack.apply(*stack.resources(model, "remote", endpoint=agent.url))
+    docs = stack.resources(model, "remote", endpoint=agent.url)
+    docs[-1]["spec"].update(agent_spec or {})  # the Agent
+    stack.apply(*docs)
 
 
 async def phases(stack: Stack) -> dict[str, str]:

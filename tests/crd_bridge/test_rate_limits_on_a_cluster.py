@@ -85,9 +85,11 @@ async def test_one_429_pauses_both_runs_on_its_credential_while_a_run_on_another
 ) -> None:
     # One of the two runs on key-a gets a 429 after 3 s; the other is still waiting on its own call: it stops
     # and pauses too. The run on key-b is not touched.
+    # The limit outlasts b1's whole run: a cold sandbox under gVisor's ptrace platform takes ~15 s to start here.
+    limit = 45
     model.script(
         "model-a",
-        {"delay": 3, "error": 429, "retry_after": "20"},
+        {"delay": 3, "error": 429, "retry_after": str(limit)},
         {"delay": 10, "text": "too late: stopped by the other's 429"},
         {"text": "agent-a answered"},
     )
@@ -109,7 +111,7 @@ async def test_one_429_pauses_both_runs_on_its_credential_while_a_run_on_another
         assert (done["phase"], done["message"]) == ("Succeeded", "agent-a answered"), done
     first_429 = calls_to(model, "model-a")[0].at + 3
     resumed = sorted(c.at for c in calls_to(model, "model-a"))[2:]
-    assert len(resumed) == 2 and all(at >= first_429 + 20 - 1 for at in resumed), (
+    assert len(resumed) == 2 and all(at >= first_429 + limit - 1 for at in resumed), (
         "no call before the limit ended"
     )
 
