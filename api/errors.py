@@ -16,7 +16,8 @@ def error(status: int, message: str, problems: list[str] | None = None) -> JSONR
 async def _routing_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        allowed = exc.headers.get("Allow", "") if exc.headers else ""
+        # Starlette lists them from a set: in a fixed order, so clients and tests see one answer.
+        allowed = ", ".join(sorted((exc.headers or {}).get("Allow", "").split(", ")))
         refusal = error(405, f"{request.url.path} does not take {request.method} (it takes {allowed})")
         refusal.headers["Allow"] = allowed
         return refusal

@@ -3,6 +3,7 @@ killed, and one stopped gracefully that gives the Lease up)."""
 
 import asyncio
 import signal
+import subprocess
 import time
 from typing import Any
 
@@ -83,9 +84,10 @@ async def test_a_bridge_killed_during_a_burst_of_200_runs_leaves_exactly_one_wor
         assert len(executions) == 1, f"{name} has {len(executions)} workflows"
 
 
-async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
+async def leader_and_standby(
     start_stack: StackFactory, model: ModelEndpoint, start_agent: AgentFactory
-) -> None:
+) -> tuple[Stack, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """A stack with two bridge replicas behind one Lease: the first started leads."""
     model.script("dev-model", {"text": "done"})
     stack = await start_stack()
     first = stack.processes.pop("bridge")
@@ -94,6 +96,17 @@ async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
     standby = await stack.start("bridge")
     await asyncio.sleep(3)  # both replicas share bridge.log: count who leads
     assert stack.log("bridge").count(" leads (lease") == 1, "exactly one replica leads"
+    return stack, first, standby
+
+
+def lease_path(stack: Stack) -> str:
+    return path("coordination.k8s.io/v1", "leases", chart.RELEASE_NAMESPACE, f"bridge-{stack.namespace}")
+
+
+async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
+    start_stack: StackFactory, model: ModelEndpoint, start_agent: AgentFactory
+) -> None:
+    stack, first, standby = await leader_and_standby(start_stack, model, start_agent)
     stack.kubectl("apply", "-f", "-", input=run_docs(["before-failover"], stack.namespace))
     await stack.wait_phase("before-failover", {"Succeeded"})
 
@@ -104,32 +117,20 @@ async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
     assert run["status"]["phase"] == "Succeeded"
     assert stack.log("bridge").count(" leads (lease") == 2, "the standby took the Lease over"
     assert standby.poll() is None
-    lease = await stack.kube.get(
-        path("coordination.k8s.io/v1", "leases", chart.RELEASE_NAMESPACE, f"bridge-{stack.namespace}")
-    )
+    lease = await stack.kube.get(lease_path(stack))
     assert lease["spec"]["leaseTransitions"] == 1
 
 
 async def test_a_leader_that_stops_gives_the_lease_up_and_the_standby_leads_at_once(
     start_stack: StackFactory, model: ModelEndpoint, start_agent: AgentFactory
 ) -> None:
-    model.script("dev-model", {"text": "done"})
-    stack = await start_stack()
-    first = stack.processes.pop("bridge")
-    stack.processes["bridge-a"] = first
-    await remote_agent(stack, model, start_agent)
-    lease_path = path(
-        "coordination.k8s.io/v1", "leases", chart.RELEASE_NAMESPACE, f"bridge-{stack.namespace}"
-    )
-    standby = await stack.start("bridge")
-    await asyncio.sleep(3)  # both replicas share bridge.log: count who leads
-    assert stack.log("bridge").count(" leads (lease") == 1, "exactly one replica leads"
-    leader = (await stack.kube.get(lease_path))["spec"]["holderIdentity"]
+    stack, first, standby = await leader_and_standby(start_stack, model, start_agent)
+    leader = (await stack.kube.get(lease_path(stack)))["spec"]["holderIdentity"]
 
     first.send_signal(signal.SIGTERM)  # how a pod's deletion, `helm upgrade` and a node drain stop it
     assert await asyncio.to_thread(first.wait, 30) == 0
     stopped = time.monotonic()
-    given_up = (await stack.kube.get(lease_path))["spec"]
+    given_up = (await stack.kube.get(lease_path(stack)))["spec"]
     # Read as the process exits: without the release the Lease would name it for leaseDurationSeconds (15) more.
     assert given_up["holderIdentity"] != leader, given_up
     assert " gave the lease " in stack.log("bridge")
@@ -142,7 +143,7 @@ async def test_a_leader_that_stops_gives_the_lease_up_and_the_standby_leads_at_o
         "phase"
     ] == "Succeeded"
     assert standby.poll() is None
-    lease = (await stack.kube.get(lease_path))["spec"]
+    lease = (await stack.kube.get(lease_path(stack)))["spec"]
     assert (lease["holderIdentity"], lease["leaseTransitions"]) != (leader, 0) and lease[
         "leaseTransitions"
     ] == 1
