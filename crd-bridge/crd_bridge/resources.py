@@ -110,8 +110,9 @@ class MCPServerSpec(KsquadModel):
 
     url: Url
     """The server's URL."""
-    transport: Literal["streamable-http", "sse"] = "streamable-http"
-    """The MCP transport."""
+    transport: Literal["streamable-http"] = "streamable-http"
+    """The MCP transport: streamable HTTP, the only one the reference agent speaks (MCP's older `sse` transport is
+    refused rather than served as streamable HTTP)."""
 
 
 class SkillRequirements(KsquadModel):

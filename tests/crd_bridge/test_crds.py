@@ -208,3 +208,20 @@ def test_a_credential_key_is_a_secrets_key_never_a_path(crds: ControlPlane, name
         done = crds.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": spec}), check=False)
         assert done.returncode != 0, f"{kind} with key {key!r} was accepted"
         assert "spec.credentialSecretRef.key: Invalid value" in done.stderr, done.stderr
+
+
+def test_an_mcp_server_of_a_transport_the_agent_does_not_speak_is_refused(
+    crds: ControlPlane, namespace: str
+) -> None:
+    """`transport: sse` used to be accepted and then spoken to as streamable HTTP: refused, naming the field."""
+    doc = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "MCPServer",
+        "metadata": {"name": "m", "namespace": namespace},
+    }
+    spec = {"url": "https://mcp.example/mcp", "transport": "sse"}
+    done = crds.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": spec}), check=False)
+    assert done.returncode != 0, "an sse MCPServer was accepted"
+    assert 'spec.transport: Unsupported value: "sse"' in done.stderr, done.stderr
+    accepted = crds.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": {"url": spec["url"]}}))
+    assert accepted.returncode == 0
