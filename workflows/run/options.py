@@ -75,7 +75,9 @@ async def call(
     retry: RetryPolicy | None = None,
     cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
 ) -> R:
-    """Run the activity `stub` names, with `start`'s options, and return its result."""
+    """Run the activity `stub` names, with `start`'s options, and return its result. A coroutine, not `start`'s
+    handle: a call handed to `interruptible` and closed unstarted (an interrupt was already pending) must schedule
+    nothing, or the history would differ. The options are spelled out again so that mypy checks every call site."""
     return await start(
         stub,
         arg,
