@@ -12,6 +12,8 @@ own list of steps, one step per request, in order; the last step repeats. A step
     - error: 401                               # or 500, or any status
     - malformed: true                          # 200 with a body that is not JSON
     - delay: 2.5                               # (with any step) wait this long first
+    - hold: true                               # (with any step) wait while the server's `held` is set (a test
+                                               #  holds calls in flight until it lets them all go at once)
     - expect_key: sk-new                       # (with any step) answer 401 until called with this key
 
 Models without a script answer with DEFAULT_TEXT. `POST /_script` replaces the script (the same shape as
@@ -59,6 +61,7 @@ class ScriptedModel:
     positions: dict[str, int] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     in_flight: int = 0
+    held: bool = False  # steps with `hold` wait while this is set
     abandoned: int = 0  # requests whose client hung up while the model was still "thinking"
 
     def load(self, data: dict[str, Any]) -> None:
@@ -125,6 +128,10 @@ def build_app(state: ScriptedModel) -> Starlette:
             if step.get("delay") and await hung_up_within(request, float(step["delay"])):
                 state.abandoned += 1
                 return Response(status_code=499)  # nobody is listening any more
+            while step.get("hold") and state.held:
+                if await hung_up_within(request, 0.05):
+                    state.abandoned += 1
+                    return Response(status_code=499)
             return answer(step, model, stream)
         finally:
             state.in_flight -= 1

@@ -18,7 +18,10 @@ DOWN_SECONDS = 30
 async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
     start_stack: StackFactory, model: ModelEndpoint, fault_counts: Counter[str]
 ) -> None:
-    model.script("dev-model", {"delay": 8, "text": "done despite the outage"})
+    # Every run's call is held in flight until the outage begins, then answered during it: however long the
+    # sandboxes take to start (gVisor's: ~15 s each here), the outage finds every run mid-call.
+    model.script("dev-model", {"hold": True, "text": "done despite the outage"})
+    model.state.held = True
     stack = await start_stack()
     names = [f"outage-{i}" for i in range(RUNS)]
     stack.apply(
@@ -34,11 +37,16 @@ async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
         ),
     )
     for name in names:
-        await stack.wait_phase(name, {"Running"}, within=120)
+        await stack.wait_phase(name, {"Running"}, within=180)
+    started = time.monotonic()
+    while model.state.in_flight < RUNS:  # Running, and its call has reached the model
+        assert time.monotonic() - started < 60, f"only {model.state.in_flight} of {RUNS} calls in flight"
+        await asyncio.sleep(0.1)
     handles = {n: stack.temporal.get_workflow_handle(f"{stack.namespace}/{n}") for n in names}
 
     stack.cluster.stop_apiserver()
     down_at = time.monotonic()
+    model.state.held = False  # the agents' calls end now, while the API server is down
     try:
         moved_on: set[str] = set()
         while time.monotonic() - down_at < DOWN_SECONDS:
