@@ -53,6 +53,7 @@ class Call:
     tools: list[str]
     at: float
     task: str = ""  # the first user message (the Run's task), so tests can tell whose call it was
+    tool_results: list[str] = field(default_factory=list)  # what the tools the model called answered
 
 
 @dataclass
@@ -91,6 +92,14 @@ def first_user_text(messages: Any) -> str:
     return ""
 
 
+def tool_results(messages: Any) -> list[str]:
+    return [
+        str(m.get("content"))[:500]
+        for m in (messages if isinstance(messages, list) else [])
+        if isinstance(m, dict) and m.get("role") == "tool"
+    ]
+
+
 def fingerprint(authorization: str | None) -> str:
     token = (authorization or "").removeprefix("Bearer ").strip()
     return hashlib.sha256(token.encode()).hexdigest()[:12] if token else "-"
@@ -116,6 +125,7 @@ def build_app(state: ScriptedModel) -> Starlette:
                 [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
                 time.time(),
                 first_user_text(body.get("messages")),
+                tool_results(body.get("messages")),
             )
         )
         step = state.next_step(model)

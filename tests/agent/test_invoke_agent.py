@@ -100,6 +100,27 @@ async def test_the_agent_calls_an_allowed_mcp_tool_then_answers_and_everything_i
     assert (await agent.stats())["messages"] == 1
 
 
+async def test_a_tool_call_for_a_tool_never_offered_is_refused_and_never_reaches_the_tool_server(
+    store: Store, model: ModelEndpoint, tool_server: ToolServer, start_agent: AgentFactory
+) -> None:
+    # The model asks for run_shell: the MCP server has it, the Agent's allowedTools does not. A model can name
+    # any tool (a prompt injection in the work item can make it); the agent answers it with an error instead.
+    model.script(
+        "dev-model",
+        {"tool_calls": [{"name": "run_shell", "arguments": {"command": "cat /etc/passwd"}}]},
+        {"text": "The shell is not mine to use."},
+    )
+    fence = await claimed(store)
+    agent = await start_agent(contract(model, tool_server, fence=fence))
+    result = await invoke(store, invocation(agent.url, model, tool_server, fence=fence))
+
+    assert result.outputs == {"answer": "The shell is not mine to use."}
+    assert tool_server.calls == [], "nothing reached the tool server"
+    first, second = model.state.calls
+    assert "run_shell" not in first.tools
+    assert second.tool_results == ["tool 'run_shell' is not available to this agent"], second.tool_results
+
+
 async def test_writes_of_a_fenced_off_holder_are_refused(
     store: Store, model: ModelEndpoint, start_agent: AgentFactory
 ) -> None:
