@@ -3,6 +3,7 @@ local sandboxes running the reference agent, the scripted model over HTTP), not 
 tests/workflows: a retry, the fallback model, input asked for and given, and each phase's timeout."""
 
 import asyncio
+import itertools
 import os
 import subprocess
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ import pytest
 
 from dev.stack import DevStack, dev_stack
 from testbed.embedded import stack_options, wait_terminal
+from workflows.entity_types import DEFAULT_RESUME_PER_SECOND
 
 NS = "bench"  # wait_terminal's namespace
 API = "ksquad.io/v1alpha1"
@@ -29,6 +31,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
     "steady": [{"delay": 3, "text": "done in turn"}],
     "no-retry-after": [{"error": 429}, {"text": "after the backoff"}],
     "held-off": [{"error": 429, "retry_after": "120"}],  # every call: a limit short of a re-route
+    "ramped": [{"error": 429, "retry_after": "5"}, {"text": "in my place"}],
 }
 
 
@@ -284,3 +287,36 @@ async def test_a_pause_while_rate_limited_takes_over_and_the_limit_holds_after_r
         await asyncio.sleep(0.1)
     assert again["resumeAt"] == limited["resumeAt"], "the provider's limit is not forgotten"
     await ksquad(dev, "runs", "cancel", f"{NS}/held")
+
+
+async def test_runs_paused_on_one_credential_resume_in_a_ramp_and_none_calls_before_its_place(
+    dev: DevStack,
+) -> None:
+    # One run's 429 limits the credential; runs created meanwhile pause before their first call. Each gets its own
+    # place in the ramp (DEFAULT_RESUME_PER_SECOND apart) and calls the model at its place, never before: the
+    # provider that answered 429 sees no call until the limit ends, then a trickle instead of all at once.
+    names = ["first"] + [f"late-{i}" for i in range(5)]
+
+    def ramp_run(name: str) -> dict[str, Any]:
+        return run(name, ["ramp-agent"], inputs={"task": f"ramp run {name}"})
+
+    await dev.runs.apply([agent("ramp-agent", "ramped"), ramp_run("first")])
+    limited = await until_phase(dev, "first", "Paused")
+    assert limited["pauseReason"] == "RateLimited"
+    await dev.runs.apply([ramp_run(name) for name in names[1:]])
+    places: dict[str, datetime] = {}
+    for name in names:
+        paused = await until_phase(dev, name, "Paused")
+        places[name] = datetime.fromisoformat(paused["resumeAt"])
+    assert await wait_terminal(dev, names, within=90) == dict.fromkeys(names, "Succeeded")
+
+    assert dev.scripted is not None
+    calls = [c for c in dev.scripted.calls if c.model == "ramped"]
+    assert len(calls) == len(names) + 1, "the one 429, then one call per run"
+    ordered = sorted(places.values())
+    assert ordered[0] >= datetime.fromisoformat(limited["resumeAt"]) and len(set(ordered)) == len(names)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ordered)]
+    assert all(gap >= 1 / DEFAULT_RESUME_PER_SECOND - 0.001 for gap in gaps), gaps
+    for name in names:
+        (resumed,) = [c for c in calls[1:] if c.task.endswith(f"ramp run {name}")]
+        assert resumed.at >= places[name].timestamp(), f"{name} called before its place"
