@@ -42,6 +42,8 @@ STAGE_JQ = [
     "open(d + '/jq', 'w').write('#!/bin/sh\\necho jq')",
 ]
 
+# A skill's sidecar: a server on the pod's loopback (docs the agent may read).
+SERVE_DOCS = ["python3", "-m", "http.server", "8700", "--bind", "127.0.0.1", "--directory", "/usr/share"]
 
 # The test node has 2 CPUs: sandboxes ask for little, so twenty fit beside each other.
 SMALL = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}}
@@ -297,21 +299,42 @@ async def ready_warm(
     raise AssertionError(f"{count} warm pods not ready in {namespace}")
 
 
-async def test_a_skill_with_a_toolchain_forces_cold_and_the_agent_sees_the_toolchain(
+async def test_a_skill_with_a_toolchain_and_a_sidecar_forces_cold_and_the_agent_has_both(
     ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
 ) -> None:
     import httpx
 
-    skill = SkillSpec(name="json", instructions="Use jq.", requires=SkillRequirements(toolchains=["jq"]))
+    skill = SkillSpec(
+        name="json",
+        instructions="Use jq, and the docs server on localhost:8700.",
+        requires=SkillRequirements(toolchains=["jq"], sidecars=["docs"]),
+    )
     uid = create_run(ksquad_cluster, run_ns, "needs-jq")
     c = contract(model, namespace=run_ns, name="needs-jq", uid=uid, skills=[skill], work_item_ref=None)
-    backend = KubernetesSandboxes(kube, settings())
+    backend = KubernetesSandboxes(
+        kube, settings(sidecars={"docs": ContainerSpec(image=KSQUAD_IMAGE, command=SERVE_DOCS)})
+    )
     sandbox = await acquire(backend, request(c, SandboxPolicy(class_="interactive")))
     assert sandbox.kind == "cold", "a warm pod cannot gain an init container"
     async with httpx.AsyncClient() as http:
         stats = (await http.get(f"{sandbox.endpoint}ksquad/stats", timeout=5)).json()
     assert stats["toolchains"] == ["jq/bin/jq"]
+    # The sidecar runs beside the agent, locked down as it is, and the agent reaches it on the pod's loopback.
+    (pod,) = (await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name}))["items"]
+    (sidecar,) = [i for i in pod["spec"]["initContainers"] if i["name"] == "sidecar-docs"]
+    assert (
+        sidecar["restartPolicy"] == "Always" and sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    )
+    (running,) = [s for s in pod["status"]["initContainerStatuses"] if s["name"] == "sidecar-docs"]
+    assert "running" in running["state"], running
+    fetch = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8700/').status)"
+    got = ksquad_cluster.kubectl(
+        "exec", "-n", run_ns, pod["metadata"]["name"], "-c", "agent", "--", "python3", "-c", fetch
+    )
+    assert got.stdout.strip() == "200"
     await release(backend, c, sandbox)
+    pods = (await kube.list(path("v1", "pods", run_ns), labels={"job-name": sandbox.name}))["items"]
+    assert not pods, "the sidecar went with its sandbox"
 
 
 async def test_no_spec_holds_a_secret_and_sandboxes_run_non_root_without_a_token(
