@@ -22,6 +22,7 @@ from temporalio.client import Client
 from dev.binaries import die_with_parent
 from dev.devserver import DevServer
 from kube import Kube, path
+from store import Store
 from temporal_client.codec import ensure_key_file
 from temporal_client.connection import connect
 from testbed import chart
@@ -69,6 +70,9 @@ class Stack:
     # More of the bridge's settings (its chart-rendered environment, e.g. KSQUAD_NAMESPACE_MAX_CONCURRENT_RUNS):
     # set before the bridge starts.
     bridge_env: dict[str, str] = field(default_factory=dict)
+    # More of the worker's sandbox settings (activities.sandboxes.manifests.SandboxSettings, e.g.
+    # release_timeout_seconds): set before the worker starts.
+    sandbox_settings: dict[str, Any] = field(default_factory=dict)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
@@ -148,6 +152,7 @@ class Stack:
                         "poll_seconds": 0.1,
                         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
                         "pools": self.pools,
+                        **self.sandbox_settings,
                     }
                 )
             )
@@ -205,6 +210,15 @@ class Stack:
 
     def log(self, component: str) -> str:
         return (self.root / f"{component}.log").read_text()
+
+    async def phase_log(self, uid: str) -> list[str]:
+        """The reasons of a run's phase changes, in order, from its event log in the store (what `ksquad runs
+        watch` shows; Kubernetes Events aggregate repeats of one reason and message)."""
+        store = await Store.open(self.database_url, migrate=False)
+        try:
+            return [e.data["reason"] for e in await store.events(uid) if e.kind == "phase"]
+        finally:
+            await store.close()
 
     async def run(self, name: str) -> dict[str, Any]:
         return await self.kube.get(path(RUN_API, "runs", self.namespace, name))

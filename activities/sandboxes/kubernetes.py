@@ -374,10 +374,13 @@ class KubernetesSandboxes:
             if gone:
                 return
             await asyncio.sleep(self.settings.poll_seconds)
-        # Fail closed: a retry must not start while the old sandbox may still act.
+        # Fail closed: a retry must not start while the old sandbox may still act. Not retried: this already
+        # waited the operator's release timeout, and ten more would keep the Run in a phase that lies for an
+        # hour (a Job's pod held by a finalizer or a stuck node does not go by being asked again).
         raise ApplicationError(
             f"sandbox {ns}/{name} still exists after {self.settings.release_timeout_seconds:.0f}s",
             type="SandboxNotGone",
+            non_retryable=True,
         )
 
     # --- outputs ------------------------------------------------------------------------------------------

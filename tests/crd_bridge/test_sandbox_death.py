@@ -1,0 +1,128 @@
+"""A sandbox that dies while its agent works, on the real stack (a kubectl-applied Run, the bridge, the worker,
+a cold gVisor Job on the node, the store and the scripted model): the worker sees the agent gone, fences the
+claim, confirms the sandbox gone, releases, and retries in a new sandbox. And when the old sandbox will not go,
+the run fails closed: Failed (TeardownFailed), no second attempt, its claim kept fenced."""
+
+import json
+from typing import Any
+
+from kube import path
+from store import Store
+from testbed.agents import ModelEndpoint
+from tests.crd_bridge.conftest import Stack, StackFactory
+from tests.crd_bridge.test_bridge_e2e import in_order, run_doc, wait_for
+
+HOLD = "test.ksquad.io/hold"  # a finalizer of the test's: the pod's object stays after its containers die
+
+
+async def sandbox_pod(stack: Stack, run: str) -> dict[str, Any]:
+    pods = await stack.kube.list(path("v1", "pods", stack.namespace), labels=f"ksquad.io/run={run}")
+    (pod,) = pods["items"]
+    found: dict[str, Any] = pod
+    return found
+
+
+async def claim_actions(stack: Stack, item: str) -> tuple[list[tuple[str, int]], tuple[str | None, int]]:
+    store = await Store.open(stack.database_url, migrate=False)
+    try:
+        history = [(h.action, h.fence) for h in await store.claim_history(item)]
+        return history, await store.holder_of(item)
+    finally:
+        await store.close()
+
+
+async def test_a_sandbox_pod_killed_mid_run_is_fenced_confirmed_gone_and_the_run_retries_in_a_new_one(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 600, "text": "never"}, {"text": "done in the second sandbox"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model), run_doc("fragile", workItemRef="wi-fragile"))
+    await stack.wait_phase("fragile", {"Running"})
+    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
+    first = await sandbox_pod(stack, "fragile")
+    first_job = first["metadata"]["labels"]["job-name"]
+    # What a node that dies or an OOM kill does to it: the pod goes at once, its agent with it.
+    stack.kubectl(
+        "delete", "pod", first["metadata"]["name"], "-n", stack.namespace, "--grace-period=0", "--force"
+    )
+
+    run = await stack.wait_phase("fragile", {"Succeeded", "Failed"}, within=240)
+    status = run["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
+    assert status["attempt"] == 2 and status["retries"] == 1, status
+    assert status["outputs"] == {"answer": "done in the second sandbox"}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Complete"]["status"] == "True" and "Failed" not in conditions
+    told = await stack.phase_log(run["metadata"]["uid"])
+    assert in_order(told, ["Running", "RetryBackoff", "Claiming", "Running", "Succeeded"]), told
+    # Fence, then release, then the new claim: the dead holder's fence is stale before anyone claims again.
+    history, (holder, _) = await claim_actions(stack, "wi-fragile")
+    actions = [action for action, _ in history]
+    assert in_order(actions, ["claimed", "fenced", "released", "claimed", "released"]), history
+    first_fence = history[0][1]
+    retry_fence = history[actions.index("claimed", 1)][1]
+    assert first_fence < history[actions.index("fenced")][1] < retry_fence, history
+    assert holder is None, "released at the end"
+    assert len(model.state.calls) == 2, "one call per attempt"
+    # The dead attempt's Job was confirmed gone before the retry; the retry's own went at the end.
+    jobs = await stack.kube.list(path("batch/v1", "jobs", stack.namespace))
+    assert first_job not in [j["metadata"]["name"] for j in jobs["items"]], jobs
+
+
+async def test_a_sandbox_that_will_not_go_fails_the_run_closed_without_a_second_attempt(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 600, "text": "never"}, {"text": "must never be asked"})
+    stack = await start_stack(bridge=False)
+    stack.sandbox_settings["release_timeout_seconds"] = 10
+    await stack.start("bridge")
+    worker = stack.processes.pop("worker")  # started before the setting: start it again with it
+    worker.terminate()
+    worker.wait(20)
+    await stack.start("worker")
+    stack.apply(*stack.resources(model), run_doc("stuck", workItemRef="wi-stuck"))
+    await stack.wait_phase("stuck", {"Running"})
+    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
+    pod = await sandbox_pod(stack, "stuck")
+    name = pod["metadata"]["name"]
+    stack.kubectl(
+        "patch",
+        "pod",
+        name,
+        "-n",
+        stack.namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"finalizers": [HOLD]}}),
+    )
+    try:
+        # Its containers die; its object stays (as a pod on a node that stopped answering does).
+        stack.kubectl("delete", "pod", name, "-n", stack.namespace, "--wait=false")
+        run = await stack.wait_phase("stuck", {"Succeeded", "Failed"}, within=180)
+        status = run["status"]
+        assert status["phase"] == "Failed" and status["reason"] == "TeardownFailed", json.dumps(status)[:2000]
+        assert (
+            f"sandbox {stack.namespace}/{pod['metadata']['labels']['job-name']} still exists after 10s"
+            in (status["message"])
+        ), status["message"]
+        conditions = {c["type"]: c for c in status["conditions"]}
+        assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "TeardownFailed")
+        assert status["attempt"] == 1, "no retry while the old sandbox may still act"
+        assert len(model.state.calls) == 1
+        # The claim stays with the failed run, fenced: no one holds it with the old fence, and no one takes it
+        # until its lease runs out.
+        history, (holder, fence) = await claim_actions(stack, "wi-stuck")
+        # (fenced again by the failed run's last teardown, which could not confirm the sandbox gone either)
+        assert history[0][0] == "claimed" and {a for a, _ in history[1:]} == {"fenced"}, history
+        assert holder == run["metadata"]["uid"] and fence == history[-1][1] > history[0][1], (holder, history)
+    finally:
+        stack.kubectl(
+            "patch",
+            "pod",
+            name,
+            "-n",
+            stack.namespace,
+            "--type=merge",
+            "-p",
+            json.dumps({"metadata": {"finalizers": None}}),
+        )
