@@ -16,15 +16,17 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import yaml
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from playwright.async_api import async_playwright
+from playwright.async_api import Page, async_playwright
 from temporalio.api.common.v1 import Payloads
 
 from dev.devserver import DevServer
@@ -206,14 +208,13 @@ async def test_ksquad_runs_watch_streams_a_run_through_the_api_across_its_restar
     assert got.out == ANSWER
 
 
-async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
-    release: Release, dev_server: DevServer, tmp_path: Path
-) -> None:
+@asynccontextmanager
+async def temporal_ui(release: Release, dev_server: DevServer) -> AsyncIterator[tuple[Page, str]]:
+    """Debian's Chromium with the Temporal UI set to decode through ksquad-api's codec endpoint (not signed in
+    yet: `sign_in`), and the UI's origin."""
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
-    (workflow,) = [w async for w in release.temporal.list_workflows(f"WorkflowId = '{NS}/watched'")]
     ui = ui_origin(dev_server)
-    page_url = f"{ui}/namespaces/default/workflows/{NS}%2Fwatched/{workflow.run_id}/history"
     settings = {
         "endpoint": json.dumps(f"{API_URL}/codec"),
         "overrideRemoteCodecConfiguration": "true",
@@ -237,21 +238,50 @@ async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
         try:
             context = await browser.new_context()
             await context.add_init_script(f"if (location.origin === {ui!r}) {{ {script} }}")
-            page = await context.new_page()
-            # Not signed in: the codec refuses, the UI says so and shows no plaintext.
-            await page.goto(page_url)
-            await page.wait_for_selector('[data-testid="data-encoder-status-error"]', timeout=30000)
-            assert ANSWER not in await page.content()
-            # Signed in with the shared token: the cookie goes with the UI's codec requests.
-            await page.goto(f"{API_URL}/codec/login")
-            await page.fill("input[name=token]", release.codec_token)
-            await page.click("button")
-            await page.goto(page_url)
-            for text in ("Answer through the cluster.", ANSWER, "sandbox for attempt 1"):
-                await page.wait_for_selector(f"text={text}", timeout=30000)
-            await page.screenshot(path=str(tmp_path / "temporal-ui-decoded.png"), full_page=True)
+            yield await context.new_page(), ui
         finally:
             await browser.close()
+
+
+async def sign_in(page: Page, release: Release) -> None:
+    """Sign the browser in to the codec endpoint with the shared token: the cookie goes with the UI's requests."""
+    await page.goto(f"{API_URL}/codec/login")
+    await page.fill("input[name=token]", release.codec_token)
+    await page.click("button")
+
+
+async def workflow_page(release: Release, ui: str, workflow_id: str) -> str:
+    (workflow,) = [w async for w in release.temporal.list_workflows(f"WorkflowId = '{workflow_id}'")]
+    return f"{ui}/namespaces/default/workflows/{quote(workflow_id, safe='')}/{workflow.run_id}/history"
+
+
+async def current_details(page: Page) -> str:
+    """The text the workflow page's Current Details show: the UI renders the (decoded) markdown in a frame of
+    its own (/render?content=...)."""
+    for _ in range(300):
+        for frame in page.frames:
+            if "/render?content=" in frame.url and "Paused" in frame.url:
+                text = (await frame.inner_text("body")).strip()
+                if text:
+                    return text
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no Current Details rendered: {[f.url[:120] for f in page.frames]}")
+
+
+async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
+    release: Release, dev_server: DevServer, tmp_path: Path
+) -> None:
+    async with temporal_ui(release, dev_server) as (page, ui):
+        page_url = await workflow_page(release, ui, f"{NS}/watched")
+        # Not signed in: the codec refuses, the UI says so and shows no plaintext.
+        await page.goto(page_url)
+        await page.wait_for_selector('[data-testid="data-encoder-status-error"]', timeout=30000)
+        assert ANSWER not in await page.content()
+        await sign_in(page, release)
+        await page.goto(page_url)
+        for text in ("Answer through the cluster.", ANSWER, "sandbox for attempt 1"):
+            await page.wait_for_selector(f"text={text}", timeout=30000)
+        await page.screenshot(path=str(tmp_path / "temporal-ui-decoded.png"), full_page=True)
 
 
 async def decode_through_api(release: Release, payloads: list[Any]) -> tuple[int, list[Any]]:
@@ -295,13 +325,24 @@ async def history_payloads(release: Release, workflow_id: str) -> list[Any]:
 
 
 async def test_a_codec_key_rotated_while_a_run_is_paused_leaves_every_history_readable(
-    release: Release, model: ModelEndpoint
+    release: Release, model: ModelEndpoint, dev_server: DevServer, tmp_path: Path
 ) -> None:
     model.script(MODEL, {"error": 429, "retry_after": "90"}, {"text": "after the rotation"})
     squad(release, model)
     start_run(release, "rotated", "Survive a key rotation.")
     paused = (await phase_of(release, "rotated", {"Paused"}, timeout=120))["status"]
     assert paused["pauseReason"] == "RateLimited"
+    # As an operator finds it in the Temporal UI: the workflow's page says it is paused and why (its current
+    # details), and its timer's summary (decoded through the codec) says when it resumes.
+    async with temporal_ui(release, dev_server) as (page, ui):
+        await sign_in(page, release)
+        await page.goto(await workflow_page(release, ui, f"{NS}/rotated"))
+        await page.wait_for_selector("text=/rate limited: resume at/", timeout=30000)
+        await page.get_by_text("User Metadata").click()
+        await page.wait_for_selector("text=Current Details", timeout=30000)
+        shown = await current_details(page)
+        await page.screenshot(path=str(tmp_path / "temporal-ui-paused.png"), full_page=True)
+        assert shown == f"Paused: {paused['message']}", shown
 
     # docs/operating.md's rotation: add the key to the Secret, then make it the active one.
     new_key = base64.b64encode(secrets.token_bytes(32)).decode()
