@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# Two pytest workers: the control plane's tests on one, in order, the others beside them (tests/conftest.py).
+# PYTEST_WORKERS= runs them all in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
 .PHONY: demo test bench lint pytest venv testbins host-packages images lock clean
 
@@ -61,7 +64,7 @@ lint: venv
 # In network, PID and mount namespaces of their own (testbed/isolate.py): the test cluster's pods, its
 # servers and everything they start live and die there.
 pytest: venv testbins host-packages images
-	$(BIN)/python -m testbed.isolate $(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/python -m testbed.isolate $(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: lint pytest
 

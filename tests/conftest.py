@@ -30,6 +30,19 @@ from tests.support.fault_counts import record_counts
 from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
 
 
+# The fixtures of the session's Kubernetes control plane (one node, one kubelet, one containerd).
+CLUSTER_FIXTURES = {"cluster", "ksquad_cluster"}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """make test runs two pytest-xdist workers (`--dist loadgroup`): every test on the control plane goes to one
+    of them, in order, so there is one control plane and one node, while the tests that need none (the
+    workflows, the agent, the embedded stack, the fault tests of Temporal and PostgreSQL) run on the other.
+    Marked as each item is collected: xdist reads the marks in its own pytest_collection_modifyitems."""
+    if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 @pytest.fixture(scope="session")
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await start_time_skipping()
