@@ -29,7 +29,6 @@ from testbed.temporal import start_time_skipping
 from tests.support.fault_counts import record_counts
 from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
 
-
 # The fixtures of the session's Kubernetes control plane (one node, one kubelet, one containerd).
 CLUSTER_FIXTURES = {"cluster", "ksquad_cluster"}
 
