@@ -52,6 +52,8 @@ from workflows.spec import SandboxPolicy
 log = logging.getLogger(__name__)
 CLAIM_TRIES = 3  # guarded patches of one warm pod, each after reading it again
 POOL_CACHE_SECONDS = 10.0  # a pool's ReplicaSet is read again after this long, or when a pod differs from it
+# Answers to a delete that say no (Forbidden: RBAC or an admission policy; Invalid; BadRequest), not "not now".
+REFUSALS = frozenset({400, 403, 422})
 
 
 def pod_failure(pod: Obj) -> str | None:
@@ -346,14 +348,24 @@ class KubernetesSandboxes:
 
     async def release(self, rel: SandboxRelease) -> None:
         ns, name = rel.run.namespace, rel.sandbox.name
-        if rel.sandbox.kind == "warm":
-            await self.kube.delete(
-                path("v1", "pods", ns, name), grace_seconds=self.settings.termination_grace_seconds
-            )
-            selector = None
-        else:
-            await self.kube.delete(path("batch/v1", "jobs", ns, name), propagation="Background")
-            selector = f"job-name={name}"
+        try:
+            if rel.sandbox.kind == "warm":
+                await self.kube.delete(
+                    path("v1", "pods", ns, name), grace_seconds=self.settings.termination_grace_seconds
+                )
+                selector = None
+            else:
+                await self.kube.delete(path("batch/v1", "jobs", ns, name), propagation="Background")
+                selector = f"job-name={name}"
+        except ApiError as err:
+            if err.status not in REFUSALS:
+                raise
+            # RBAC or an admission policy said no: asking again gets the same answer, and the run fails closed.
+            raise ApplicationError(
+                f"the API server refused to delete sandbox {ns}/{name}: {err}"[:2000],
+                type="SandboxDeleteRefused",
+                non_retryable=True,
+            ) from None
         if not rel.confirm:
             return
         loop = asyncio.get_running_loop()

@@ -1,8 +1,10 @@
 """A sandbox that dies while its agent works, on the real stack (a kubectl-applied Run, the bridge, the worker,
 a cold gVisor Job on the node, the store and the scripted model): the worker sees the agent gone, fences the
-claim, confirms the sandbox gone, releases, and retries in a new sandbox. And when the old sandbox will not go,
-the run fails closed: Failed (TeardownFailed), no second attempt, its claim kept fenced."""
+claim, confirms the sandbox gone, releases, and retries in a new sandbox. And when the old sandbox will not go (a
+finalizer holds its pod) or the API server refuses to delete it (an admission policy), the run fails closed:
+Failed (TeardownFailed), no second attempt, its claim kept fenced."""
 
+import asyncio
 import json
 from typing import Any
 
@@ -125,4 +127,85 @@ async def test_a_sandbox_that_will_not_go_fails_the_run_closed_without_a_second_
             "--type=merge",
             "-p",
             json.dumps({"metadata": {"finalizers": None}}),
+        )
+
+
+def refuse_job_deletes(namespace: str) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy, and its binding, by which the API server refuses every delete of a Job in
+    `namespace` (as a cluster's own policy or a broken RBAC rule would)."""
+    name = f"test-refuse-job-deletes-{namespace}"
+    return [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": ["batch"],
+                            "apiVersions": ["v1"],
+                            "operations": ["DELETE"],
+                            "resources": ["jobs"],
+                        }
+                    ]
+                },
+                "validations": [{"expression": "false", "message": "Job deletes are refused here (a test)"}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    ]
+
+
+async def test_a_sandbox_whose_delete_the_api_server_refuses_fails_the_run_closed(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    model.script("dev-model", {"delay": 600, "text": "never"}, {"text": "must never be asked"})
+    stack = await start_stack()
+    stack.apply(*stack.resources(model), run_doc("undeletable", workItemRef="wi-undeletable"))
+    await stack.wait_phase("undeletable", {"Running"})
+    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
+    pod = await sandbox_pod(stack, "undeletable")
+    job = pod["metadata"]["labels"]["job-name"]
+    policy = refuse_job_deletes(stack.namespace)
+    stack.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy}))
+    try:
+        for _ in range(
+            100
+        ):  # a policy takes a moment to be enforced: until a dry run of the delete is refused
+            dry = stack.kubectl("delete", "job", job, "-n", stack.namespace, "--dry-run=server", check=False)
+            if dry.returncode != 0:
+                break
+            await asyncio.sleep(0.2)
+        assert "Job deletes are refused here" in dry.stderr, dry.stderr
+        stack.kubectl(
+            "delete", "pod", pod["metadata"]["name"], "-n", stack.namespace, "--grace-period=0", "--force"
+        )
+        run = await stack.wait_phase("undeletable", {"Succeeded", "Failed"}, within=120)
+        status = run["status"]
+        assert status["phase"] == "Failed" and status["reason"] == "TeardownFailed", json.dumps(status)[:2000]
+        assert f"the API server refused to delete sandbox {stack.namespace}/{job}" in status["message"], (
+            status
+        )
+        conditions = {c["type"]: c for c in status["conditions"]}
+        assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "TeardownFailed")
+        assert status["attempt"] == 1 and len(model.state.calls) == 1, "no retry beside a sandbox still there"
+        history, (holder, _) = await claim_actions(stack, "wi-undeletable")
+        assert history[0][0] == "claimed" and {a for a, _ in history[1:]} == {"fenced"}, history
+        assert holder == run["metadata"]["uid"]
+    finally:
+        stack.kubectl(
+            "delete", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy})
         )
