@@ -38,7 +38,9 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     of them, in order, so there is one control plane and one node, while the tests that need none (the
     workflows, the agent, the embedded stack, the fault tests of Temporal and PostgreSQL) run on the other.
     Marked as each item is collected: xdist reads the marks in its own pytest_collection_modifyitems."""
-    if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if item.config.pluginmanager.hasplugin("xdist") and CLUSTER_FIXTURES & set(
+        getattr(item, "fixturenames", ())
+    ):
         item.add_marker(pytest.mark.xdist_group("cluster"))
 
 

@@ -37,6 +37,7 @@ from tests.support.dev import ksquad
 MODEL = "api-model"
 ANSWER = "Answered through the cluster."
 KEY_ID = "encryption-key-id"
+UI_WAIT_MS = 90_000  # the Temporal UI on a busy node (make test's two workers on 2 cores)
 
 
 def squad(release: Release, model: ModelEndpoint) -> None:
@@ -275,12 +276,12 @@ async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
         page_url = await workflow_page(release, ui, f"{NS}/watched")
         # Not signed in: the codec refuses, the UI says so and shows no plaintext.
         await page.goto(page_url)
-        await page.wait_for_selector('[data-testid="data-encoder-status-error"]', timeout=30000)
+        await page.wait_for_selector('[data-testid="data-encoder-status-error"]', timeout=UI_WAIT_MS)
         assert ANSWER not in await page.content()
         await sign_in(page, release)
         await page.goto(page_url)
         for text in ("Answer through the cluster.", ANSWER, "sandbox for attempt 1"):
-            await page.wait_for_selector(f"text={text}", timeout=30000)
+            await page.wait_for_selector(f"text={text}", timeout=UI_WAIT_MS)
         await page.screenshot(path=str(tmp_path / "temporal-ui-decoded.png"), full_page=True)
 
 
@@ -337,9 +338,9 @@ async def test_a_codec_key_rotated_while_a_run_is_paused_leaves_every_history_re
     async with temporal_ui(release, dev_server) as (page, ui):
         await sign_in(page, release)
         await page.goto(await workflow_page(release, ui, f"{NS}/rotated"))
-        await page.wait_for_selector("text=/rate limited: resume at/", timeout=30000)
+        await page.wait_for_selector("text=/rate limited: resume at/", timeout=UI_WAIT_MS)
         await page.get_by_text("User Metadata").click()
-        await page.wait_for_selector("text=Current Details", timeout=30000)
+        await page.wait_for_selector("text=Current Details", timeout=UI_WAIT_MS)
         shown = await current_details(page)
         await page.screenshot(path=str(tmp_path / "temporal-ui-paused.png"), full_page=True)
         assert shown == f"Paused: {paused['message']}", shown

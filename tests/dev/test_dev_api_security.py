@@ -29,6 +29,9 @@ from tests.support.dev import DevProcess
 
 CANARY = "sk-canary-5d1e0c6b"
 MARKER = "DECODE-MARKER-3b9e"  # an answer the UI shows near the top of a run's result, once decoded
+# How long the UI may take to show a decoded payload: it loads its scripts through this API's proxy, and under
+# make test's two workers on 2 cores that took over 30 s once.
+UI_WAIT_MS = 90_000
 PLAYWRIGHT_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -366,7 +369,9 @@ async def test_another_local_process_cannot_decode_the_history_the_signed_in_bro
             await page.goto(api + page_url)  # not signed in: the API says how to
             assert "sign in first" in await page.content()
             await page.goto(f"{dev.info['uiSignIn']}&next={quote(page_url)}")
-            await page.wait_for_selector(f"text={marker}", timeout=30000)
-            await page.screenshot(path=str(tmp_path / "embedded-ui-decoded.png"), full_page=True)
+            try:
+                await page.wait_for_selector(f"text={marker}", timeout=UI_WAIT_MS)
+            finally:
+                await page.screenshot(path=str(tmp_path / "embedded-ui-decoded.png"), full_page=True)
         finally:
             await browser.close()
