@@ -55,7 +55,12 @@ async def test_a_sandbox_pod_killed_mid_run_is_fenced_confirmed_gone_and_the_run
     assert status["outputs"] == {"answer": "done in the second sandbox"}
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Complete"]["status"] == "True" and "Failed" not in conditions
-    told = await stack.phase_log(run["metadata"]["uid"])
+    # The bridge writes the status, then the run's event log: the log may be a moment behind.
+    for _ in range(100):
+        told = await stack.phase_log(run["metadata"]["uid"])
+        if "Succeeded" in told:
+            break
+        await asyncio.sleep(0.1)
     assert in_order(told, ["Running", "RetryBackoff", "Claiming", "Running", "Succeeded"]), told
     # Fence, then release, then the new claim: the dead holder's fence is stale before anyone claims again.
     history, (holder, _) = await claim_actions(stack, "wi-fragile")
