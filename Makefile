@@ -2,9 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Two pytest workers: the control plane's tests on one, in order, the others beside them (tests/conftest.py).
-# PYTEST_WORKERS= runs them all in one process.
-PYTEST_WORKERS ?= -n 2 --dist loadgroup
+# One pytest process by default. PYTEST_WORKERS="-n 2 --dist loadgroup" runs two: the control plane's tests on
+# one, in order, the others beside them (tests/conftest.py); 33 minutes instead of 44 here, but the embedded
+# Temporal UI test failed under it in 2 of 3 fresh clones (once crashing its worker), so it is not yet the default.
+PYTEST_WORKERS ?=
 
 .PHONY: demo test bench lint pytest venv testbins host-packages images lock clean
 

@@ -34,9 +34,9 @@ CLUSTER_FIXTURES = {"cluster", "ksquad_cluster"}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """make test runs two pytest-xdist workers (`--dist loadgroup`): every test on the control plane goes to one
-    of them, in order, so there is one control plane and one node, while the tests that need none (the
-    workflows, the agent, the embedded stack, the fault tests of Temporal and PostgreSQL) run on the other.
+    """Under two pytest-xdist workers (`--dist loadgroup`, the Makefile's PYTEST_WORKERS): every test on the
+    control plane goes to one of them, in order, so there is one control plane and one node, while the tests that
+    need none (the workflows, the agent, the embedded stack, the Temporal and PostgreSQL faults) run on the other.
     Marked as each item is collected: xdist reads the marks in its own pytest_collection_modifyitems."""
     if item.config.pluginmanager.hasplugin("xdist") and CLUSTER_FIXTURES & set(
         getattr(item, "fixturenames", ())
