@@ -33,20 +33,47 @@ async def claim_actions(stack: Stack, item: str) -> tuple[list[tuple[str, int]],
         await store.close()
 
 
+async def thinking_in_its_sandbox(stack: Stack, model: ModelEndpoint, run: str) -> dict[str, Any]:
+    """Apply the Run `run` (with a work item `wi-<run>`), wait until its agent's model call is in flight, and
+    return its sandbox pod."""
+    stack.apply(*stack.resources(model), run_doc(run, workItemRef=f"wi-{run}"))
+    await stack.wait_phase(run, {"Running"})
+    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
+    return await sandbox_pod(stack, run)
+
+
+def kill(stack: Stack, pod: dict[str, Any]) -> None:
+    """What a node that dies or an OOM kill does to a pod: it goes at once, its agent with it."""
+    stack.kubectl(
+        "delete", "pod", pod["metadata"]["name"], "-n", stack.namespace, "--grace-period=0", "--force"
+    )
+
+
+async def failed_closed(stack: Stack, model: ModelEndpoint, run: str, why: str) -> None:
+    """The run ended Failed (TeardownFailed) saying `why`, with no second attempt, its claim kept at a new fence."""
+    final = await stack.wait_phase(run, {"Succeeded", "Failed"}, within=180)
+    status = final["status"]
+    assert status["phase"] == "Failed" and status["reason"] == "TeardownFailed", json.dumps(status)[:2000]
+    assert why in status["message"], status["message"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "TeardownFailed")
+    assert status["attempt"] == 1, "no retry while the old sandbox may still act"
+    assert len(model.state.calls) == 1
+    # The claim stays with the failed run, fenced (again by its last teardown, which could not confirm the
+    # sandbox gone either): no one holds it with the old fence, and no one takes it until its lease runs out.
+    history, (holder, fence) = await claim_actions(stack, f"wi-{run}")
+    assert history[0][0] == "claimed" and {a for a, _ in history[1:]} == {"fenced"}, history
+    assert holder == final["metadata"]["uid"] and fence == history[-1][1] > history[0][1], (holder, history)
+
+
 async def test_a_sandbox_pod_killed_mid_run_is_fenced_confirmed_gone_and_the_run_retries_in_a_new_one(
     start_stack: StackFactory, model: ModelEndpoint
 ) -> None:
     model.script("dev-model", {"delay": 600, "text": "never"}, {"text": "done in the second sandbox"})
     stack = await start_stack()
-    stack.apply(*stack.resources(model), run_doc("fragile", workItemRef="wi-fragile"))
-    await stack.wait_phase("fragile", {"Running"})
-    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
-    first = await sandbox_pod(stack, "fragile")
+    first = await thinking_in_its_sandbox(stack, model, "fragile")
     first_job = first["metadata"]["labels"]["job-name"]
-    # What a node that dies or an OOM kill does to it: the pod goes at once, its agent with it.
-    stack.kubectl(
-        "delete", "pod", first["metadata"]["name"], "-n", stack.namespace, "--grace-period=0", "--force"
-    )
+    kill(stack, first)
 
     run = await stack.wait_phase("fragile", {"Succeeded", "Failed"}, within=240)
     status = run["status"]
@@ -87,10 +114,7 @@ async def test_a_sandbox_that_will_not_go_fails_the_run_closed_without_a_second_
     worker.terminate()
     worker.wait(20)
     await stack.start("worker")
-    stack.apply(*stack.resources(model), run_doc("stuck", workItemRef="wi-stuck"))
-    await stack.wait_phase("stuck", {"Running"})
-    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
-    pod = await sandbox_pod(stack, "stuck")
+    pod = await thinking_in_its_sandbox(stack, model, "stuck")
     name = pod["metadata"]["name"]
     stack.kubectl(
         "patch",
@@ -105,23 +129,8 @@ async def test_a_sandbox_that_will_not_go_fails_the_run_closed_without_a_second_
     try:
         # Its containers die; its object stays (as a pod on a node that stopped answering does).
         stack.kubectl("delete", "pod", name, "-n", stack.namespace, "--wait=false")
-        run = await stack.wait_phase("stuck", {"Succeeded", "Failed"}, within=180)
-        status = run["status"]
-        assert status["phase"] == "Failed" and status["reason"] == "TeardownFailed", json.dumps(status)[:2000]
-        assert (
-            f"sandbox {stack.namespace}/{pod['metadata']['labels']['job-name']} still exists after 10s"
-            in (status["message"])
-        ), status["message"]
-        conditions = {c["type"]: c for c in status["conditions"]}
-        assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "TeardownFailed")
-        assert status["attempt"] == 1, "no retry while the old sandbox may still act"
-        assert len(model.state.calls) == 1
-        # The claim stays with the failed run, fenced: no one holds it with the old fence, and no one takes it
-        # until its lease runs out.
-        history, (holder, fence) = await claim_actions(stack, "wi-stuck")
-        # (fenced again by the failed run's last teardown, which could not confirm the sandbox gone either)
-        assert history[0][0] == "claimed" and {a for a, _ in history[1:]} == {"fenced"}, history
-        assert holder == run["metadata"]["uid"] and fence == history[-1][1] > history[0][1], (holder, history)
+        job = pod["metadata"]["labels"]["job-name"]
+        await failed_closed(stack, model, "stuck", f"sandbox {stack.namespace}/{job} still exists after 10s")
     finally:
         stack.kubectl(
             "patch",
@@ -179,37 +188,22 @@ async def test_a_sandbox_whose_delete_the_api_server_refuses_fails_the_run_close
 ) -> None:
     model.script("dev-model", {"delay": 600, "text": "never"}, {"text": "must never be asked"})
     stack = await start_stack()
-    stack.apply(*stack.resources(model), run_doc("undeletable", workItemRef="wi-undeletable"))
-    await stack.wait_phase("undeletable", {"Running"})
-    await wait_for(lambda: model.state.in_flight == 1, "the agent's model call", within=120)
-    pod = await sandbox_pod(stack, "undeletable")
+    pod = await thinking_in_its_sandbox(stack, model, "undeletable")
     job = pod["metadata"]["labels"]["job-name"]
     policy = refuse_job_deletes(stack.namespace)
     stack.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy}))
     try:
-        for _ in range(
-            100
-        ):  # a policy takes a moment to be enforced: until a dry run of the delete is refused
+        # A policy takes a moment to be enforced: until a dry run of the delete is refused.
+        for _ in range(100):
             dry = stack.kubectl("delete", "job", job, "-n", stack.namespace, "--dry-run=server", check=False)
             if dry.returncode != 0:
                 break
             await asyncio.sleep(0.2)
         assert "Job deletes are refused here" in dry.stderr, dry.stderr
-        stack.kubectl(
-            "delete", "pod", pod["metadata"]["name"], "-n", stack.namespace, "--grace-period=0", "--force"
+        kill(stack, pod)
+        await failed_closed(
+            stack, model, "undeletable", f"the API server refused to delete sandbox {stack.namespace}/{job}"
         )
-        run = await stack.wait_phase("undeletable", {"Succeeded", "Failed"}, within=120)
-        status = run["status"]
-        assert status["phase"] == "Failed" and status["reason"] == "TeardownFailed", json.dumps(status)[:2000]
-        assert f"the API server refused to delete sandbox {stack.namespace}/{job}" in status["message"], (
-            status
-        )
-        conditions = {c["type"]: c for c in status["conditions"]}
-        assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "TeardownFailed")
-        assert status["attempt"] == 1 and len(model.state.calls) == 1, "no retry beside a sandbox still there"
-        history, (holder, _) = await claim_actions(stack, "wi-undeletable")
-        assert history[0][0] == "claimed" and {a for a, _ in history[1:]} == {"fenced"}, history
-        assert holder == run["metadata"]["uid"]
     finally:
         stack.kubectl(
             "delete", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": policy})
