@@ -1,4 +1,8 @@
-"""Calling the model: an OpenAI-compatible endpoint through the `openai` client, with its own retries off.
+"""Calling the model: an OpenAI-compatible endpoint's chat completions, streamed, over one connection pool.
+
+The wire format is read here rather than through the `openai` client: that client imports 520 modules (a third of
+the agent's), paid by every cold sandbox before its first call (over a second of CPU natively, several under
+gVisor's ptrace platform). tests/agent/test_scripted_model.py holds the scripted model to the real client.
 
 Retrying is the orchestrator's job (it knows about other runs on the same credential), so a 429 surfaces at
 once as RateLimited with the raw Retry-After headers, a 401 as Unauthorized, anything else malformed as
@@ -12,12 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
-import openai
 
 from agent.contract import Model
 from agent.credentials import CredentialError, CredentialMissing, Credentials
 
 REQUEST_TIMEOUT = 300.0
+DEFAULT_BASE_URL = (
+    "https://api.openai.com/v1"  # as the openai client's, when neither the Run nor the agent names one
+)
 
 
 class ModelError(Exception):
@@ -95,8 +101,12 @@ def shared_http() -> httpx2.AsyncClient:
     global _http
     loop = asyncio.get_running_loop()
     if _http is None or _http[0] is not loop or _http[1].is_closed:
-        _http = (loop, openai.DefaultAsyncHttpx2Client(timeout=REQUEST_TIMEOUT))
+        _http = (loop, httpx2.AsyncClient(timeout=REQUEST_TIMEOUT, follow_redirects=False))
     return _http[1]
+
+
+class Malformed(ValueError):
+    """The endpoint answered 2xx with something that is not a chat completion."""
 
 
 async def complete(
@@ -114,52 +124,133 @@ async def complete(
         raise Unauthorized(str(err)) from None
     except CredentialError as err:
         raise CredentialRefused(str(err)) from None
-    client = openai.AsyncOpenAI(  # cheap with a given http_client
-        base_url=base_url,
-        api_key=key,
-        max_retries=0,
-        timeout=REQUEST_TIMEOUT,
-        _strict_response_validation=True,
-        http_client=shared_http(),
+    body: dict[str, Any] = {"model": model.name, "messages": messages, "stream": True}
+    if tools:
+        body["tools"] = tools
+    request = shared_http().build_request(
+        "POST",
+        (base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"},
     )
     try:
-        kwargs: dict[str, Any] = {"model": model.name, "messages": messages, "stream": True}
-        if tools:
-            kwargs["tools"] = tools
-        turn = Turn()
-        calls: dict[int, ToolCall] = {}
-        async with await client.chat.completions.create(**kwargs) as stream:
-            async for chunk in stream:
-                for choice in chunk.choices:
-                    delta = choice.delta
-                    turn.text += delta.content or ""
-                    for d in delta.tool_calls or []:
-                        call = calls.setdefault(d.index, ToolCall("", "", ""))
-                        if d.id:
-                            call.id = d.id
-                        if d.function and d.function.name:
-                            call.name = d.function.name
-                        if d.function and d.function.arguments:
-                            call.arguments += d.function.arguments
-        turn.tool_calls = [calls[i] for i in sorted(calls)]
-        if not turn.text.strip() and not turn.tool_calls:
-            # A body the SSE parser could not read ends the stream quietly: never take silence for an answer.
-            raise ModelFailed(f"{model.name}: malformed response: no content and no tool calls")
-        return turn
-    except openai.RateLimitError as err:
-        headers = err.response.headers
-        raise RateLimited(
-            model.name,
+        response = await shared_http().send(request, stream=True)
+        try:
+            if response.status_code >= 300:
+                await response.aread()
+                raise status_error(model.name, response)
+            turn = await read_turn(response)
+        finally:
+            await response.aclose()
+    except httpx2.TransportError as err:
+        raise ModelFailed(f"{model.name}: cannot reach {base_url or DEFAULT_BASE_URL}: {err!r}") from None
+    except Malformed as err:
+        raise ModelFailed(f"{model.name}: malformed response: {err}") from None
+    if not turn.text.strip() and not turn.tool_calls:
+        # A stream of empty deltas is not an answer: never take silence for one.
+        raise ModelFailed(f"{model.name}: malformed response: no content and no tool calls")
+    return turn
+
+
+def status_error(model: str, response: httpx2.Response) -> ModelError:
+    """A non-2xx answer as the agent's outcome: 429 and 401 with what the orchestrator needs, the rest failed."""
+    if response.status_code == 429:
+        headers = response.headers
+        return RateLimited(
+            model,
             headers.get("retry-after"),
             headers.get("retry-after-ms"),
             headers.get("date"),
             reset_headers(headers),
-        ) from None
-    except openai.AuthenticationError as err:
-        raise Unauthorized(f"{model.name}: {err.message}") from None
-    except openai.APIStatusError as err:
-        raise ModelFailed(f"{model.name}: HTTP {err.status_code}: {err.message}") from None
-    except openai.APIConnectionError as err:
-        raise ModelFailed(f"{model.name}: cannot reach {model.url or 'the model endpoint'}: {err}") from None
-    except (openai.APIError, json.JSONDecodeError, ValueError) as err:
-        raise ModelFailed(f"{model.name}: malformed response: {err}") from None
+        )
+    explanation = error_message(response)
+    if response.status_code == 401:
+        return Unauthorized(f"{model}: {explanation}")
+    return ModelFailed(f"{model}: HTTP {response.status_code}: {explanation}")
+
+
+def error_message(response: httpx2.Response) -> str:
+    """The provider's own words ({"error": {"message": ...}} in OpenAI's shape), else the body's start."""
+    try:
+        error = response.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, str) and message:
+            return message
+    except (ValueError, AttributeError):
+        pass
+    return response.text[:300] or response.reason_phrase
+
+
+async def read_turn(response: httpx2.Response) -> Turn:
+    """The streamed chunks (server-sent events, `data: {...}` up to `data: [DONE]`) into one turn. An endpoint
+    that ignores `stream` and answers one JSON completion is read as that."""
+    turn = Turn()
+    calls: dict[int, ToolCall] = {}
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        completion = parse_json(await response.aread())
+        message = field_of(first_choice(completion), "message", dict)
+        add_delta(turn, calls, message)
+    else:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # comments, event names, ids and the blank lines between events
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = parse_json(data.encode())
+            if "error" in chunk:
+                raise Malformed(f"error in stream: {chunk['error']}")
+            for choice in field_of(chunk, "choices", list):
+                if not isinstance(choice, dict):
+                    raise Malformed(f"choice is not an object: {choice!r}")
+                add_delta(turn, calls, field_of(choice, "delta", dict))
+    turn.tool_calls = [calls[i] for i in sorted(calls)]
+    return turn
+
+
+def add_delta(turn: Turn, calls: dict[int, ToolCall], delta: dict[str, Any]) -> None:
+    """One delta (or a whole message) into the turn: its text, and its tool calls' pieces by index."""
+    content = delta.get("content")
+    if content is not None and not isinstance(content, str):
+        raise Malformed(f"content is not a string: {content!r}")
+    turn.text += content or ""
+    for position, piece in enumerate(delta.get("tool_calls") or []):
+        if not isinstance(piece, dict):
+            raise Malformed(f"tool call is not an object: {piece!r}")
+        index = piece.get("index", position)
+        if not isinstance(index, int):
+            raise Malformed(f"tool call index is not an integer: {index!r}")
+        call = calls.setdefault(index, ToolCall("", "", ""))
+        function = piece.get("function") or {}
+        if not isinstance(function, dict):
+            raise Malformed(f"tool call function is not an object: {function!r}")
+        for value in (piece.get("id"), function.get("name"), function.get("arguments")):
+            if value is not None and not isinstance(value, str):
+                raise Malformed(f"tool call field is not a string: {value!r}")
+        call.id = piece.get("id") or call.id
+        call.name = function.get("name") or call.name
+        call.arguments += function.get("arguments") or ""
+
+
+def parse_json(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as err:
+        raise Malformed(f"not JSON ({err}): {data[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise Malformed(f"not a JSON object: {data[:200]!r}")
+    return value
+
+
+def first_choice(completion: dict[str, Any]) -> dict[str, Any]:
+    choices = field_of(completion, "choices", list)
+    if not choices or not isinstance(choices[0], dict):
+        raise Malformed(f"no choices: {completion!r:.200}")
+    return choices[0]
+
+
+def field_of(value: dict[str, Any], name: str, kind: type) -> Any:
+    found = value.get(name)
+    if not isinstance(found, kind):
+        raise Malformed(f"{name!r} is not a {kind.__name__}: {value!r:.200}")
+    return found

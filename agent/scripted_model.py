@@ -11,6 +11,8 @@ own list of steps, one step per request, in order; the last step repeats. A step
       retry_after: "120"                       #      retry_after_date_in: 120 (an HTTP-date 120 s ahead)
     - error: 401                               # or 500, or any status
     - malformed: true                          # 200 with a body that is not JSON
+    - raw: "data: {...}\\n\\n"                  # 200 with exactly this body, as content_type (default
+      content_type: text/event-stream          #  text/event-stream): a provider's odd or broken shapes
     - delay: 2.5                               # (with any step) wait this long first
     - hold: true                               # (with any step) wait while the server's `held` is set (a test
                                                #  holds calls in flight until it lets them all go at once)
@@ -222,6 +224,8 @@ def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
         )
     if step.get("malformed"):
         return Response("{this is not json", media_type="application/json")
+    if "raw" in step:
+        return Response(str(step["raw"]), media_type=step.get("content_type", "text/event-stream"))
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
     tool_calls = [
         {

@@ -10,13 +10,14 @@ import contextlib
 import json
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-from mcp import Client, MCPError
-from mcp.client.streamable_http import streamable_http_client
 
 from agent.contract import Contract, Tool
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 META_IDEMPOTENCY_KEY = "ksquad.io/idempotency-key"
 META_RUN = "ksquad.io/run"
@@ -28,7 +29,7 @@ CALL_TIMEOUT_SECONDS = 300.0
 @dataclass
 class OfferedTool:
     tool: Tool
-    client: Client
+    client: "Client"
     description: str
     input_schema: dict[str, Any]
 
@@ -66,6 +67,11 @@ class ToolBox:
             if tool.mcp_server is None:
                 raise ValueError(f"tool {tool.name} has no MCP server")
             by_server.setdefault(tool.mcp_server.url, []).append(tool)
+        if not by_server:
+            return self  # a run without tools never imports the MCP client (a cold sandbox's second-largest import)
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
         try:
             for url, tools in by_server.items():
                 http = await self._stack.enter_async_context(
@@ -110,6 +116,8 @@ class ToolBox:
             META_RUN_UID: run.uid,
             META_ATTEMPT: run.attempt,
         }
+        from mcp import MCPError  # imported already: a tool was offered
+
         try:
             result = await offered.client.call_tool(
                 offered.tool.tool_name, args, meta=meta, read_timeout_seconds=CALL_TIMEOUT_SECONDS
