@@ -43,6 +43,12 @@ STACK_KINDS = {
     "ValidatingAdmissionPolicyBinding",
 }
 RUN_API = "ksquad.io/v1alpha1"
+# The Runs' runtimeClass gvisor served by the kata RuntimeClass (runc on the test node), as an operator may map it
+# with the chart value sandbox.runtimeClasses: the lifecycle tests on a stack are about the orchestrator, and a cold
+# sandbox under gVisor's ptrace platform costs about five times the CPU of one under runc. What gVisor must hold is
+# tried where it is the point: tests/chart/test_isolation.py and test_install.py (the chart's own worker),
+# tests/crd_bridge/test_sandbox_death.py (`start_stack(gvisor=True)`), tests/testbed/test_gvisor.py.
+RUNC_FOR_GVISOR: dict[str, str | None] = {"gvisor": "kata", "kata": "kata", "runc": None}
 
 
 PORT_TRIES = 3
@@ -278,13 +284,19 @@ async def build_stack(
     root: Path,
     namespace: str | None = None,
     bridge: bool = True,
+    runtime_classes: dict[str, str | None] | None = None,
 ) -> Stack:
-    """The chart's RBAC applied for `namespace` (a fresh one by default), then the worker and the bridge."""
+    """The chart's RBAC applied for `namespace` (a fresh one by default), then the worker and the bridge.
+    `runtime_classes` (e.g. RUNC_FOR_GVISOR) is the chart value sandbox.runtimeClasses: the worker's mapping, and
+    what the chart's admission policy lets it ask for."""
     ns = namespace or f"t-{uuid.uuid4().hex[:10]}"
     if cluster.kubectl("get", "namespace", ns, check=False).returncode != 0:
         cluster.kubectl("create", "namespace", ns)
     cluster.wait_for_default_service_account(ns)
-    chart.apply(cluster, chart.render({"namespaces": [ns]}), STACK_KINDS)
+    values: dict[str, Any] = {"namespaces": [ns]}
+    if runtime_classes is not None:
+        values["sandbox"] = {"runtimeClasses": runtime_classes}
+    chart.apply(cluster, chart.render(values), STACK_KINDS)
     stack = Stack(
         cluster,
         ns,
@@ -294,6 +306,7 @@ async def build_stack(
         root / ns,
         dev_server,
         model,
+        sandbox_settings={} if runtime_classes is None else {"runtime_classes": runtime_classes},
     )
     stack.root.mkdir(parents=True, exist_ok=True)
     for component in ("bridge", "worker"):

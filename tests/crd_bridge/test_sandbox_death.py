@@ -70,7 +70,7 @@ async def test_a_sandbox_pod_killed_mid_run_is_fenced_confirmed_gone_and_the_run
     start_stack: StackFactory, model: ModelEndpoint
 ) -> None:
     model.script("dev-model", {"delay": 600, "text": "never"}, {"text": "done in the second sandbox"})
-    stack = await start_stack()
+    stack = await start_stack(gvisor=True)  # the default runtime: the kill is gVisor's
     first = await thinking_in_its_sandbox(stack, model, "fragile")
     first_job = first["metadata"]["labels"]["job-name"]
     kill(stack, first)
