@@ -6,7 +6,9 @@ and the run's identity in the request's `_meta`, so a tool can refuse or dedupli
 retried attempt repeats.
 """
 
+import asyncio
 import contextlib
+import importlib
 import json
 from dataclasses import dataclass
 from types import TracebackType
@@ -69,6 +71,8 @@ class ToolBox:
             by_server.setdefault(tool.mcp_server.url, []).append(tool)
         if not by_server:
             return self  # a run without tools never imports the MCP client (a cold sandbox's second-largest import)
+        # A second of CPU or more: in a thread, so the task's stream (already open) goes on being served meanwhile.
+        await asyncio.to_thread(importlib.import_module, "mcp.client.streamable_http")
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
 
