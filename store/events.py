@@ -1,0 +1,142 @@
+"""Each run's ordered event log (the agent's progress, fenced, and the bridge's phase changes), numbered densely
+per run: the cursor of every run's event stream. The same numbering serves named counters (next_in_line)."""
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from store.base import StoreBase
+from store.connection import as_utc, unavailable
+from store.records import Event, Holder, PhaseRecord
+from store.schema import run_events, run_sequences
+
+
+class RunEvents(StoreBase):
+    @unavailable
+    async def append_event(
+        self,
+        holder: Holder,
+        fence: int,
+        attempt: int,
+        kind: str,
+        message: str = "",
+        data: Any = None,
+        work_item_ref: str | None = None,
+        conn: AsyncConnection | None = None,
+    ) -> int:
+        """Append to the run's ordered event log; returns its sequence number (the streaming cursor)."""
+
+        async def work(c: AsyncConnection) -> int:
+            seq = await self.next_seq(c, holder.uid)
+            await self._fenced_insert(
+                c,
+                run_events,
+                {
+                    "run_uid": holder.uid,
+                    "run": holder.run,
+                    "seq": seq,
+                    "work_item_ref": work_item_ref,
+                    "fence": fence,
+                    "attempt": attempt,
+                    "kind": kind,
+                    "message": message,
+                    "data": data,
+                    "triggered_by": holder.triggered_by,
+                    "at": self.clock(),
+                },
+                holder,
+                fence,
+                work_item_ref,
+            )
+            return int(seq)
+
+        return await self._in(conn, work)
+
+    @unavailable
+    async def append_phase_events(self, run_uid: str, run: str, events: list[PhaseRecord]) -> int:
+        """Append the phase changes of a run's status to its log (the stream that carries the agent's progress
+        too), each revision once: a snapshot sent again, or by another bridge replica, adds nothing. Returns how
+        many were new."""
+        async with self.transaction() as c:
+            # Hold the run's sequence row first: two writers of one run take turns from here on.
+            hold = self._insert(run_sequences).values(run_uid=run_uid, last_seq=0)
+            await c.execute(
+                hold.on_conflict_do_update(
+                    index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq}
+                )
+            )
+            recorded = (
+                await c.execute(
+                    sa.select(sa.func.max(run_events.c.revision)).where(run_events.c.run_uid == run_uid)
+                )
+            ).scalar_one()
+            fresh = [e for e in sorted(events, key=lambda e: e.revision) if e.revision > (recorded or 0)]
+            await self.insert_phase_events(c, run_uid, run, fresh)
+            return len(fresh)
+
+    async def insert_phase_events(
+        self, c: AsyncConnection, run_uid: str, run: str, events: list[PhaseRecord]
+    ) -> None:
+        """Phase changes into the run's log, numbered after what is there (unfenced: status, not work): one
+        sequence bump and one insert for them all."""
+        if not events:
+            return
+        bump = self._insert(run_sequences).values(run_uid=run_uid, last_seq=len(events))
+        last = (
+            await c.execute(
+                bump.on_conflict_do_update(
+                    index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq + len(events)}
+                ).returning(run_sequences.c.last_seq)
+            )
+        ).scalar_one()
+        first, now = int(last) - len(events) + 1, self.clock()
+        await c.execute(
+            sa.insert(run_events),
+            [
+                {
+                    "run_uid": run_uid,
+                    "run": run,
+                    "seq": first + i,
+                    "fence": 0,
+                    "attempt": event.attempt,
+                    "kind": "phase",
+                    "message": event.message,
+                    "data": event.data,
+                    "revision": event.revision,
+                    "at": now,
+                }
+                for i, event in enumerate(events)
+            ],
+        )
+
+    @unavailable
+    async def events(self, run_uid: str, after: int = 0, limit: int = 500) -> list[Event]:
+        """The run's events after sequence number `after`, in order (resume a stream from its last seq)."""
+        async with self.engine.connect() as c:
+            rows = await c.execute(
+                sa.select(run_events)
+                .where(run_events.c.run_uid == run_uid, run_events.c.seq > after)
+                .order_by(run_events.c.seq)
+                .limit(limit)
+            )
+            return [
+                Event(
+                    seq=r.seq,
+                    kind=r.kind,
+                    message=r.message,
+                    data=r.data,
+                    fence=r.fence,
+                    attempt=r.attempt,
+                    triggered_by=r.triggered_by,
+                    at=as_utc(r.at),
+                )
+                for r in rows
+            ]
+
+    @unavailable
+    async def next_in_line(self, name: str) -> int:
+        """1, 2, 3... for each call with the same `name` (at most 128 characters), across every process: a
+        named counter kept in run_sequences beside the runs' event numbers."""
+        async with self.engine.begin() as c:
+            return await self.next_seq(c, name)
