@@ -85,8 +85,8 @@ async def test_one_429_pauses_both_runs_on_its_credential_while_a_run_on_another
 ) -> None:
     # One of the two runs on key-a gets a 429 after 3 s; the other is still waiting on its own call: it stops
     # and pauses too. The run on key-b is not touched.
-    # The limit outlasts b1's whole run: a cold sandbox under gVisor's ptrace platform takes ~15 s to start here.
-    limit = 45
+    # The limit outlasts b1's whole run (a cold sandbox on runc starts in a few seconds here, the model takes 2).
+    limit = 20
     model.script(
         "model-a",
         {"delay": 3, "error": 429, "retry_after": str(limit)},

@@ -19,7 +19,7 @@ async def test_runs_go_on_through_an_apiserver_outage_and_statuses_converge(
     start_stack: StackFactory, model: ModelEndpoint, fault_counts: Counter[str]
 ) -> None:
     # Every run's call is held in flight until the outage begins, then answered during it: however long the
-    # sandboxes take to start (gVisor's: ~15 s each here), the outage finds every run mid-call.
+    # sandboxes take to start on a busy node, the outage finds every run mid-call.
     model.script("dev-model", {"hold": True, "text": "done despite the outage"})
     model.state.held = True
     stack = await start_stack()
