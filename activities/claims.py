@@ -16,7 +16,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.metrics import CLAIM_SECONDS, since_scheduled
-from store import Holder, StaleFence, Store, StoreError, StoreUnavailable, WorkItemHeld
+from store import Holder, StaleFence, Store, StoreError, StoreUnavailable, WorkItemHeld, work_item_key
 from workflows.activity_types import Activity, Claim, ClaimRequest, ClaimUpdate, RunRef
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ class ClaimActivities:
     @activity.defn(name=Activity.CLAIM_WORK_ITEM)
     async def claim_work_item(self, req: ClaimRequest) -> Claim:
         try:
-            result = await self.store.claim(req.work_item_ref, holder_of(req.run), req.lease_seconds)
+            result = await self.store.claim(
+                work_item_key(req.run.namespace, req.work_item_ref), holder_of(req.run), req.lease_seconds
+            )
         except (WorkItemHeld, StoreUnavailable) as err:
             outcome = "held" if isinstance(err, WorkItemHeld) else "error"
             CLAIM_SECONDS.labels(outcome).observe(since_scheduled())
@@ -75,7 +77,9 @@ class ClaimActivities:
     @activity.defn(name=Activity.FENCE_WORK_ITEM)
     async def fence_work_item(self, upd: ClaimUpdate) -> Claim:
         try:
-            fence = await self.store.fence_bump(upd.work_item_ref, holder_of(upd.run), upd.fence)
+            fence = await self.store.fence_bump(
+                work_item_key(upd.run.namespace, upd.work_item_ref), holder_of(upd.run), upd.fence
+            )
         except (StaleFence, StoreUnavailable) as err:
             raise as_activity_error(err) from None  # the message says it all; a chain would not fit
         return Claim(work_item_ref=upd.work_item_ref, fence=fence)
@@ -84,7 +88,10 @@ class ClaimActivities:
     async def renew_claim(self, upd: ClaimUpdate) -> Claim:
         try:
             until = await self.store.renew(
-                upd.work_item_ref, holder_of(upd.run), upd.fence, upd.lease_seconds
+                work_item_key(upd.run.namespace, upd.work_item_ref),
+                holder_of(upd.run),
+                upd.fence,
+                upd.lease_seconds,
             )
         except (StaleFence, StoreUnavailable) as err:
             raise as_activity_error(err) from None  # the message says it all; a chain would not fit
@@ -93,7 +100,9 @@ class ClaimActivities:
     @activity.defn(name=Activity.RELEASE_WORK_ITEM)
     async def release_work_item(self, upd: ClaimUpdate) -> None:
         try:
-            await self.store.release(upd.work_item_ref, holder_of(upd.run), upd.fence)
+            await self.store.release(
+                work_item_key(upd.run.namespace, upd.work_item_ref), holder_of(upd.run), upd.fence
+            )
         except (StaleFence, StoreUnavailable) as err:
             raise as_activity_error(err) from None  # the message says it all; a chain would not fit
 

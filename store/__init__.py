@@ -27,6 +27,7 @@ from store.records import (
     StoreError,
     StoreUnavailable,
     WorkItemHeld,
+    work_item_key,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "async_url",
     "sync_url",
     "utcnow",
+    "work_item_key",
 ]
 
 

@@ -8,6 +8,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+def work_item_key(namespace: str, ref: str) -> str:
+    """A work item's key in the store: its namespace and its ref. A ref is unique in its namespace only, so the
+    same ref in two namespaces is two items: a tenant can neither hold another's item nor learn who holds it."""
+    return f"{namespace}/{ref}"
+
+
 class StoreError(Exception):
     pass
 

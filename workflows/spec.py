@@ -94,8 +94,9 @@ class RunSpec(KsquadModel):
     """Eligible Agents in preference order: the first is primary, the rest re-route candidates after rate
     limits. Empty: the Team's agents."""
     work_item_ref: Annotated[str, StringConstraints(min_length=1, max_length=1024)] | None = None
-    """An opaque reference (an issue, a ticket) the Run claims: at most one Run holds it at a time, with a fence
-    that refuses the writes of an earlier holder."""
+    """An opaque reference (an issue, a ticket) the Run claims, unique in the Run's namespace (the same ref in
+    another namespace is another item): at most one Run holds it at a time, with a fence that refuses the writes
+    of an earlier holder."""
     inputs: dict[str, str] = Field(default_factory=dict, max_length=MAX_INPUT_KEYS)
     """The task's inputs, given to the agent in its first A2A message (never in a Job's spec): at most 64 keys
     and 256 KiB in all."""

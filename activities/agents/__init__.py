@@ -42,7 +42,7 @@ from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress, Timing, previous_task_id
 from activities.claims import as_activity_error, holder_of, keep_lease
 from activities.metrics import AGENT_CALL_SECONDS, Stopwatch
-from store import Store, StoreError
+from store import Store, StoreError, work_item_key
 from workflows.activity_types import (
     Activity,
     AgentError,
@@ -105,7 +105,7 @@ class AgentActivities:
         try:
             async with keep_lease(
                 self.store,
-                run.work_item_ref,
+                None if run.work_item_ref is None else work_item_key(run.namespace, run.work_item_ref),
                 holder,
                 run.fence,
                 self.timing.lease_seconds,

@@ -11,7 +11,7 @@ from temporalio.exceptions import ApplicationError
 from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress
 from activities.claims import as_activity_error
-from store import Holder, StaleFence, Store, StoreError
+from store import Holder, StaleFence, Store, StoreError, work_item_key
 from workflows.activity_types import AgentError, FailureDetails
 from workflows.contract import RunIdentity
 from workflows.status import Artifact
@@ -28,6 +28,10 @@ class Recorder:
         self.holder = holder
         self.identity = identity
         self.progress = progress
+        ref = identity.work_item_ref
+        self.item_key = (
+            None if ref is None else work_item_key(identity.namespace, ref)
+        )  # what its claim is under
 
     async def status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
         progress = self.progress
@@ -45,7 +49,7 @@ class Recorder:
                 "status",
                 text[:4000],
                 data,
-                work_item_ref=self.identity.work_item_ref,
+                work_item_ref=self.item_key,
             )
         )
         progress.recorded_state, progress.coalesced = state, 0
@@ -82,7 +86,7 @@ class Recorder:
                 name,
                 media_type=media_type,
                 content=content,
-                work_item_ref=self.identity.work_item_ref,
+                work_item_ref=self.item_key,
             )
         )
         self.progress.artifacts.append(

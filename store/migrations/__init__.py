@@ -7,15 +7,15 @@ import sqlalchemy as sa
 LOCATION = Path(__file__).parent
 
 
-def upgrade(connection: sa.Connection) -> None:
-    """Bring the schema to the newest revision over `connection` (a no-op when it is there)."""
+def upgrade(connection: sa.Connection, revision: str = "head") -> None:
+    """Bring the schema to `revision`, the newest by default, over `connection` (a no-op when it is there)."""
     from alembic import command
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(LOCATION))
     config.attributes["connection"] = connection
-    command.upgrade(config, "head")
+    command.upgrade(config, revision)
 
 
 def upgrade_sync(engine: sa.Engine) -> None:

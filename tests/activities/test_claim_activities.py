@@ -46,7 +46,7 @@ async def test_activities_map_store_outcomes_to_retryable_and_final_errors(store
     )
     assert renewed.lease_expires_at is not None
     await env.run(acts.release_work_item, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=fenced.fence))
-    assert await store.holder_of("wi-1") == (None, fenced.fence)
+    assert await store.holder_of("payments/wi-1") == (None, fenced.fence)
 
 
 async def test_an_unreachable_database_is_a_retryable_failure_never_a_success(tmp_path: Path) -> None:
@@ -61,6 +61,29 @@ async def test_an_unreachable_database_is_a_retryable_failure_never_a_success(tm
         await store.close()
     assert (caught.value.type, caught.value.non_retryable) == ("StoreUnavailable", False)
     assert "database unavailable" in str(caught.value)
+
+
+async def test_a_ref_in_another_namespace_is_another_item_its_holder_unseen(store: Store) -> None:
+    """A tenant who names another namespace's workItemRef neither waits for that item nor learns who holds it: a
+    ref is unique in its namespace only."""
+    acts = ClaimActivities(store)
+    env = ActivityEnvironment()
+    mine = await env.run(
+        acts.claim_work_item, ClaimRequest(run=RUN_A, work_item_ref="wi-1", attempt=1, lease_seconds=60)
+    )
+    other_tenant = RunRef(namespace="billing", name="run-x", uid="uid-x", triggered_by="mallory@example.com")
+    theirs = await env.run(
+        acts.claim_work_item,
+        ClaimRequest(run=other_tenant, work_item_ref="wi-1", attempt=1, lease_seconds=60),
+    )
+    assert (mine.fence, theirs.fence) == (1, 1), "two items, each claimed once"
+    assert (await store.holder_of("payments/wi-1"))[0] == "uid-a"
+    assert (await store.holder_of("billing/wi-1"))[0] == "uid-x"
+    assert [h.holder_run for h in await store.claim_history("billing/wi-1")] == ["billing/run-x"]
+    await env.run(
+        acts.release_work_item, ClaimUpdate(run=other_tenant, work_item_ref="wi-1", fence=theirs.fence)
+    )
+    assert (await store.holder_of("payments/wi-1"))[0] == "uid-a", "releasing theirs leaves mine held"
 
 
 async def test_heartbeats_keep_the_lease_and_notice_when_it_is_lost(tmp_path: Path) -> None:
@@ -99,7 +122,7 @@ async def test_with_the_database_down_the_claim_fails_retryably_and_the_run_goes
             outage_postgres.resume()
             status = await handle.result()
         assert status.phase == Phase.SUCCEEDED
-        history = await store.claim_history("wi-outage")
+        history = await store.claim_history(f"{ns}/wi-outage")
         assert [e.action for e in history] == ["claimed", "released"]
     finally:
         await store.close()

@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from temporalio.testing import ActivityEnvironment
 
 from activities.entities import ResumePlaces
-from store import Holder, PhaseRecord, StaleFence, Store, WorkItemHeld, sync_url
+from store import Holder, PhaseRecord, StaleFence, Store, WorkItemHeld, migrations, sync_url
 from store.schema import metadata
 from tests.activities.conftest import Clock
 from workflows.entity_types import ResumePlaceRequest
@@ -184,7 +184,39 @@ async def test_migrations_run_from_empty_are_idempotent_and_match_the_schema(sto
     finally:
         engine.dispose()
     assert diff == [], "the migrations create exactly the schema the code uses"
-    assert version == "0005"
+    assert version == "0006"
+
+
+async def test_claims_and_what_was_written_under_them_move_to_namespaced_keys(store_url: str) -> None:
+    """Migration 0006: a bare workItemRef could be one claim for two namespaces. Each row takes the namespace of
+    the run that wrote it; a released claim, of its last holder."""
+    engine = sa.create_engine(sync_url(store_url))
+    try:
+        with engine.begin() as conn:
+            migrations.upgrade(conn, "0005")
+        old = Store(store_url)  # at 0005: not migrated further
+        try:
+            await old.claim("shared", A, 60)  # held by payments/run-a
+            await old.claim("done", Holder("uid-c", "billing/run-c"), 60)
+            await old.release("done", Holder("uid-c", "billing/run-c"), 1)
+            await old.append_event(A, 1, 1, "progress", work_item_ref="shared")
+            await old.put_artifact(A, 1, "answer", content=b"x", work_item_ref="shared")
+        finally:
+            await old.close()
+        with engine.begin() as conn:
+            migrations.upgrade(conn)
+            keys = {
+                table: sorted(r[0] for r in conn.execute(sa.text(f"SELECT work_item_ref FROM {table}")))
+                for table in ("claims", "claim_history", "run_events", "artifacts")
+            }
+    finally:
+        engine.dispose()
+    assert keys == {
+        "claims": ["billing/done", "payments/shared"],
+        "claim_history": ["billing/done", "billing/done", "payments/shared"],
+        "run_events": ["payments/shared"],
+        "artifacts": ["payments/shared"],
+    }
 
 
 async def test_a_later_attempts_artifact_replaces_the_earlier_one(store: Store) -> None:

@@ -22,13 +22,14 @@ from activities.agents import AgentActivities, CallerKeys, Timing
 from activities.agents.callers import BearerToken, process_keys
 from agent.callers import TOKEN_SHA256_ANNOTATION
 from agent.server import agent_card
-from store import Holder, StaleFence, Store
+from store import Holder, StaleFence, Store, work_item_key
 from testbed.agents import MODEL_KEY, AgentFactory, ModelEndpoint, ToolServer, contract
 from testbed.asgi import serving
 from workflows.activity_types import AgentInvocation, ContinueTask, RateLimitDetails, TaskPause
 
 FAST = Timing(heartbeat_seconds=0.5, stall_seconds=2.0, probe_seconds=1.0, cancel_wait_seconds=5.0)
 HOLDER = Holder("uid-r", "payments/r", "alice@example.com")
+ITEM = work_item_key("payments", "wi-1")  # the contract's run (testbed.agents.contract) works wi-1
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
 
 
 async def claimed(store: Store) -> int:
-    return (await store.claim("wi-1", HOLDER, 120)).fence
+    return (await store.claim(ITEM, HOLDER, 120)).fence
 
 
 def invocation(
@@ -126,13 +127,13 @@ async def test_writes_of_a_fenced_off_holder_are_refused(
 ) -> None:
     model.script("dev-model", {"text": "done"})
     fence = await claimed(store)
-    await store.fence_bump("wi-1", HOLDER, fence)  # the workflow fenced this attempt off
+    await store.fence_bump(ITEM, HOLDER, fence)  # the workflow fenced this attempt off
     agent = await start_agent(contract(model, fence=fence))
     with pytest.raises(ApplicationError) as caught:
         await invoke(store, invocation(agent.url, model, fence=fence))
     assert caught.value.type == "StaleFence"
     with pytest.raises(StaleFence):
-        await store.append_event(HOLDER, fence, 1, "x", work_item_ref="wi-1")
+        await store.append_event(HOLDER, fence, 1, "x", work_item_ref=ITEM)
 
 
 @pytest.mark.parametrize(

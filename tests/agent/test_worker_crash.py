@@ -13,7 +13,7 @@ from temporalio.api.enums.v1 import EventType
 from activities.agents import CallerKeys
 from agent.callers import SANDBOX_KEY_ENV, TOKEN_SHA256_ANNOTATION, read_key
 from dev.devserver import DevServer
-from store import Holder, Store
+from store import Holder, Store, work_item_key
 from temporal_client.connection import connect
 from testbed.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
@@ -40,7 +40,8 @@ async def test_a_killed_worker_does_not_make_the_agent_run_twice(
 ) -> None:
     db = f"sqlite:///{tmp_path / 'ksquad.db'}"
     store = await Store.open(db)
-    fence = (await store.claim("wi-1", Holder("uid-r", "payments/r", "alice@example.com"), 120)).fence
+    holder = Holder("uid-r", "payments/r", "alice@example.com")
+    fence = (await store.claim(work_item_key("payments", "wi-1"), holder, 120)).fence
     model.script("dev-model", {"delay": 6, "text": "Fixed, once."})
     c = contract(model, fence=fence)
     key = tmp_path / "sandbox-token.key"  # both workers hold it, as every replica of a deployment does

@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import WorkflowExecutionStatus
 
 from kube import path
-from store import Store
+from store import Store, work_item_key
 from testbed.agents import AgentFactory, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
 from tests.crd_bridge.test_bridge_e2e import in_order
@@ -163,9 +163,11 @@ async def test_a_run_cancelled_from_each_waiting_phase_each_way_shows_cancelling
     assert gate.holders == [f"{stack.namespace}/holder"] and gate.waiting == [], gate
     store = await Store.open(stack.database_url, migrate=False)
     try:
-        assert (await store.holder_of(SHARED_ITEM))[0] == holder_uid, "the holder keeps its item"
+        assert (await store.holder_of(work_item_key(stack.namespace, SHARED_ITEM)))[0] == holder_uid, (
+            "the holder keeps its item"
+        )
         for how in HOWS:
-            item = f"wi-backoff-{how}"
+            item = work_item_key(stack.namespace, f"wi-backoff-{how}")
             assert (await store.holder_of(item))[0] is None, f"{item} is released"
             actions = [h.action for h in await store.claim_history(item)]
             assert actions[-1] == "released", (item, actions)

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from kube import path
-from store import Store
+from store import Store, work_item_key
 from testbed.agents import ModelEndpoint
 from tests.crd_bridge.conftest import Stack, StackFactory
 from tests.crd_bridge.test_bridge_e2e import in_order, run_doc, wait_for
@@ -27,8 +27,9 @@ async def sandbox_pod(stack: Stack, run: str) -> dict[str, Any]:
 async def claim_actions(stack: Stack, item: str) -> tuple[list[tuple[str, int]], tuple[str | None, int]]:
     store = await Store.open(stack.database_url, migrate=False)
     try:
-        history = [(h.action, h.fence) for h in await store.claim_history(item)]
-        return history, await store.holder_of(item)
+        key = work_item_key(stack.namespace, item)
+        history = [(h.action, h.fence) for h in await store.claim_history(key)]
+        return history, await store.holder_of(key)
     finally:
         await store.close()
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dev.stack import DevStack, dev_stack
+from store import work_item_key
 from testbed.embedded import stack_options, wait_terminal
 from workflows.entity_types import DEFAULT_RESUME_PER_SECOND
 
@@ -97,7 +98,7 @@ async def test_an_agent_that_fails_once_is_retried_after_backoff_with_a_new_fenc
         backoff["at"]
     )
     assert 1.0 <= waited.total_seconds() <= 2.0, "equal jitter: between half and all of the 2 s backoff"
-    history = [(h.action, h.fence) for h in await dev.store.claim_history("wi-retry")]
+    history = [(h.action, h.fence) for h in await dev.store.claim_history(work_item_key(NS, "wi-retry"))]
     first = history[0][1]
     # fence-then-release before the retry claims anew: the first holder's writes are refused from the fence on
     assert history == [

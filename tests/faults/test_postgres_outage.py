@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
-from store import Store
+from store import Store, work_item_key
 from testbed.embedded import MODEL, NAMESPACE, bench_stack, start_workers, stop_workers, wait_terminal
 from testbed.postgres import PostgresServer
 from tests.faults.audit import audit, runs, task_of
@@ -58,7 +58,7 @@ async def test_claims_fail_closed_while_postgres_is_down_and_runs_go_on_after(
     store = await Store.open(outage_postgres.dsn)
     try:
         for name in sorted(names):
-            history = [e.action for e in await store.claim_history(f"wi-{name}")]
+            history = [e.action for e in await store.claim_history(work_item_key(NAMESPACE, f"wi-{name}"))]
             assert history == ["claimed", "released"], f"{name}: {history}"
     finally:
         await store.close()
