@@ -16,13 +16,15 @@ metadata = sa.MetaData(
 )
 
 Timestamp = sa.DateTime(timezone=True)
+# A work item's key (store.work_item_key): "<namespace>/<workItemRef>", a namespace of up to 63 characters.
+WorkItemKey = sa.String(63 + 1 + 1024)
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER PRIMARY KEY only
 
 # At most one holder per work item: a claim bumps the fence, and only (holder_uid, fence) may write.
 claims = sa.Table(
     "claims",
     metadata,
-    sa.Column("work_item_ref", sa.String(1024), primary_key=True),
+    sa.Column("work_item_ref", WorkItemKey, primary_key=True),
     sa.Column("holder_uid", sa.String(128), nullable=True),  # the Run's uid: a recreated Run is a new holder
     sa.Column("holder_run", sa.String(512), nullable=True),  # "<namespace>/<name>", for people
     sa.Column("previous_holder_uid", sa.String(128), nullable=True),
@@ -36,7 +38,7 @@ claim_history = sa.Table(
     "claim_history",
     metadata,
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
-    sa.Column("work_item_ref", sa.String(1024), nullable=False, index=True),
+    sa.Column("work_item_ref", WorkItemKey, nullable=False, index=True),
     sa.Column("action", sa.String(32), nullable=False),  # claimed | took-over | renewed | fenced | released
     sa.Column("holder_uid", sa.String(128), nullable=False),
     sa.Column("holder_run", sa.String(512), nullable=False),
@@ -96,7 +98,7 @@ run_events = sa.Table(
     sa.Column("run_uid", sa.String(128), nullable=False),
     sa.Column("run", sa.String(512), nullable=False),
     sa.Column("seq", sa.BigInteger, nullable=False),  # 1, 2, ... per run: the streaming cursor
-    sa.Column("work_item_ref", sa.String(1024), nullable=True),
+    sa.Column("work_item_ref", WorkItemKey, nullable=True),
     sa.Column("fence", sa.BigInteger, nullable=False),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("kind", sa.String(64), nullable=False),  # progress | status | artifact | ...
@@ -114,7 +116,7 @@ comments = sa.Table(
     "comments",
     metadata,
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
-    sa.Column("work_item_ref", sa.String(1024), nullable=False, index=True),
+    sa.Column("work_item_ref", WorkItemKey, nullable=False, index=True),
     sa.Column("run_uid", sa.String(128), nullable=False),
     sa.Column("run", sa.String(512), nullable=False),
     sa.Column("fence", sa.BigInteger, nullable=False),
@@ -129,7 +131,7 @@ artifacts = sa.Table(
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
     sa.Column("run_uid", sa.String(128), nullable=False),
     sa.Column("run", sa.String(512), nullable=False),
-    sa.Column("work_item_ref", sa.String(1024), nullable=True),
+    sa.Column("work_item_ref", WorkItemKey, nullable=True),
     sa.Column("fence", sa.BigInteger, nullable=False),
     sa.Column("name", sa.String(512), nullable=False),
     sa.Column("uri", sa.Text, nullable=True),

@@ -11,7 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from temporalio.testing import ActivityEnvironment
 
 from activities.entities import ResumePlaces
-from store import Holder, PhaseRecord, StaleFence, Store, WorkItemHeld, migrations, sync_url
+from store import Holder, PhaseRecord, StaleFence, Store, WorkItemHeld, migrations, sync_url, work_item_key
 from store.schema import metadata
 from tests.activities.conftest import Clock
 from workflows.entity_types import ResumePlaceRequest
@@ -217,6 +217,12 @@ async def test_claims_and_what_was_written_under_them_move_to_namespaced_keys(st
         "run_events": ["payments/shared"],
         "artifacts": ["payments/shared"],
     }
+    migrated = Store(store_url)
+    try:
+        longest = work_item_key("payments", "r" * 1024)  # the longest ref a Run may name, in a namespace
+        assert (await migrated.claim(longest, A, 60)).fence == 1
+    finally:
+        await migrated.close()
 
 
 async def test_a_later_attempts_artifact_replaces_the_earlier_one(store: Store) -> None:
