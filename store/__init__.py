@@ -9,7 +9,7 @@ Rules (DESIGN.md "Work items and claims"):
 - runs without a work item fence their writes by attempt (`begin_attempt`).
 
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both. One module
-per record (claims, events, artifacts, credentials) on what they share (base); `Store` is all of them.
+per record (claims, events, artifacts, credentials, work items) on what they share (base); `Store` is all of them.
 """
 
 from store.artifacts import Artifacts
@@ -18,28 +18,43 @@ from store.connection import async_url, sync_url, utcnow
 from store.credentials import CredentialLimits
 from store.events import RunEvents
 from store.records import (
+    ITEM_STATES,
+    Author,
     ClaimResult,
     Event,
     HistoryEntry,
     Holder,
+    InvalidItemWrite,
+    ItemEvent,
+    ItemExists,
+    ItemNotFound,
     PhaseRecord,
     StaleFence,
     StoreError,
     StoreUnavailable,
+    WorkItem,
     WorkItemHeld,
     work_item_key,
 )
+from store.work_items import WorkItems
 
 __all__ = [
+    "ITEM_STATES",
+    "Author",
     "ClaimResult",
     "Event",
     "HistoryEntry",
     "Holder",
+    "InvalidItemWrite",
+    "ItemEvent",
+    "ItemExists",
+    "ItemNotFound",
     "PhaseRecord",
     "StaleFence",
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "WorkItem",
     "WorkItemHeld",
     "async_url",
     "sync_url",
@@ -48,5 +63,5 @@ __all__ = [
 ]
 
 
-class Store(Claims, RunEvents, Artifacts, CredentialLimits):
+class Store(Claims, RunEvents, Artifacts, CredentialLimits, WorkItems):
     """The coordination store: every record's reads and writes on one engine (`await Store.open(url)`)."""

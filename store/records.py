@@ -36,6 +36,23 @@ class StoreUnavailable(StoreError):
     """The database cannot be reached or failed: retry later; nothing was written."""
 
 
+class ItemNotFound(StoreError):
+    """No work item of that id in that namespace."""
+
+
+class ItemExists(StoreError):
+    """A work item of that id exists in that namespace already."""
+
+
+class InvalidItemWrite(StoreError):
+    """A write to a work item the record refuses (too long, an unknown state, a change its state does not allow);
+    `field` names what was wrong. Nothing was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who writes: a run, by its uid (a recreated Run with the same name is another holder)."""
@@ -82,4 +99,52 @@ class HistoryEntry:
     fence: int
     previous_holder_uid: str | None
     triggered_by: str | None
+    at: datetime
+
+
+# A work item's states, and the changes each allows (done items reopen; nothing changes to where it is).
+ITEM_STATES = ("open", "in-progress", "blocked", "done")
+ITEM_TRANSITIONS = {
+    "open": {"in-progress", "blocked", "done"},
+    "in-progress": {"open", "blocked", "done"},
+    "blocked": {"open", "in-progress", "done"},
+    "done": {"open"},
+}
+
+
+@dataclass(frozen=True)
+class Author:
+    """Who wrote to a work item: a person (`user` alone), or an agent working attempt `attempt` of a Run (`run`,
+    `run_uid`) for the person who started it (`user`, the Run's triggered-by)."""
+
+    user: str | None
+    run: str | None = None  # "<namespace>/<name>"
+    run_uid: str | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    namespace: str
+    item_id: str
+    title: str
+    body: str
+    state: str
+    labels: tuple[str, ...]
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    last_seq: int  # of its events: the cursor a stream of the item resumes from
+
+
+@dataclass(frozen=True)
+class ItemEvent:
+    """One entry of a work item's record, in order: created, comment, state, artifact."""
+
+    seq: int
+    kind: str
+    body: str
+    data: Any
+    author: Author
+    fence: int | None  # the claim's fence an agent wrote under; None for a person
     at: datetime

@@ -1,5 +1,6 @@
 """The coordination store's tables: claims on work items (with fences), their history, and everything a run
-writes on its own behalf (events, comments, artifacts), each write carrying the fence it was made under.
+writes on its own behalf (events, artifacts, entries of its work item), each write carrying the fence it was made
+under.
 
 One schema for PostgreSQL (production) and SQLite (the embedded default); Alembic migrations in
 `migrations/` create it. Times are UTC, passed in by the store (one clock for both databases).
@@ -112,17 +113,39 @@ run_events = sa.Table(
     sa.Index("ix_run_events_run_uid_revision", "run_uid", "revision"),
 )
 
-comments = sa.Table(
-    "comments",
+# Work items (the coordination record): an id unique in its namespace; its entries (comments, state changes,
+# artifacts) in order, numbered by the item's last_seq, each saying who wrote it and, for an agent, under which fence.
+work_items = sa.Table(
+    "work_items",
+    metadata,
+    sa.Column("namespace", sa.String(63), primary_key=True),
+    sa.Column("item_id", sa.String(1024), primary_key=True),
+    sa.Column("title", sa.String(512), nullable=False),
+    sa.Column("body", sa.Text, nullable=False, server_default=""),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("labels", sa.JSON, nullable=False),
+    sa.Column("created_by", sa.String(512), nullable=False),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("last_seq", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+work_item_events = sa.Table(
+    "work_item_events",
     metadata,
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
-    sa.Column("work_item_ref", WorkItemKey, nullable=False, index=True),
-    sa.Column("run_uid", sa.String(128), nullable=False),
-    sa.Column("run", sa.String(512), nullable=False),
-    sa.Column("fence", sa.BigInteger, nullable=False),
-    sa.Column("body", sa.Text, nullable=False),
-    sa.Column("triggered_by", sa.String(512), nullable=True),
+    sa.Column("work_item_ref", WorkItemKey, nullable=False),  # store.work_item_key
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),  # created | comment | state | artifact
+    sa.Column("body", sa.Text, nullable=False, server_default=""),
+    sa.Column("data", sa.JSON, nullable=True),
+    sa.Column("author", sa.String(512), nullable=True),  # the person; for an agent, the Run's triggering user
+    sa.Column("run", sa.String(512), nullable=True),
+    sa.Column("run_uid", sa.String(128), nullable=True),
+    sa.Column("attempt", sa.Integer, nullable=True),
+    sa.Column("fence", sa.BigInteger, nullable=True),
     sa.Column("at", Timestamp, nullable=False),
+    sa.UniqueConstraint("work_item_ref", "seq"),
 )
 
 artifacts = sa.Table(
