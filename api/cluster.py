@@ -6,6 +6,7 @@
     GET  /runs/{namespace}/{name}/events  server-sent events: the run's phases and agent progress, numbered;
                                           `Last-Event-ID` (or ?after=N) resumes after that event
     GET  /runs/{namespace}/{name}/artifacts/{artifact}   an artifact's content, as the agent made it
+    *    /items/{namespace}[/{id}[/events|/comments|/state]]   work items and their entries (api/items.py)
 
 Who may call what:
 - the codec: the shared codec token (`Authorization: Bearer <token>`, or the cookie set by /codec/login), or a
@@ -13,7 +14,10 @@ Who may call what:
   users in with the same OIDC provider as the cluster) whose user may `get` `runs/codec` in group ksquad.io
   cluster-wide (the chart's ClusterRole `ksquad-codec-decoder`); payloads do not say which Run they belong to;
 - a run's events and artifacts: a bearer token the API server accepts, whose user may `get` that Run (a
-  SubjectAccessReview): who cannot read a Run cannot read its prompts or answers either.
+  SubjectAccessReview): who cannot read a Run cannot read its prompts or answers either;
+- work items: a bearer token the API server accepts, whose user may list, create, get or update `workitems` in
+  group ksquad.io in the item's namespace (the chart's aggregated roles grant them beside Runs); a person writes
+  as that user.
 Answers: 401 without credentials (or with ones the API server refuses), 403 when RBAC says no, 404 for a Run
 that does not exist, 503 when the store or the API server does not answer. Health and metrics are on their own
 port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /metrics.
@@ -52,6 +56,7 @@ from starlette.routing import Mount, Route
 
 from api.codec import codec_app
 from api.errors import ROUTING_ERRORS, error
+from api.items import item_routes
 from api.kubernetes_auth import Access, KubernetesAuth, User
 from api.streams import parse_cursor, stream_events
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
@@ -321,9 +326,25 @@ def cluster_api(
             routes=[Route("/{rest:path}", no_codec, methods=["GET", "POST", "OPTIONS"])],
         )
     )
+
+    async def item_access(
+        request: Request, verb: str, namespace: str, item: str | None
+    ) -> tuple[str, Response | None]:
+        caller = await kubernetes_user(request)
+        if caller.refusal is not None:
+            return "", caller.refusal
+        assert caller.user is not None
+        return caller.user.name, await may(
+            caller, Access(verb, "workitems", namespace=namespace, name=item or "")
+        )
+
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
         routes=[
+            *(
+                Route(r.path, counted("items", r.endpoint), methods=r.methods)
+                for r in item_routes(store, item_access)
+            ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
             Mount("/codec", codec_routes),

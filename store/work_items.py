@@ -28,7 +28,9 @@ from store.records import (
 )
 from store.schema import work_item_events, work_items
 
-MAX_ID = 1024  # a Run's workItemRef names an item by its id
+MAX_ID = 253  # a Run's workItemRef names an item by its id
+# An id is one path segment of the APIs' URLs: no slash, no space (a Run's longer or freer refs stay opaque keys).
+ITEM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:#@+-]*")
 MAX_TITLE = 512
 MAX_TEXT = 64 * 1024  # an item's body, a comment
 MAX_LABELS, MAX_LABEL = 32, 63
@@ -50,6 +52,10 @@ class WorkItems(StoreBase):
     ) -> WorkItem:
         """A new item, open, its first entry `created`. ItemExists when the namespace has one of that id."""
         check_text("id", item_id, MAX_ID, single_line=True, required=True)
+        if not ITEM_ID.fullmatch(item_id):
+            raise InvalidItemWrite(
+                "id", f"{item_id!r}: letters, digits and . _ : # @ + - only, a letter or digit first"
+            )
         check_text("title", title, MAX_TITLE, single_line=True, required=True)
         check_text("body", body, MAX_TEXT)
         check_labels(labels)

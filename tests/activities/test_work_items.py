@@ -85,6 +85,9 @@ async def test_bad_writes_are_refused_naming_the_field_and_change_nothing(store:
     with pytest.raises(InvalidItemWrite) as two_lines:
         await store.create_item(NS, "wi\n3", title="ok", created_by="alice@example.com")
     assert two_lines.value.field == "id"
+    with pytest.raises(InvalidItemWrite) as slash:
+        await store.create_item(NS, "org/repo#3", title="ok", created_by="alice@example.com")
+    assert "letters, digits" in str(slash.value)
     with pytest.raises(InvalidItemWrite) as labels:
         await store.create_item(
             NS, "wi-3", title="ok", created_by="a", labels=tuple(f"l{i}" for i in range(33))

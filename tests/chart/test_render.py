@@ -95,7 +95,31 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
         ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
         # for people, not for ksquad: who may read decoded payloads with their own token
         ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
+        # for people: work items, aggregated into the built-in edit/admin and view roles (no ServiceAccount's)
+        ("ClusterRole", f"ksquad-workitems-edit-{chart.RELEASE_NAMESPACE}"),
+        ("ClusterRole", f"ksquad-workitems-view-{chart.RELEASE_NAMESPACE}"),
     }
+    aggregated = [
+        (sorted(k for k in d["metadata"]["labels"] if k.startswith("rbac.authorization.k8s.io/")), d["rules"])
+        for d in docs
+        if d["kind"] == "ClusterRole" and "workitems" in d["metadata"]["name"]
+    ]
+    assert aggregated == [
+        (
+            ["rbac.authorization.k8s.io/aggregate-to-admin", "rbac.authorization.k8s.io/aggregate-to-edit"],
+            [
+                {
+                    "apiGroups": ["ksquad.io"],
+                    "resources": ["workitems"],
+                    "verbs": ["get", "list", "create", "update"],
+                }
+            ],
+        ),
+        (
+            ["rbac.authorization.k8s.io/aggregate-to-view"],
+            [{"apiGroups": ["ksquad.io"], "resources": ["workitems"], "verbs": ["get", "list"]}],
+        ),
+    ], "people's grants only: edit/admin write items, view reads them"
     (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == "system:auth-delegator"
     assert binding["subjects"] == [

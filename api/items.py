@@ -1,0 +1,217 @@
+"""Work items over HTTP for people, the same routes on the cluster's API and the embedded one: each caller is
+authorised by its API (`Authorize`: a SubjectAccessReview on `workitems.ksquad.io` in the namespace on a cluster,
+the API token embedded) and writes as itself.
+
+    GET  /items/{namespace}[?state=S&after=ID&limit=N]   the namespace's items, by id          (verb list)
+    POST /items/{namespace}            {"id", "title", "body"?, "labels"?}: a new item, open  (verb create)
+    GET  /items/{namespace}/{id}       the item                                               (verb get)
+    GET  /items/{namespace}/{id}/events   server-sent events: the item's entries in order (created, comment,
+                                       state, artifact); `Last-Event-ID` (or ?after=N) resumes   (verb get)
+    POST /items/{namespace}/{id}/comments   {"body"}: a comment                               (verb update)
+    POST /items/{namespace}/{id}/state      {"state", "note"?}: open, in-progress, blocked, done (verb update)
+
+Answers: 404 for an unknown item, 409 for an id taken, 422 naming the field for a write the record refuses
+(too long, an unknown state, a change the item's state does not allow), 503 when the store does not answer.
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from api.errors import error
+from api.streams import KEEPALIVE_SECONDS, POLL_SECONDS, parse_cursor, sse
+from store import (
+    Author,
+    InvalidItemWrite,
+    ItemEvent,
+    ItemExists,
+    ItemNotFound,
+    Store,
+    StoreError,
+    WorkItem,
+)
+
+# (request, verb, namespace, item id or None) -> who the caller is, or the refusal to send instead.
+Authorize = Callable[[Request, str, str, str | None], Awaitable[tuple[str, Response | None]]]
+Handler = Callable[[Request], Awaitable[Response]]
+MAX_BODY_BYTES = 256 * 1024  # a comment or an item's body is at most 64 KiB of text (store.work_items)
+
+
+def item_json(item: WorkItem) -> dict[str, Any]:
+    found = asdict(item)
+    found.update(
+        labels=list(item.labels),
+        created_at=item.created_at.isoformat(),
+        updated_at=item.updated_at.isoformat(),
+    )
+    return found
+
+
+def entry_json(entry: ItemEvent) -> dict[str, Any]:
+    return {
+        "seq": entry.seq,
+        "kind": entry.kind,
+        "body": entry.body,
+        "data": entry.data,
+        "author": {k: v for k, v in asdict(entry.author).items() if v is not None},
+        "fence": entry.fence,
+        "at": entry.at.isoformat(),
+    }
+
+
+async def json_body(request: Request) -> Any:
+    """The body as JSON, or the refusal: 413 past MAX_BODY_BYTES (read no further), 400 for what is not JSON."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            return error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        return error(400, f"the body is not JSON: {err}")
+
+
+def item_routes(store: Store, authorize: Authorize) -> list[Route]:
+    """The routes above."""
+
+    def guarded(verb: str, handler: Callable[[Request, str], Awaitable[Response]]) -> Handler:
+        async def wrapped(request: Request) -> Response:
+            namespace = request.path_params["namespace"]
+            who, refusal = await authorize(request, verb, namespace, request.path_params.get("item"))
+            if refusal is not None:
+                return refusal
+            try:
+                return await handler(request, who)
+            except ItemNotFound as err:
+                return error(404, str(err))
+            except ItemExists as err:
+                return error(409, str(err))
+            except InvalidItemWrite as err:
+                return error(422, str(err), [f"{err.field}: {err}"])
+            except StoreError as err:
+                return error(503, f"the store does not answer: {err}")
+
+        return wrapped
+
+    async def fields(request: Request, *names: str) -> dict[str, Any] | Response:
+        body = await json_body(request)
+        if isinstance(body, Response):
+            return body
+        if not isinstance(body, dict):
+            return error(400, "the body must be a JSON object")
+        unknown = sorted(set(body) - set(names))
+        if unknown:
+            return error(400, f"unknown fields {unknown}: this route takes {', '.join(names)}")
+        wrong = [n for n in names if n in body and n != "labels" and not isinstance(body[n], str)]
+        if wrong or not isinstance(body.get("labels", []), list):
+            return error(
+                400, f"{(wrong or ['labels'])[0]} has the wrong type", [f"{n}: a string" for n in wrong]
+            )
+        return body
+
+    async def list_items(request: Request, _who: str) -> Response:
+        query = request.query_params
+        try:
+            limit = int(query.get("limit", "100"))
+        except ValueError:
+            return error(422, f"limit must be a number (got {query.get('limit')!r})")
+        items = await store.items(
+            request.path_params["namespace"],
+            state=query.get("state"),
+            after=query.get("after", ""),
+            limit=limit,
+        )
+        return JSONResponse({"items": [item_json(i) for i in items]})
+
+    async def create_item(request: Request, who: str) -> Response:
+        body = await fields(request, "id", "title", "body", "labels")
+        if isinstance(body, Response):
+            return body
+        if "id" not in body or "title" not in body:
+            return error(422, "an item needs an id and a title", ["id: required", "title: required"])
+        if not all(isinstance(label, str) for label in body.get("labels", [])):
+            return error(400, "labels must be strings")
+        item = await store.create_item(
+            request.path_params["namespace"],
+            body["id"],
+            title=body["title"],
+            body=body.get("body", ""),
+            labels=tuple(body.get("labels", [])),
+            created_by=who,
+        )
+        return JSONResponse(item_json(item), status_code=201)
+
+    async def get_item(request: Request, _who: str) -> Response:
+        item = await store.item(request.path_params["namespace"], request.path_params["item"])
+        return JSONResponse(item_json(item))
+
+    async def comment(request: Request, who: str) -> Response:
+        body = await fields(request, "body")
+        if isinstance(body, Response):
+            return body
+        entry = await store.comment(
+            request.path_params["namespace"],
+            request.path_params["item"],
+            body.get("body", ""),
+            Author(user=who),
+        )
+        return JSONResponse(entry_json(entry), status_code=201)
+
+    async def set_state(request: Request, who: str) -> Response:
+        body = await fields(request, "state", "note")
+        if isinstance(body, Response):
+            return body
+        entry = await store.set_item_state(
+            request.path_params["namespace"],
+            request.path_params["item"],
+            body.get("state", ""),
+            Author(user=who),
+            note=body.get("note", ""),
+        )
+        return JSONResponse(entry_json(entry), status_code=201)
+
+    async def events(request: Request, _who: str) -> Response:
+        namespace, item_id = request.path_params["namespace"], request.path_params["item"]
+        await store.item(namespace, item_id)  # 404 before a stream starts
+        try:
+            after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
+        except ValueError as err:
+            return error(422, str(err))
+        return StreamingResponse(
+            stream_entries(store, namespace, item_id, after, request.is_disconnected),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    return [
+        Route("/items/{namespace}", guarded("list", list_items)),
+        Route("/items/{namespace}", guarded("create", create_item), methods=["POST"]),
+        Route("/items/{namespace}/{item}", guarded("get", get_item)),
+        Route("/items/{namespace}/{item}/events", guarded("get", events)),
+        Route("/items/{namespace}/{item}/comments", guarded("update", comment), methods=["POST"]),
+        Route("/items/{namespace}/{item}/state", guarded("update", set_state), methods=["POST"]),
+    ]
+
+
+async def stream_entries(
+    store: Store, namespace: str, item_id: str, after: int, disconnected: Callable[[], Awaitable[bool]]
+) -> AsyncIterator[bytes]:
+    """The item's entries after `after`, then new ones as they come, until the client goes (an item never ends)."""
+    loop = asyncio.get_running_loop()
+    last_sent = loop.time()
+    while not await disconnected():
+        for entry in await store.item_events(namespace, item_id, after):
+            after = entry.seq
+            last_sent = loop.time()
+            yield sse(entry.seq, entry.kind, entry_json(entry))
+        if loop.time() - last_sent > KEEPALIVE_SECONDS:
+            last_sent = loop.time()
+            yield b": keep-alive\n\n"
+        await asyncio.sleep(POLL_SECONDS)

@@ -1,0 +1,159 @@
+"""The work item routes both APIs serve (api/items.py), over real HTTP on a SQLite store: people's writes as
+themselves, the authoriser's refusals passed on, every bad request refused with its reason and nothing written,
+and an item's entries streamed with Last-Event-ID."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+
+from api.errors import ROUTING_ERRORS, error
+from api.items import MAX_BODY_BYTES, item_routes
+from store import Store
+from testbed.asgi import serving
+
+# Tokens to users, and what each may do: bob reads but may not write.
+USERS = {"t-alice": "alice@example.com", "t-bob": "bob@example.com"}
+READ_ONLY = {"bob@example.com"}
+
+
+async def authorize(
+    request: Request, verb: str, namespace: str, item: str | None
+) -> tuple[str, Response | None]:
+    who = USERS.get(request.headers.get("authorization", "").removeprefix("Bearer "))
+    if who is None:
+        return "", error(401, "who are you?")
+    if who in READ_ONLY and verb not in ("get", "list"):
+        return who, error(403, f"{who} may not {verb} workitems.ksquad.io in namespace {namespace}")
+    return who, None
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    app = Starlette(routes=item_routes(store, authorize), exception_handlers=ROUTING_ERRORS)
+    try:
+        async with (
+            serving(app, host="127.0.0.1") as url,
+            httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer t-alice"}) as client,
+        ):
+            yield client
+    finally:
+        await store.close()
+
+
+async def test_people_create_comment_and_close_items_as_themselves(api: httpx.AsyncClient) -> None:
+    created = await api.post(
+        "/items/payments", json={"id": "PAY-1", "title": "Flaky retry test", "labels": ["ci"]}
+    )
+    assert created.status_code == 201, created.text
+    assert (created.json()["state"], created.json()["created_by"]) == ("open", "alice@example.com")
+    bob = {"Authorization": "Bearer t-bob"}
+    assert (await api.post("/items/payments/PAY-1/comments", json={"body": "seen it too"})).status_code == 201
+    refused = await api.post("/items/payments/PAY-1/comments", json={"body": "me too"}, headers=bob)
+    assert refused.status_code == 403 and "may not update workitems" in refused.json()["error"]
+    assert (
+        await api.post("/items/payments/PAY-1/state", json={"state": "done", "note": "fixed"})
+    ).status_code == 201
+    item = (await api.get("/items/payments/PAY-1", headers=bob)).json()
+    assert (item["state"], item["last_seq"], item["labels"]) == ("done", 3, ["ci"])
+    listed = (await api.get("/items/payments?state=done", headers=bob)).json()["items"]
+    assert [i["item_id"] for i in listed] == ["PAY-1"]
+    assert (await api.get("/items/other-team")).json() == {"items": []}
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "status", "words"),
+    [
+        ("POST", "/items/payments", {"id": "PAY-2"}, 422, "an item needs an id and a title"),
+        ("POST", "/items/payments", {"id": "PAY 2", "title": "t"}, 422, "id: "),
+        ("POST", "/items/payments", {"id": "PAY-2", "title": "x" * 600}, 422, "title: 600 characters"),
+        (
+            "POST",
+            "/items/payments",
+            {"id": "PAY-2", "title": "t", "owner": "x"},
+            400,
+            "unknown fields ['owner']",
+        ),
+        ("POST", "/items/payments", {"id": 7, "title": "t"}, 400, "id has the wrong type"),
+        ("POST", "/items/payments", {"id": "PAY-1", "title": "again"}, 409, "exists in namespace payments"),
+        (
+            "POST",
+            "/items/payments/PAY-1/comments",
+            {"body": "x" * (64 * 1024 + 1)},
+            422,
+            "body: 65537 characters",
+        ),
+        ("POST", "/items/payments/PAY-1/comments", {"body": "  "}, 422, "body: must not be empty"),
+        ("POST", "/items/payments/PAY-1/state", {"state": "closed"}, 422, "not one of open, in-progress"),
+        ("POST", "/items/payments/PAY-1/state", {"state": "open"}, 422, "PAY-1 is open: it can go to"),
+        (
+            "POST",
+            "/items/payments/NOPE/comments",
+            {"body": "hi"},
+            404,
+            "no work item NOPE in namespace payments",
+        ),
+        ("GET", "/items/payments/NOPE", None, 404, "no work item NOPE"),
+        ("GET", "/items/payments/PAY-1/events?after=-1", None, 422, "Last-Event-ID must be an event number"),
+        ("GET", "/items/payments?limit=many", None, 422, "limit must be a number"),
+    ],
+)
+async def test_a_bad_request_is_refused_with_its_reason_and_writes_nothing(
+    api: httpx.AsyncClient, method: str, url: str, body: Any, status: int, words: str
+) -> None:
+    await api.post("/items/payments", json={"id": "PAY-1", "title": "Flaky retry test"})
+    answer = await api.request(method, url, json=body)
+    assert answer.status_code == status and words in answer.json()["error"] + str(
+        answer.json()["problems"]
+    ), answer.text
+    item = (await api.get("/items/payments/PAY-1")).json()
+    assert (item["title"], item["state"], item["last_seq"]) == ("Flaky retry test", "open", 1)
+    assert [i["item_id"] for i in (await api.get("/items/payments")).json()["items"]] == ["PAY-1"]
+
+
+async def test_a_body_too_large_or_not_json_is_refused_before_it_is_read_whole(
+    api: httpx.AsyncClient,
+) -> None:
+    await api.post("/items/payments", json={"id": "PAY-1", "title": "t"})
+    huge = await api.post("/items/payments/PAY-1/comments", content=b"[" * (MAX_BODY_BYTES + 1))
+    assert huge.status_code == 413
+    garbled = await api.post("/items/payments/PAY-1/comments", content=b"{body: hi}")
+    assert garbled.status_code == 400 and "not JSON" in garbled.json()["error"]
+    unauthenticated = await api.get("/items/payments", headers={"Authorization": ""})
+    assert unauthenticated.status_code == 401
+
+
+async def test_an_items_entries_stream_in_order_and_resume_after_the_last_seen(
+    api: httpx.AsyncClient,
+) -> None:
+    await api.post("/items/payments", json={"id": "PAY-1", "title": "t"})
+    await api.post("/items/payments/PAY-1/comments", json={"body": "first"})
+
+    async def read(headers: dict[str, str], count: int) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        async with api.stream("GET", "/items/payments/PAY-1/events", headers=headers) as stream:
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if len(events) == count:
+                        return events
+        return events
+
+    assert [(e["seq"], e["kind"]) for e in await read({}, 2)] == [(1, "created"), (2, "comment")]
+    reader = asyncio.create_task(read({"Last-Event-ID": "2"}, 1))
+    await asyncio.sleep(0.5)
+    await api.post("/items/payments/PAY-1/comments", json={"body": "while you watched"})
+    (later,) = await asyncio.wait_for(reader, 10)
+    assert (later["seq"], later["body"], later["author"]) == (
+        3,
+        "while you watched",
+        {"user": "alice@example.com"},
+    )
