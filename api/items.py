@@ -5,6 +5,7 @@ the API token embedded) and writes as itself.
     GET  /items/{namespace}[?state=S&after=ID&limit=N]   the namespace's items, by id          (verb list)
     POST /items/{namespace}            {"id", "title", "body"?, "labels"?}: a new item, open  (verb create)
     GET  /items/{namespace}/{id}       the item                                               (verb get)
+    GET  /items/{namespace}/{id}/entries[?after=N]   its entries after N, in order, a page at a time (verb get)
     GET  /items/{namespace}/{id}/events   server-sent events: the item's entries in order (created, comment,
                                        state, artifact); `Last-Event-ID` (or ?after=N) resumes   (verb get)
     POST /items/{namespace}/{id}/comments   {"body"}: a comment                               (verb update)
@@ -177,6 +178,17 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
         )
         return JSONResponse(entry_json(entry), status_code=201)
 
+    async def entries(request: Request, _who: str) -> Response:
+        namespace, item_id = request.path_params["namespace"], request.path_params["item"]
+        await store.item(namespace, item_id)  # 404 for an unknown item, not an empty page
+        try:
+            after = parse_cursor(request.query_params.get("after"))
+        except ValueError as err:
+            return error(422, str(err))
+        return JSONResponse(
+            {"entries": [entry_json(e) for e in await store.item_events(namespace, item_id, after)]}
+        )
+
     async def events(request: Request, _who: str) -> Response:
         namespace, item_id = request.path_params["namespace"], request.path_params["item"]
         await store.item(namespace, item_id)  # 404 before a stream starts
@@ -194,6 +206,7 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
         Route("/items/{namespace}", guarded("list", list_items)),
         Route("/items/{namespace}", guarded("create", create_item), methods=["POST"]),
         Route("/items/{namespace}/{item}", guarded("get", get_item)),
+        Route("/items/{namespace}/{item}/entries", guarded("get", entries)),
         Route("/items/{namespace}/{item}/events", guarded("get", events)),
         Route("/items/{namespace}/{item}/comments", guarded("update", comment), methods=["POST"]),
         Route("/items/{namespace}/{item}/state", guarded("update", set_state), methods=["POST"]),

@@ -8,9 +8,14 @@
   ksquad runs watch NAME              phase changes, resume countdowns and agent progress, live
   ksquad runs cancel|pause|resume NAME [--reason TEXT]
   ksquad runs delete NAME             cancel it, wait for the workflow to end, and remove it
+  ksquad items list [-n NS] [--state S]        work items: the coordination record runs and people share
+  ksquad items create ID --title T [--body B] [--label L]...
+  ksquad items get ID                 the item and its entries: comments, state changes, artifacts, who wrote each
+  ksquad items comment ID TEXT        a comment, as you
+  ksquad items close ID [--note N]    mark it done (`ksquad items reopen ID` opens it again)
   ksquad hello [--keep]               a small workflow on Temporal's dev server (a smoke check)
 
-The runs commands talk to the stack `ksquad dev` started from this directory (found through
+The runs and items commands talk to the stack `ksquad dev` started from this directory (found through
 .ksquad/dev.json), or to a cluster with --kubeconfig. `-o json` prints machine-readable output everywhere;
 NAME may be NAMESPACE/NAME. Errors go to stderr with exit status 1.
 """
@@ -217,6 +222,8 @@ async def runs_command(args: argparse.Namespace) -> int:
     )
     as_json = args.output == "json"
     try:
+        if args.command == "items":
+            return await items_command(target, args)
         if args.command == "run":
             applied = await target.apply(read_manifests(args.filename))
             if as_json:
@@ -281,6 +288,86 @@ async def runs_command(args: argparse.Namespace) -> int:
         return 0
     finally:
         await target.close()
+
+
+def author(entry: dict[str, Any]) -> str:
+    """Who wrote an item's entry: a person, or an agent's Run and attempt for the person who started it."""
+    who = entry.get("author") or {}
+    if who.get("run"):
+        return f"{who['run']} (attempt {who.get('attempt')}, for {who.get('user') or '-'})"
+    return str(who.get("user") or "-")
+
+
+def describe_item(item: dict[str, Any], entries: list[dict[str, Any]]) -> str:
+    lines = [
+        f"Work item {item['namespace']}/{item['item_id']}: {item['title']}",
+        f"  state:    {item['state']}",
+        f"  by:       {item['created_by']} ({age(item['created_at'])} ago)",
+    ]
+    if item["labels"]:
+        lines.append(f"  labels:   {', '.join(item['labels'])}")
+    if item["body"]:
+        lines += ["", *(f"  {line}" for line in item["body"].splitlines())]
+    lines.append("")
+    for e in entries:
+        what = {"state": f"-> {(e.get('data') or {}).get('state')}", "artifact": "artifact"}.get(
+            e["kind"], e["kind"]
+        )
+        detail = e["body"] if e["kind"] != "artifact" else (e.get("data") or {}).get("name", "")
+        lines.append(
+            f"  #{e['seq']} {age(e['at'])} ago, {author(e)}: {what}" + (f": {detail}" if detail else "")
+        )
+    return "\n".join(lines)
+
+
+async def items_command(target: Target, args: argparse.Namespace) -> int:
+    as_json = args.output == "json"
+    action = args.action
+    namespace = args.namespace or target.namespace
+    base = f"/items/{namespace}"
+    if action == "list":
+        query = f"?state={args.state}" if args.state else ""
+        found = (await target.items("GET", base + query))["items"]
+        if as_json:
+            print(json.dumps({"items": found}, indent=2))
+        elif not found:
+            print(f"No work items in namespace {namespace}.", file=sys.stderr)
+        else:
+            rows = [
+                [i["item_id"], i["state"], i["title"][:60], i["created_by"], age(i["updated_at"])]
+                for i in found
+            ]
+            print(table(["ID", "STATE", "TITLE", "BY", "UPDATED"], rows))
+        return 0
+    item_url = f"{base}/{args.id}"
+    if action == "create":
+        body = {"id": args.id, "title": args.title, "body": args.body or "", "labels": args.label or []}
+        created = await target.items("POST", base, body)
+        print(json.dumps(created) if as_json else f"work item {namespace}/{args.id} created")
+        return 0
+    if action == "get":
+        item = await target.items("GET", item_url)
+        entries: list[dict[str, Any]] = []
+        while True:  # a page at a time: an item's record can be long
+            after = entries[-1]["seq"] if entries else 0
+            page = (await target.items("GET", f"{item_url}/entries?after={after}"))["entries"]
+            entries += page
+            if not page or entries[-1]["seq"] >= item["last_seq"]:
+                break
+        print(json.dumps({**item, "entries": entries}, indent=2) if as_json else describe_item(item, entries))
+        return 0
+    if action == "comment":
+        entry = await target.items("POST", f"{item_url}/comments", {"body": args.text})
+        print(
+            json.dumps(entry)
+            if as_json
+            else f"work item {namespace}/{args.id}: comment #{entry['seq']} added"
+        )
+        return 0
+    state = {"close": "done", "reopen": "open"}[action]
+    entry = await target.items("POST", f"{item_url}/state", {"state": state, "note": args.note or ""})
+    print(json.dumps(entry) if as_json else f"work item {namespace}/{args.id}: {state}")
+    return 0
 
 
 def log_to_file(path: Path) -> None:
@@ -406,6 +493,34 @@ def parser() -> argparse.ArgumentParser:
         if action == RunSignal.INPUT:
             q.add_argument("text", help="the answer, as the agent will read it")
         target_options(q, ("json", "yaml") if action == "get" else ("json",))
+
+    items = sub.add_parser("items", help="work items: create, list, read, comment on and close them")
+    item_actions = items.add_subparsers(dest="action", required=True)
+    for action, help_text in (
+        ("list", "the work items of a namespace"),
+        ("create", "a new work item, open"),
+        ("get", "one work item and its entries"),
+        ("comment", "comment on a work item, as you"),
+        ("close", "mark a work item done"),
+        ("reopen", "open a done work item again"),
+    ):
+        q = item_actions.add_parser(action, help=help_text)
+        if action != "list":
+            q.add_argument("id", help="the item's id (what a Run's spec.workItemRef names)")
+        q.add_argument(
+            "-n", "--namespace", help="default: the context's namespace on a cluster, else default"
+        )
+        if action == "list":
+            q.add_argument("--state", choices=("open", "in-progress", "blocked", "done"))
+        if action == "create":
+            q.add_argument("--title", required=True, help="one line")
+            q.add_argument("--body", help="what the item is about, as the agent will read it")
+            q.add_argument("--label", action="append", help="a label (again for more)")
+        if action == "comment":
+            q.add_argument("text", help="the comment")
+        if action in ("close", "reopen"):
+            q.add_argument("--note", help="why, recorded with the change")
+        target_options(q)
 
     h = sub.add_parser("hello", help="a small workflow on Temporal's dev server (a smoke check)")
     h.add_argument("--keep", action="store_true", help="keep the dev server and its UI running afterwards")

@@ -46,6 +46,7 @@ class Target(Protocol):
     async def delete(self, namespace: str, name: str) -> None: ...
     def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes: ...
+    async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any: ...
     async def close(self) -> None: ...
 
 
@@ -176,6 +177,10 @@ class EmbeddedTarget:
         async for event in server_sent_events(self.http, f"/runs/{namespace}/{name}/events", after):
             yield event
 
+    async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        """Work items (api/items.py), as the developer."""
+        return await self._call(method, url, json=body)
+
     async def close(self) -> None:
         await self.http.aclose()
 
@@ -263,37 +268,46 @@ class ClusterTarget:
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes:
         """The content, from ksquad-api (it lives in the worker's store, which the API server does not serve)."""
         await self.get(namespace, name)
-        url = await self.api_url()
+        response = await self.from_api(
+            "GET",
+            f"/runs/{namespace}/{name}/artifacts/{artifact}",
+            "artifact content",
+            f"; the Run's status lists its artifacts: ksquad runs artifacts {namespace}/{name}",
+        )
+        return response.content
+
+    async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        """Work items, from ksquad-api as this kubeconfig's user (it asks the API server what they may do)."""
+        return (await self.from_api(method, url, "work items", "", json=body)).json()
+
+    async def from_api(self, method: str, url: str, what: str, hint: str, **kwargs: Any) -> httpx.Response:
+        """A request to ksquad-api with this kubeconfig's bearer token; its refusals as CliErrors."""
+        api = await self.api_url()
         header = await self.kube.config.credentials.authorization()
-        if url is None or header is None:
-            raise CliError(
-                f"artifact content is served by ksquad-api, which {self.where} does not name"
-                + (
-                    f" (no ConfigMap {self.system_namespace}/{API_CONFIGMAP}: set the chart's api.url, or pass --api)"
-                    if url is None
-                    else ""
+        if api is None or header is None:
+            problems = []
+            if api is None:
+                problems.append(
+                    f"{self.where} does not name it (no ConfigMap {self.system_namespace}/{API_CONFIGMAP}: set the "
+                    "chart's api.url, or pass --api)"
                 )
-                + (
-                    " and needs a bearer token (this kubeconfig uses client certificates)"
-                    if header is None
-                    else ""
-                )
-                + f"; the Run's status lists its artifacts: ksquad runs artifacts {namespace}/{name}"
-            )
-        async with httpx.AsyncClient(base_url=url, verify=self.kube.config.ssl_context, timeout=60) as http:
+            if header is None:
+                problems.append("it takes a bearer token, and this kubeconfig uses client certificates")
+            raise CliError(f"ksquad-api serves {what}: " + "; ".join(problems) + hint)
+        async with httpx.AsyncClient(base_url=api, verify=self.kube.config.ssl_context, timeout=60) as http:
             try:
-                response = await http.get(
-                    f"/runs/{namespace}/{name}/artifacts/{artifact}", headers={"Authorization": header}
-                )
+                response = await http.request(method, url, headers={"Authorization": header}, **kwargs)
             except httpx.TransportError as err:
-                raise CliError(f"ksquad-api at {url} does not answer: {err}") from None
+                raise CliError(f"ksquad-api at {api} does not answer: {err}") from None
         if response.status_code >= 400:
             try:
-                message = response.json().get("error")
+                body = response.json()
             except ValueError:
-                message = None
-            raise CliError(message or f"HTTP {response.status_code} from ksquad-api")
-        return response.content
+                body = {}
+            raise CliError(
+                body.get("error") or f"HTTP {response.status_code} from ksquad-api", body.get("problems")
+            )
+        return response
 
     async def api_url(self) -> str | None:
         """Where ksquad-api serves: --api / KSQUAD_API (the user's choice), else the ConfigMap ksquad-api of ksquad's

@@ -1,6 +1,7 @@
 """The `ksquad` CLI against the embedded stack (`ksquad dev` in its own process): every command, its `-o json`
 output, and its errors (an unknown run, an invalid manifest, no stack to talk to)."""
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -183,6 +184,41 @@ async def test_server_sent_events_replay_after_the_last_event_id(dev: DevProcess
     assert ids == list(range(1, len(ids) + 1)), "every event, numbered from 1"
     assert [int(line[4:]) for line in replayed.splitlines() if line.startswith("id: ")] == ids[2:]
     assert whole.rstrip().endswith('event: end\ndata: {"phase": "Succeeded"}')
+
+
+async def test_items_are_created_commented_read_and_closed_as_the_developer(dev: DevProcess) -> None:
+    created = await dev.cli(
+        "items", "create", "PAY-7", "--title", "Flaky retry test", "--body", "It fails one run in ten.",
+        "--label", "ci", "-o", "json",
+    )  # fmt: skip
+    assert created.code == 0, created.err
+    developer = created.json()["created_by"]
+    assert (await dev.cli("items", "comment", "PAY-7", "Seen on main too.")).out.strip() == (
+        "work item default/PAY-7: comment #2 added"
+    )
+    closed = await dev.cli("items", "close", "PAY-7", "--note", "fixed by freezing time")
+    assert closed.out.strip() == "work item default/PAY-7: done"
+    listed = await dev.cli("items", "list")
+    assert listed.out.splitlines()[0].split() == ["ID", "STATE", "TITLE", "BY", "UPDATED"]
+    assert listed.out.splitlines()[1].split()[:2] == ["PAY-7", "done"]
+    shown = await dev.cli("items", "get", "PAY-7")
+    entries = [re.sub(r"\d+s ago", "_ ago", line.strip()) for line in shown.out.splitlines() if "#" in line]
+    assert entries == [
+        f"#1 _ ago, {developer}: created: Flaky retry test",
+        f"#2 _ ago, {developer}: comment: Seen on main too.",
+        f"#3 _ ago, {developer}: -> done: fixed by freezing time",
+    ], shown.out
+    whole = (await dev.cli("items", "get", "PAY-7", "-o", "json")).json()
+    assert [e["kind"] for e in whole["entries"]] == ["created", "comment", "state"]
+
+    unknown = await dev.cli("items", "comment", "PAY-0", "hello", "-n", "elsewhere")
+    assert (unknown.code, unknown.err.strip()) == (1, "Error: no work item PAY-0 in namespace elsewhere")
+    again = await dev.cli("items", "close", "PAY-7")
+    assert again.code == 1 and "PAY-7 is done: it can go to open" in again.err
+    taken = await dev.cli("items", "create", "PAY-7", "--title", "again")
+    assert taken.code == 1 and "exists in namespace default" in taken.err
+    reopened = await dev.cli("items", "reopen", "PAY-7", "-o", "json")
+    assert reopened.json()["data"] == {"state": "open"}
 
 
 async def test_without_a_stack_the_cli_says_how_to_start_one(tmp_path: Path) -> None:
