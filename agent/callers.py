@@ -26,6 +26,7 @@ An agent with none of these configured answers no JSON-RPC at all.
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -48,6 +49,13 @@ ENDPOINT_TOKEN_SECONDS = 300  # a token is checked when a request starts; the wo
 CLOCK_SKEW_SECONDS = 60
 _SANDBOX_CONTEXT = b"ksquad.io/sandbox-caller/v1\n"
 _ENDPOINT_PREFIX = "ksquad-e1."
+ITEM_TOKEN_PREFIX = "ksquad-i1."
+ITEM_KEY_ENV = (
+    "KSQUAD_ITEM_TOKEN_KEY_FILE"  # the worker's and ksquad-api's: an attempt's access to its work item
+)
+ITEM_TOKEN_SECONDS = (
+    7 * 86400
+)  # an attempt may run for days; its fence, not the expiry, ends what it may write
 
 
 def _b64(data: bytes) -> str:
@@ -100,6 +108,25 @@ class Claims:
         return f"{self.namespace}/{self.uid}/a{self.attempt}"
 
 
+def _signed(prefix: str, key: bytes, payload: dict[str, Any]) -> str:
+    body = prefix + _b64(json.dumps(payload, separators=(",", ":")).encode())
+    return body + "." + _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+
+
+def _verified(prefix: str, key: bytes, token: str) -> Any:
+    """The payload of a token `_signed` made with `key`, or None (another format, another key, altered)."""
+    if not token.startswith(prefix) or token.count(".") != 2:
+        return None
+    body, _, signature = token.rpartition(".")
+    try:
+        expected = hmac.new(key, body.encode(), hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, _unb64(signature)):
+            return None
+        return json.loads(_unb64(body.removeprefix(prefix)))
+    except ValueError:
+        return None
+
+
 def endpoint_token(key: bytes, claims: Claims) -> str:
     payload = {
         "ns": claims.namespace,
@@ -109,19 +136,14 @@ def endpoint_token(key: bytes, claims: Claims) -> str:
         "creds": sorted([s, k] for s, k in claims.credentials),
         "exp": claims.expires,
     }
-    body = _ENDPOINT_PREFIX + _b64(json.dumps(payload, separators=(",", ":")).encode())
-    return body + "." + _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+    return _signed(_ENDPOINT_PREFIX, key, payload)
 
 
 def verify_endpoint_token(key: bytes, token: str, now: float | None = None) -> Claims | None:
-    if not token.startswith(_ENDPOINT_PREFIX) or token.count(".") != 2:
+    data = _verified(_ENDPOINT_PREFIX, key, token)
+    if data is None:
         return None
-    body, _, signature = token.rpartition(".")
     try:
-        expected = hmac.new(key, body.encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, _unb64(signature)):
-            return None
-        data = json.loads(_unb64(body.removeprefix(_ENDPOINT_PREFIX)))
         claims = Claims(
             namespace=str(data["ns"]),
             uid=str(data["uid"]),
@@ -135,6 +157,37 @@ def verify_endpoint_token(key: bytes, token: str, now: float | None = None) -> C
     if claims.expires + CLOCK_SKEW_SECONDS < (time.time() if now is None else now):
         return None
     return claims
+
+
+@dataclass(frozen=True)
+class ItemAccess:
+    """What an attempt's item token lets its agent do: read and write its Run's work item, as that attempt, for
+    the person who started the Run. ksquad-api (or the embedded API) checks the token's signature, and the store
+    refuses the attempt's writes once the claim's fence has moved on, so a token outliving its attempt is useless."""
+
+    namespace: str
+    item: str
+    run: str  # "<namespace>/<name>"
+    uid: str
+    attempt: int
+    fence: int
+    user: str | None
+    expires: int
+
+
+def item_token(key: bytes, access: ItemAccess) -> str:
+    return _signed(ITEM_TOKEN_PREFIX, key, dataclasses.asdict(access))
+
+
+def verify_item_token(key: bytes, token: str, now: float | None = None) -> ItemAccess | None:
+    data = _verified(ITEM_TOKEN_PREFIX, key, token)
+    try:
+        access = ItemAccess(**data) if isinstance(data, dict) else None
+    except TypeError:
+        return None
+    if access is None or access.expires + CLOCK_SKEW_SECONDS < (time.time() if now is None else now):
+        return None
+    return access
 
 
 # --- checking (the agent) ----------------------------------------------------------------------------------

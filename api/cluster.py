@@ -30,6 +30,7 @@ Settings, from the environment (the chart sets them):
   KSQUAD_API_UI_ORIGINS        the Temporal UI's origins, comma-separated (CORS for the codec)
   KSQUAD_API_LISTEN_PORT       the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
   KSQUAD_API_TLS_CERT_FILE, KSQUAD_API_TLS_KEY_FILE   serve HTTPS (the UI sends its access token only to https)
+  KSQUAD_ITEM_TOKEN_KEY_FILE   the key the worker signs attempts' work item tokens with (none: agents get 401)
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
 
@@ -54,14 +55,15 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
+from agent.callers import ITEM_KEY_ENV, read_key
 from api.codec import codec_app
 from api.errors import ROUTING_ERRORS, error
-from api.items import item_routes
+from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
 from api.streams import parse_cursor, stream_events
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
 from kube.probes import Probes, Readiness
-from store import Store, StoreError
+from store import Author, Store, StoreError
 from temporal_client.connection import codec_from_env
 from temporal_client.telemetry import Telemetry
 
@@ -86,6 +88,9 @@ class ApiSettings:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     kubeconfig: str | None = None
+    item_token_key: bytes | None = (
+        None  # the worker's: attempts' tokens for their work item (None: none accepted)
+    )
 
     @classmethod
     def from_env(cls) -> "ApiSettings":
@@ -104,6 +109,7 @@ class ApiSettings:
             tls_cert_file=env.get("KSQUAD_API_TLS_CERT_FILE") or None,
             tls_key_file=env.get("KSQUAD_API_TLS_KEY_FILE") or None,
             kubeconfig=env.get("KUBECONFIG") or None,
+            item_token_key=read_key(env[ITEM_KEY_ENV]) if env.get(ITEM_KEY_ENV) else None,
         )
 
 
@@ -327,23 +333,20 @@ def cluster_api(
         )
     )
 
-    async def item_access(
-        request: Request, verb: str, namespace: str, item: str | None
-    ) -> tuple[str, Response | None]:
+    async def people(request: Request, verb: str, namespace: str, item: str | None) -> Writer | Response:
         caller = await kubernetes_user(request)
         if caller.refusal is not None:
-            return "", caller.refusal
+            return caller.refusal
         assert caller.user is not None
-        return caller.user.name, await may(
-            caller, Access(verb, "workitems", namespace=namespace, name=item or "")
-        )
+        refusal = await may(caller, Access(verb, "workitems", namespace=namespace, name=item or ""))
+        return refusal or Writer(Author(user=caller.user.name))
 
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
         routes=[
             *(
                 Route(r.path, counted("items", r.endpoint), methods=r.methods)
-                for r in item_routes(store, item_access)
+                for r in item_routes(store, with_item_tokens(store, settings.item_token_key, people))
             ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),

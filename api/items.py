@@ -18,28 +18,77 @@ Answers: 404 for an unknown item, 409 for an id taken, 422 naming the field for 
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agent.callers import ITEM_TOKEN_PREFIX, verify_item_token
 from api.errors import error
 from api.streams import KEEPALIVE_SECONDS, POLL_SECONDS, parse_cursor, sse
 from store import (
     Author,
+    Holder,
     InvalidItemWrite,
     ItemEvent,
     ItemExists,
     ItemNotFound,
+    StaleFence,
     Store,
     StoreError,
     WorkItem,
+    work_item_key,
 )
 
-# (request, verb, namespace, item id or None) -> who the caller is, or the refusal to send instead.
-Authorize = Callable[[Request, str, str, str | None], Awaitable[tuple[str, Response | None]]]
+
+@dataclass(frozen=True)
+class Writer:
+    """Who a request writes as: a person, or an agent's attempt under its claim's fence (`holder`, `fence`)."""
+
+    author: Author
+    holder: Holder | None = None
+    fence: int | None = None
+
+
+# (request, verb, namespace, item id or None) -> who the caller writes as, or the refusal to send instead.
+Authorize = Callable[[Request, str, str, str | None], Awaitable[Writer | Response]]
+AGENT_VERBS = frozenset(
+    {"get", "update"}
+)  # an attempt reads and writes its own item; it lists and creates none
+
+
+def with_item_tokens(store: Store, key: bytes | None, people: Authorize) -> Authorize:
+    """An API's authorisation, plus an attempt's item token (agent.callers.item_token, made by the worker with
+    `key`): that token reads and writes its Run's item alone, as that attempt, while its fence is current."""
+
+    async def authorize(request: Request, verb: str, namespace: str, item: str | None) -> Writer | Response:
+        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not token.startswith(ITEM_TOKEN_PREFIX):
+            return await people(request, verb, namespace, item)
+        access = verify_item_token(key, token) if key is not None else None
+        if access is None:
+            return error(
+                401, "this item token is not valid here (altered, expired, or made with another key)"
+            )
+        if verb not in AGENT_VERBS or (access.namespace, access.item) != (namespace, item):
+            return error(
+                403,
+                f"the token of {access.run} attempt {access.attempt} reaches its work item "
+                f"{access.namespace}/{access.item} only",
+            )
+        holder = Holder(uid=access.uid, run=access.run, triggered_by=access.user)
+        if await store.holder_of(work_item_key(namespace, access.item)) != (access.uid, access.fence):
+            return error(
+                409, f"{access.run} attempt {access.attempt} no longer holds {namespace}/{access.item}"
+            )
+        author = Author(user=access.user, run=access.run, run_uid=access.uid, attempt=access.attempt)
+        return Writer(author, holder, access.fence)
+
+    return authorize
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY_BYTES = 256 * 1024  # a comment or an item's body is at most 64 KiB of text (store.work_items)
 
@@ -82,20 +131,22 @@ async def json_body(request: Request) -> Any:
 def item_routes(store: Store, authorize: Authorize) -> list[Route]:
     """The routes above."""
 
-    def guarded(verb: str, handler: Callable[[Request, str], Awaitable[Response]]) -> Handler:
+    def guarded(verb: str, handler: Callable[[Request, Writer], Awaitable[Response]]) -> Handler:
         async def wrapped(request: Request) -> Response:
             namespace = request.path_params["namespace"]
-            who, refusal = await authorize(request, verb, namespace, request.path_params.get("item"))
-            if refusal is not None:
-                return refusal
             try:
-                return await handler(request, who)
+                writer = await authorize(request, verb, namespace, request.path_params.get("item"))
+                if isinstance(writer, Response):
+                    return writer
+                return await handler(request, writer)
             except ItemNotFound as err:
                 return error(404, str(err))
             except ItemExists as err:
                 return error(409, str(err))
             except InvalidItemWrite as err:
                 return error(422, str(err), [f"{err.field}: {err}"])
+            except StaleFence as err:
+                return error(409, str(err))
             except StoreError as err:
                 return error(503, f"the store does not answer: {err}")
 
@@ -117,7 +168,7 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
             )
         return body
 
-    async def list_items(request: Request, _who: str) -> Response:
+    async def list_items(request: Request, _writer: Writer) -> Response:
         query = request.query_params
         try:
             limit = int(query.get("limit", "100"))
@@ -131,7 +182,7 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
         )
         return JSONResponse({"items": [item_json(i) for i in items]})
 
-    async def create_item(request: Request, who: str) -> Response:
+    async def create_item(request: Request, writer: Writer) -> Response:
         body = await fields(request, "id", "title", "body", "labels")
         if isinstance(body, Response):
             return body
@@ -145,15 +196,15 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
             title=body["title"],
             body=body.get("body", ""),
             labels=tuple(body.get("labels", [])),
-            created_by=who,
+            created_by=writer.author.user or "",
         )
         return JSONResponse(item_json(item), status_code=201)
 
-    async def get_item(request: Request, _who: str) -> Response:
+    async def get_item(request: Request, _writer: Writer) -> Response:
         item = await store.item(request.path_params["namespace"], request.path_params["item"])
         return JSONResponse(item_json(item))
 
-    async def comment(request: Request, who: str) -> Response:
+    async def comment(request: Request, writer: Writer) -> Response:
         body = await fields(request, "body")
         if isinstance(body, Response):
             return body
@@ -161,11 +212,13 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
             request.path_params["namespace"],
             request.path_params["item"],
             body.get("body", ""),
-            Author(user=who),
+            writer.author,
+            writer.holder,
+            writer.fence,
         )
         return JSONResponse(entry_json(entry), status_code=201)
 
-    async def set_state(request: Request, who: str) -> Response:
+    async def set_state(request: Request, writer: Writer) -> Response:
         body = await fields(request, "state", "note")
         if isinstance(body, Response):
             return body
@@ -173,12 +226,14 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
             request.path_params["namespace"],
             request.path_params["item"],
             body.get("state", ""),
-            Author(user=who),
+            writer.author,
+            writer.holder,
+            writer.fence,
             note=body.get("note", ""),
         )
         return JSONResponse(entry_json(entry), status_code=201)
 
-    async def entries(request: Request, _who: str) -> Response:
+    async def entries(request: Request, _writer: Writer) -> Response:
         namespace, item_id = request.path_params["namespace"], request.path_params["item"]
         await store.item(namespace, item_id)  # 404 for an unknown item, not an empty page
         try:
@@ -189,7 +244,7 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
             {"entries": [entry_json(e) for e in await store.item_events(namespace, item_id, after)]}
         )
 
-    async def events(request: Request, _who: str) -> Response:
+    async def events(request: Request, _writer: Writer) -> Response:
         namespace, item_id = request.path_params["namespace"], request.path_params["item"]
         await store.item(namespace, item_id)  # 404 before a stream starts
         try:

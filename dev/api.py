@@ -47,10 +47,10 @@ from temporalio.service import RPCError
 
 from api.codec import codec_app
 from api.errors import ROUTING_ERRORS, error
-from api.items import item_routes
+from api.items import Writer, item_routes
 from api.streams import parse_cursor, stream_events
 from dev.embedded import EmbeddedRuns, RunRefuses, UnknownRun
-from store import Store, StoreError
+from store import Author, Store, StoreError
 from temporal_client.codec import EncryptionCodec
 from workflows.model import InvalidObject
 from workflows.signals import USER_SIGNALS, RunSignal
@@ -120,11 +120,9 @@ def api_app(
     async def healthz(_: Request) -> Response:
         return JSONResponse({"ok": True})
 
-    async def as_the_developer(
-        request: Request, verb: str, namespace: str, item: str | None
-    ) -> tuple[str, None]:
+    async def as_the_developer(request: Request, verb: str, namespace: str, item: str | None) -> Writer:
         """The Guard let the token's holder in: the developer, who may do anything, as themselves."""
-        return runs.user, None
+        return Writer(Author(user=runs.user))
 
     @_errors
     async def apply(request: Request) -> Response:

@@ -1,9 +1,11 @@
 """The work item routes both APIs serve (api/items.py), over real HTTP on a SQLite store: people's writes as
 themselves, the authoriser's refusals passed on, every bad request refused with its reason and nothing written,
-and an item's entries streamed with Last-Event-ID."""
+an item's entries streamed with Last-Event-ID, and an attempt's item token: its own item only, while its fence
+holds, never altered, expired or of another key."""
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from agent.callers import ItemAccess, item_token
 from api.errors import ROUTING_ERRORS, error
-from api.items import MAX_BODY_BYTES, item_routes
-from store import Store
+from api.items import MAX_BODY_BYTES, Writer, item_routes, with_item_tokens
+from store import Author, Holder, Store, work_item_key
 from testbed.asgi import serving
 
 # Tokens to users, and what each may do: bob reads but may not write.
@@ -24,29 +27,36 @@ USERS = {"t-alice": "alice@example.com", "t-bob": "bob@example.com"}
 READ_ONLY = {"bob@example.com"}
 
 
-async def authorize(
-    request: Request, verb: str, namespace: str, item: str | None
-) -> tuple[str, Response | None]:
+async def authorize(request: Request, verb: str, namespace: str, item: str | None) -> Writer | Response:
     who = USERS.get(request.headers.get("authorization", "").removeprefix("Bearer "))
     if who is None:
-        return "", error(401, "who are you?")
+        return error(401, "who are you?")
     if who in READ_ONLY and verb not in ("get", "list"):
-        return who, error(403, f"{who} may not {verb} workitems.ksquad.io in namespace {namespace}")
-    return who, None
+        return error(403, f"{who} may not {verb} workitems.ksquad.io in namespace {namespace}")
+    return Writer(Author(user=who))
+
+
+ITEM_KEY = b"k" * 32  # the worker's and the API's
 
 
 @pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
-    app = Starlette(routes=item_routes(store, authorize), exception_handlers=ROUTING_ERRORS)
     try:
-        async with (
-            serving(app, host="127.0.0.1") as url,
-            httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer t-alice"}) as client,
-        ):
-            yield client
+        yield store
     finally:
         await store.close()
+
+
+@pytest.fixture
+async def api(store: Store) -> AsyncIterator[httpx.AsyncClient]:
+    routes = item_routes(store, with_item_tokens(store, ITEM_KEY, authorize))
+    app = Starlette(routes=routes, exception_handlers=ROUTING_ERRORS)
+    async with (
+        serving(app, host="127.0.0.1") as url,
+        httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer t-alice"}) as client,
+    ):
+        yield client
 
 
 async def test_people_create_comment_and_close_items_as_themselves(api: httpx.AsyncClient) -> None:
@@ -157,3 +167,84 @@ async def test_an_items_entries_stream_in_order_and_resume_after_the_last_seen(
         "while you watched",
         {"user": "alice@example.com"},
     )
+
+
+def attempt_token(
+    fence: int, attempt: int = 1, item: str = "PAY-1", key: bytes = ITEM_KEY, expires: float = 0
+) -> str:
+    access = ItemAccess(
+        namespace="payments",
+        item=item,
+        run="payments/fix-pay-1",
+        uid="uid-fix",
+        attempt=attempt,
+        fence=fence,
+        user="alice@example.com",
+        expires=int(expires or time.time() + 600),
+    )
+    return f"Bearer {item_token(key, access)}"
+
+
+async def test_an_attempts_token_reads_and_writes_its_item_alone_while_its_fence_holds(
+    api: httpx.AsyncClient, store: Store
+) -> None:
+    await api.post("/items/payments", json={"id": "PAY-1", "title": "Flaky retry test"})
+    await api.post("/items/payments", json={"id": "PAY-2", "title": "Someone else's"})
+    run = Holder("uid-fix", "payments/fix-pay-1", "alice@example.com")
+    first = await store.claim(work_item_key("payments", "PAY-1"), run, 60)
+    agent = {"Authorization": attempt_token(first.fence)}
+    assert (await api.get("/items/payments/PAY-1", headers=agent)).json()["title"] == "Flaky retry test"
+    wrote = await api.post(
+        "/items/payments/PAY-1/comments", json={"body": "attempt 1: it races"}, headers=agent
+    )
+    assert wrote.status_code == 201, wrote.text
+    assert wrote.json()["author"] == {
+        "user": "alice@example.com",
+        "run": "payments/fix-pay-1",
+        "run_uid": "uid-fix",
+        "attempt": 1,
+    }
+    assert wrote.json()["fence"] == first.fence
+    for method, url in (
+        ("GET", "/items/payments/PAY-2"),
+        ("POST", "/items/payments/PAY-2/comments"),
+        ("GET", "/items/payments"),
+        ("POST", "/items/payments"),
+    ):
+        refused = await api.request(method, url, json={"body": "x"}, headers=agent)
+        assert refused.status_code == 403, (method, url, refused.text)
+        assert "reaches its work item payments/PAY-1 only" in refused.json()["error"]
+
+    # The workflow fenced the first attempt off and the retry claimed: the first attempt's token is stale.
+    await store.fence_bump(work_item_key("payments", "PAY-1"), run, first.fence)
+    retry = await store.claim(work_item_key("payments", "PAY-1"), run, 60)
+    stale = await api.post("/items/payments/PAY-1/comments", json={"body": "late words"}, headers=agent)
+    assert stale.status_code == 409 and "no longer holds payments/PAY-1" in stale.json()["error"]
+    assert (await api.get("/items/payments/PAY-1", headers=agent)).status_code == 409, "nor reads it"
+    second = {"Authorization": attempt_token(retry.fence, attempt=2)}
+    entries = (await api.get("/items/payments/PAY-1/entries", headers=second)).json()["entries"]
+    assert [e["body"] for e in entries] == ["Flaky retry test", "attempt 1: it races"], (
+        "the retry reads attempt 1"
+    )
+    assert (
+        await api.post("/items/payments/PAY-1/state", json={"state": "done"}, headers=second)
+    ).status_code == 201
+
+
+async def test_a_token_altered_expired_or_made_with_another_key_is_refused(
+    api: httpx.AsyncClient, store: Store
+) -> None:
+    await api.post("/items/payments", json={"id": "PAY-1", "title": "t"})
+    run = Holder("uid-fix", "payments/fix-pay-1", "alice@example.com")
+    fence = (await store.claim(work_item_key("payments", "PAY-1"), run, 60)).fence
+    genuine = attempt_token(fence)
+    head, body, signature = genuine.split(".")
+    forged_body = body[:-2] + ("AA" if body[-2:] != "AA" else "BB")
+    for token in (
+        f"{head}.{forged_body}.{signature}",
+        attempt_token(fence, key=b"x" * 32),
+        attempt_token(fence, expires=time.time() - 3600),
+    ):
+        refused = await api.get("/items/payments/PAY-1", headers={"Authorization": token})
+        assert refused.status_code == 401 and "not valid here" in refused.json()["error"], refused.text
+    assert (await api.get("/items/payments/PAY-1/entries")).json()["entries"][-1]["kind"] == "created"
