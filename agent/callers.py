@@ -161,9 +161,9 @@ def verify_endpoint_token(key: bytes, token: str, now: float | None = None) -> C
 
 @dataclass(frozen=True)
 class ItemAccess:
-    """What an attempt's item token lets its agent do: read and write its Run's work item, as that attempt, for
-    the person who started the Run. ksquad-api (or the embedded API) checks the token's signature, and the store
-    refuses the attempt's writes once the claim's fence has moved on, so a token outliving its attempt is useless."""
+    """What an attempt's item token lets its agent do: read and write its Run's work item, as that attempt.
+    ksquad-api (or the embedded API) checks the token's signature and that the claim is still the attempt's (its
+    uid and fence), and writes for the person the claim records: the token, readable by the sandbox, names nobody."""
 
     namespace: str
     item: str
@@ -171,7 +171,6 @@ class ItemAccess:
     uid: str
     attempt: int
     fence: int
-    user: str | None
     expires: int
 
 

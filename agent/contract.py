@@ -105,12 +105,25 @@ class Run(_Read):
     work_item_ref: str | None = None
 
 
+class WorkItemAccess(_Read):
+    """Where this attempt reaches its Run's work item (the items API of docs/agent-contract.md) and the token that
+    lets it read and write that item alone, while its claim's fence is current. Never logged."""
+
+    url: (
+        str  # the API's base URL: GET {url}/items/{namespace}/{id}, .../entries, POST .../comments, .../state
+    )
+    namespace: str
+    id: str
+    token: str = Field(repr=False)
+
+
 class Contract(_Read):
     api_version: str
     run: Run
     inputs: dict[str, str] = Field(default_factory=dict)
     agent: Agent
     model: Model
+    work_item: WorkItemAccess | None = None  # a Run whose workItemRef names an item; none for an opaque ref
 
     def offered_tools(self) -> list[Tool]:
         """The tools the model may call: only those in allowedTools (none when the list is empty)."""

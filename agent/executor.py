@@ -42,10 +42,12 @@ from a2a.types import Message, TaskState
 from google.protobuf.json_format import MessageToDict
 
 from agent.callers import Caller
-from agent.contract import Contract, ContractError, Model, build_prompt, parse_contract
+from agent.contract import Contract, ContractError, Model, WorkItemAccess, build_prompt, parse_contract
 from agent.credentials import CredentialError, Credentials
 from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, complete
 from agent.tools import ToolBox
+from agent.work_item import WorkItemError, read_item
+from agent.work_item import comment as comment_on_item
 
 log = logging.getLogger("ksquad.agent")
 T = TypeVar("T")
@@ -86,6 +88,7 @@ class Conversation:
     credentials: Credentials  # where this conversation's keys are read (a shared endpoint: the caller's)
     pending_question: str | None = None  # the tool call id of an unanswered ksquad_request_input
     refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
+    item_read: bool = False  # the work item went into the conversation (once: a follow-up goes on from there)
 
 
 @dataclass
@@ -240,6 +243,9 @@ class KsquadAgentExecutor(AgentExecutor):
         contract = conversation.contract
         if conversation.refused_key is not None:
             await self._await_rotation(conversation, updater)
+        if contract.work_item is not None and not conversation.item_read:
+            conversation.item_read = True
+            await self._read_work_item(contract.work_item, conversation, updater)
         async with ToolBox(contract) as tools:
             definitions = [*tools.definitions(), ASK_USER_TOOL]
             for step in range(1, MAX_STEPS + 1):
@@ -287,6 +293,8 @@ class KsquadAgentExecutor(AgentExecutor):
                     )
                     return
                 except ModelFailed as err:
+                    # What went wrong goes on the item's record too: the retry (in a new sandbox) reads it there.
+                    await self._note_on_item(contract, f"failed: {err}", updater)
                     await updater.update_status(
                         TaskState.TASK_STATE_FAILED,
                         self._text(updater, str(err)),
@@ -295,7 +303,7 @@ class KsquadAgentExecutor(AgentExecutor):
                     return
                 conversation.messages.append(turn.assistant_message())
                 if not turn.tool_calls:
-                    await self._finish(turn.text, updater)
+                    await self._finish(turn.text, updater, contract)
                     return
                 for call in turn.tool_calls:
                     if call.name == ASK_USER:
@@ -339,7 +347,37 @@ class KsquadAgentExecutor(AgentExecutor):
                 return
             await asyncio.sleep(0.5)
 
-    async def _finish(self, text: str, updater: TaskUpdater) -> None:
+    async def _read_work_item(
+        self, access: WorkItemAccess, conversation: Conversation, updater: TaskUpdater
+    ) -> None:
+        """The item and its record after the task: what earlier attempts, other agents and people said."""
+        try:
+            conversation.messages.append({"role": "user", "content": await read_item(access)})
+        except WorkItemError as err:
+            await updater.update_status(
+                TaskState.TASK_STATE_WORKING,
+                self._text(
+                    updater, f"could not read work item {access.namespace}/{access.id} ({err}): going on"
+                ),
+            )
+
+    async def _note_on_item(self, contract: Contract, what: str, updater: TaskUpdater) -> None:
+        """A comment on the attempt's work item saying how it went (none without an item)."""
+        if contract.work_item is None:
+            return
+        run = contract.run
+        try:
+            await comment_on_item(
+                contract.work_item, f"Attempt {run.attempt} of run {run.namespace}/{run.name} {what}"
+            )
+        except WorkItemError as err:  # a fenced-off attempt's comment is refused: its outcome still stands
+            await updater.update_status(
+                TaskState.TASK_STATE_WORKING,
+                self._text(updater, f"could not comment on the work item: {err}"),
+            )
+
+    async def _finish(self, text: str, updater: TaskUpdater, contract: Contract) -> None:
+        await self._note_on_item(contract, f"finished: {text}", updater)
         await updater.add_artifact([new_text_part(text)], name="answer")
         await updater.add_artifact(
             [new_data_part({"answer": text[:MAX_OUTPUT_CHARS]})], name=OUTPUTS_ARTIFACT

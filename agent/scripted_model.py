@@ -56,6 +56,7 @@ class Call:
     at: float
     task: str = ""  # the first user message (the Run's task), so tests can tell whose call it was
     tool_results: list[str] = field(default_factory=list)  # what the tools the model called answered
+    context: list[str] = field(default_factory=list)  # the user messages after the task (a work item's record)
 
 
 @dataclass
@@ -94,6 +95,14 @@ def first_user_text(messages: Any) -> str:
     return ""
 
 
+def user_texts(messages: Any) -> list[str]:
+    return [
+        str(m.get("content"))[:4000]
+        for m in (messages if isinstance(messages, list) else [])
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    ]
+
+
 def tool_results(messages: Any) -> list[str]:
     return [
         str(m.get("content"))[:500]
@@ -128,6 +137,7 @@ def build_app(state: ScriptedModel) -> Starlette:
                 time.time(),
                 first_user_text(body.get("messages")),
                 tool_results(body.get("messages")),
+                user_texts(body.get("messages"))[1:],
             )
         )
         step = state.next_step(model)

@@ -78,12 +78,13 @@ def with_item_tokens(store: Store, key: bytes | None, people: Authorize) -> Auth
                 f"the token of {access.run} attempt {access.attempt} reaches its work item "
                 f"{access.namespace}/{access.item} only",
             )
-        holder = Holder(uid=access.uid, run=access.run, triggered_by=access.user)
-        if await store.holder_of(work_item_key(namespace, access.item)) != (access.uid, access.fence):
+        claim = await store.claim_of(work_item_key(namespace, access.item))
+        if claim is None or (claim[0].uid, claim[1]) != (access.uid, access.fence):
             return error(
                 409, f"{access.run} attempt {access.attempt} no longer holds {namespace}/{access.item}"
             )
-        author = Author(user=access.user, run=access.run, run_uid=access.uid, attempt=access.attempt)
+        holder = claim[0]  # its triggering user is the store's to say: the token names nobody
+        author = Author(user=holder.triggered_by, run=holder.run, run_uid=holder.uid, attempt=access.attempt)
         return Writer(author, holder, access.fence)
 
     return authorize

@@ -1,7 +1,7 @@
 """The embedded default's HTTP API, on loopback: what the `ksquad` CLI talks to.
 
 Who may call it (Guard): a caller with the bearer token in `.ksquad/api.token` (made on first start, mode
-0600, read by the CLI), naming the API by its loopback host (a Host header of another name is refused: DNS
+0600, read by the CLI), or on /items/ a local agent with its attempt's item token, naming the API by its loopback host (a Host header of another name is refused: DNS
 rebinding). A browser page of another origin is refused whatever it sends. Requests that change something carry
 `application/json` (no form or text/plain body from a web page gets through without a preflight, which this API
 never grants), bodies are at most 4 MiB, and only the signals below are accepted.
@@ -45,9 +45,10 @@ from starlette.responses import JSONResponse, RedirectResponse, Response, Stream
 from starlette.routing import Route
 from temporalio.service import RPCError
 
+from agent.callers import ITEM_TOKEN_PREFIX
 from api.codec import codec_app
 from api.errors import ROUTING_ERRORS, error
-from api.items import Writer, item_routes
+from api.items import Writer, item_routes, with_item_tokens
 from api.streams import parse_cursor, stream_events
 from dev.embedded import EmbeddedRuns, RunRefuses, UnknownRun
 from store import Author, Store, StoreError
@@ -110,9 +111,11 @@ def api_app(
     hosts: frozenset[str],
     codec: EncryptionCodec | None = None,
     ui_upstream: str | None = None,
+    item_key: bytes | None = None,
 ) -> "Guard":
     """The API, behind its Guard: `token` for every caller, `hosts` the Host values it answers to, and the
-    Temporal UI of `ui_upstream` (the dev server's, started with the public path /ui) served at /ui/."""
+    Temporal UI of `ui_upstream` (the dev server's, started with the public path /ui) served at /ui/. The local
+    agents' item tokens are checked with `item_key` (the worker's)."""
 
     def key(request: Request) -> tuple[str, str]:
         return request.path_params["namespace"], request.path_params["name"]
@@ -253,7 +256,7 @@ def api_app(
         Route("/runs/{namespace}/{name}/events", events),
         Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", artifact),
         Route("/runs/{namespace}/{name}/{action:str}", signal_run, methods=["POST"]),
-        *item_routes(store, as_the_developer),
+        *item_routes(store, with_item_tokens(store, item_key, as_the_developer)),
     ]
     if ui_upstream is not None:
         routes += [
@@ -335,7 +338,11 @@ class Guard:
         in_session = path.startswith((f"{UI_PREFIX}/", "/codec/")) and hmac.compare_digest(
             request.cookies.get(SESSION_COOKIE, "").encode(), self.session.encode()
         )
-        if not in_session and not bearer_matches(request, self.token):
+        # An attempt's item token (agent.callers.item_token) goes on to the item routes, which check it.
+        item_token = path.startswith("/items/") and request.headers.get("authorization", "").startswith(
+            f"Bearer {ITEM_TOKEN_PREFIX}"
+        )
+        if not in_session and not item_token and not bearer_matches(request, self.token):
             if path.startswith(f"{UI_PREFIX}/"):
                 return error(401, "sign in first with the link `ksquad dev` printed (/ui/signin?token=...)")
             return error(401, "send Authorization: Bearer <the token in .ksquad/api.token>")

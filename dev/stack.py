@@ -34,6 +34,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agents import AgentActivities, CallerKeys
+from activities.agents.callers import ItemApi
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
@@ -56,6 +57,7 @@ TEMPORAL_PORT, UI_PORT, API_PORT, MODEL_PORT = 7233, 8233, 8234, 8400
 TOKEN_FILE = "api.token"  # the API's and the codec endpoint's bearer token (0600), read by the CLI
 SANDBOX_KEY_FILE = "sandbox-token.key"  # the worker's key for its local agents' caller tokens (0600)
 ENDPOINT_KEY_FILE = "endpoint-token.key"  # shared with Agent.spec.endpoint agents run on this machine (0600)
+ITEM_KEY_FILE = "item-token.key"  # the worker's and the API's: attempts' tokens for their work item (0600)
 SCRIPTED_MODEL = "scripted"
 # What the scripted model answers, by model name (agent/scripted_model.py has the step format); the demo's
 # runs name the last two.
@@ -218,8 +220,11 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             model_url, CredentialRef(secret_name=LOCAL_CREDENTIAL_SECRET, key="apiKey"), api_key
         )
         # Kept across restarts: a restarted stack still reaches the local agents of attempts in flight.
+        item_key = ensure_key_file(state / ITEM_KEY_FILE)
         keys = CallerKeys(
-            ensure_key_file(state / SANDBOX_KEY_FILE), ensure_key_file(state / ENDPOINT_KEY_FILE)
+            ensure_key_file(state / SANDBOX_KEY_FILE),
+            ensure_key_file(state / ENDPOINT_KEY_FILE),
+            ItemApi(api_url, item_key),  # local agents reach their work item through this stack's API
         )
         sandboxes = LocalSandboxes(
             SandboxSettings(backend="local"), local_model, log_dir=state / "sandboxes", keys=keys
@@ -244,7 +249,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
         runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
-        app = api_app(runs, store, token, loopback_names(api_port), codec, server.ui_url)
+        app = api_app(runs, store, token, loopback_names(api_port), codec, server.ui_url, item_key)
         api_reservation.close()
         await stack.enter_async_context(http_server(app, api_port))
         dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)

@@ -204,6 +204,15 @@ class Claims(StoreBase):
             ]
 
     @unavailable
+    async def claim_of(self, work_item_ref: str) -> tuple[Holder, int] | None:
+        """The item's holder now (its Run, uid and triggering user) and the fence, or None: nobody holds it."""
+        async with self.engine.connect() as c:
+            row = (await c.execute(sa.select(claims).where(claims.c.work_item_ref == work_item_ref))).first()
+        if row is None or row.holder_uid is None:
+            return None
+        return Holder(uid=row.holder_uid, run=row.holder_run, triggered_by=row.triggered_by), int(row.fence)
+
+    @unavailable
     async def holder_of(self, work_item_ref: str) -> tuple[str | None, int]:
         """(holder uid or None, current fence)."""
         async with self.engine.connect() as c:

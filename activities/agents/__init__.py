@@ -51,6 +51,7 @@ from workflows.activity_types import (
     FailureDetails,
     RunRef,
 )
+from workflows.contract import ExecutionContract
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,21 @@ class AgentActivities:
         self.keys = keys or process_keys()
         self._http: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
         self._cards: dict[str, tuple[float, AgentCard]] = {}  # endpoint -> (read at, monotonic; card)
+
+    async def work_item_for(self, contract: ExecutionContract) -> dict[str, str] | None:
+        """The attempt's access to its Run's work item, when the workItemRef names an item of the namespace (an
+        opaque ref, or a worker without an items API, gives none). The item is context: a store that does not
+        answer leaves the attempt without it, never fails it."""
+        run = contract.run
+        if run.work_item_ref is None or self.keys.items is None:
+            return None
+        try:
+            if await self.store.find_item(run.namespace, run.work_item_ref) is None:
+                return None
+        except StoreError as err:
+            log.warning("%s/%s: its work item is not given to the agent: %s", run.namespace, run.name, err)
+            return None
+        return self.keys.work_item_access(run)
 
     def http(self) -> httpx.AsyncClient:
         """One HTTP client for every call: a new one per call builds a TLS context each time (README,

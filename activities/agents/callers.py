@@ -32,9 +32,13 @@ from a2a.types import AgentCard
 from agent.callers import (
     ENDPOINT_KEY_ENV,
     ENDPOINT_TOKEN_SECONDS,
+    ITEM_KEY_ENV,
+    ITEM_TOKEN_SECONDS,
     SANDBOX_KEY_ENV,
     Claims,
+    ItemAccess,
     endpoint_token,
+    item_token,
     read_key,
     sandbox_token,
     token_sha256,
@@ -42,26 +46,60 @@ from agent.callers import (
 from workflows.contract import CredentialRef, ExecutionContract, ModelRef, RunIdentity
 
 log = logging.getLogger(__name__)
+ITEM_API_ENV = "KSQUAD_ITEM_API_URL"  # where sandboxes reach the items API (with KSQUAD_ITEM_TOKEN_KEY_FILE)
+
+
+@dataclass(frozen=True)
+class ItemApi:
+    """Where attempts reach their work items (ksquad-api's URL as sandboxes see it, or the embedded API) and the
+    key their item tokens are signed with, shared with that API."""
+
+    url: str
+    key: bytes
 
 
 @dataclass(frozen=True)
 class CallerKeys:
     sandbox: bytes  # the worker's own: sandboxes learn only hashes of what it makes
     endpoint: bytes | None = None  # shared with the shared endpoint agents' deployments
+    items: ItemApi | None = None  # None: attempts get no access to their work item
 
     @classmethod
     def from_env(cls) -> "CallerKeys":
         endpoint_file = os.environ.get(ENDPOINT_KEY_ENV)
         endpoint = read_key(endpoint_file) if endpoint_file else None
+        item_file, item_url = os.environ.get(ITEM_KEY_ENV), os.environ.get(ITEM_API_ENV)
+        items = ItemApi(item_url, read_key(item_file)) if item_file and item_url else None
         sandbox_file = os.environ.get(SANDBOX_KEY_ENV)
         if sandbox_file:
-            return cls(read_key(sandbox_file), endpoint)
+            return cls(read_key(sandbox_file), endpoint, items)
         log.warning(
             "%s is not set: sandbox tokens come from a key of this process; a restarted worker or another "
             "replica cannot reach the agents of attempts in flight",
             SANDBOX_KEY_ENV,
         )
-        return cls(process_keys().sandbox, endpoint)
+        return cls(process_keys().sandbox, endpoint, items)
+
+    def work_item_access(self, run: RunIdentity) -> dict[str, str] | None:
+        """The contract's `workItem` for this attempt (agent.contract.WorkItemAccess): the API and a token for its
+        Run's item. Made when the attempt's message is, so it is in no workflow history, spec or log."""
+        if self.items is None or run.work_item_ref is None:
+            return None
+        access = ItemAccess(
+            namespace=run.namespace,
+            item=run.work_item_ref,
+            run=f"{run.namespace}/{run.name}",
+            uid=run.uid,
+            attempt=run.attempt,
+            fence=run.fence,
+            expires=int(time.time()) + ITEM_TOKEN_SECONDS,
+        )
+        return {
+            "url": self.items.url,
+            "namespace": run.namespace,
+            "id": run.work_item_ref,
+            "token": item_token(self.items.key, access),
+        }
 
     def sandbox_token(self, run: RunIdentity) -> str:
         return sandbox_token(self.sandbox, run.namespace, run.uid, run.attempt, run.fence)

@@ -76,8 +76,12 @@ class Invocation:
         self.progress = progress
         self.identity = inv.contract.run
         self.record = Recorder(acts.store, holder, self.identity, progress)
+        self.acts = acts
+        self.work_item: dict[str, str] | None = None  # the contract's workItem, made for this request alone
 
     async def run(self) -> AgentResult:
+        if self.inv.continue_task is None:
+            self.work_item = await self.acts.work_item_for(self.inv.contract)
         try:
             return await self._run()
         except A2AClientError as err:  # outside a stream: a broken answer, or nobody answering at all
@@ -170,7 +174,10 @@ class Invocation:
         parts = [Part(text=text)]
         # The contract (prompts, inputs) travels over A2A, never in a pod spec.
         if self.inv.continue_task is None:
-            parts.append(new_data_part({CONTRACT_PART: self.inv.contract.for_sandbox()}))
+            contract = self.inv.contract.for_sandbox()
+            if self.work_item is not None:
+                contract["workItem"] = self.work_item
+            parts.append(new_data_part({CONTRACT_PART: contract}))
         message = Message(
             role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id, parts=parts
         )

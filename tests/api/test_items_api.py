@@ -179,7 +179,6 @@ def attempt_token(
         uid="uid-fix",
         attempt=attempt,
         fence=fence,
-        user="alice@example.com",
         expires=int(expires or time.time() + 600),
     )
     return f"Bearer {item_token(key, access)}"

@@ -1,0 +1,75 @@
+"""The attempt's work item, through the items API with the attempt's token (Contract.work_item): read into the
+prompt before the first model call, so a retry or the next agent starts from what earlier attempts and people
+wrote, and a comment left at the end saying what this attempt did. The item is context, not the task: when it
+cannot be read the attempt goes on without it, and says so."""
+
+from typing import Any
+
+import httpx2
+
+from agent.contract import WorkItemAccess
+
+TIMEOUT_SECONDS = 30.0
+MAX_ENTRIES = 200  # the latest ones, when an item's record is longer
+MAX_COMMENT = 4000
+
+
+class WorkItemError(Exception):
+    """The items API refused or did not answer; the message says which and why."""
+
+
+async def _call(access: WorkItemAccess, method: str, path: str, json: Any = None) -> Any:
+    url = f"{access.url.rstrip('/')}/items/{access.namespace}/{access.id}{path}"
+    try:
+        async with httpx2.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
+            response = await http.request(
+                method, url, json=json, headers={"Authorization": f"Bearer {access.token}"}
+            )
+    except httpx2.TransportError as err:
+        raise WorkItemError(f"the items API at {access.url} does not answer: {err!r}") from None
+    if response.status_code >= 300:
+        try:
+            reason = response.json().get("error")
+        except ValueError:
+            reason = None
+        raise WorkItemError(f"the items API answered {response.status_code}: {reason or response.text[:200]}")
+    return response.json()
+
+
+async def read_item(access: WorkItemAccess) -> str:
+    """The item as the model reads it: its title, state, body, then its entries in order with their authors."""
+    item = await _call(access, "GET", "")
+    entries: list[dict[str, Any]] = []
+    while True:
+        after = entries[-1]["seq"] if entries else 0
+        page = (await _call(access, "GET", f"/entries?after={after}"))["entries"]
+        entries += page
+        if not page or entries[-1]["seq"] >= item["last_seq"]:
+            break
+    lines = [
+        f"Work item {access.namespace}/{access.id}: {item['title']} (state: {item['state']})",
+        *([item["body"]] if item["body"] else []),
+    ]
+    earlier = [e for e in entries if e["kind"] != "created"][-MAX_ENTRIES:]
+    if earlier:
+        lines.append("\nIts record so far, oldest first:")
+    for entry in earlier:
+        author = entry.get("author") or {}
+        who = (
+            f"{author['run']} attempt {author.get('attempt')}"
+            if author.get("run")
+            else author.get("user") or "?"
+        )
+        if entry["kind"] == "state":
+            what = f"set the state to {(entry.get('data') or {}).get('state')}"
+            what += f": {entry['body']}" if entry["body"] else ""
+        elif entry["kind"] == "artifact":
+            what = f"published the artifact {(entry.get('data') or {}).get('name')}"
+        else:
+            what = f"wrote: {entry['body']}"
+        lines.append(f"- {who} {what}")
+    return "\n".join(lines)
+
+
+async def comment(access: WorkItemAccess, text: str) -> None:
+    await _call(access, "POST", "/comments", {"body": text[:MAX_COMMENT]})

@@ -1,0 +1,104 @@
+"""The work item as the coordination record, on the embedded default (Temporal's dev server, the worker, SQLite,
+local sandboxes of the reference agent, the scripted model, the API over HTTP): a person makes an item and
+comments; a Run on it fails its first attempt and says so on the item; the retry, in a new sandbox, reads that
+and the person's comment, succeeds and says so; each entry is attributed; a write with the first attempt's
+fence after the retry claimed is refused with 409 and is not in the item."""
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.callers import ItemAccess, item_token, read_key
+from dev.stack import ITEM_KEY_FILE, TOKEN_FILE, DevStack, dev_stack
+from store import work_item_key
+from testbed.embedded import stack_options, wait_terminal
+
+NS = "bench"  # wait_terminal's namespace
+API = "ksquad.io/v1alpha1"
+SCRIPT: dict[str, list[dict[str, Any]]] = {"fixer": [{"error": 500}, {"text": "froze the clock in the test"}]}
+
+
+@pytest.fixture
+async def dev(tmp_path: Path) -> AsyncIterator[DevStack]:
+    async with dev_stack(stack_options(tmp_path / ".ksquad", SCRIPT)) as stack:
+        yield stack
+
+
+async def test_a_retry_reads_what_the_failed_attempt_and_a_person_wrote_and_a_stale_holder_writes_nothing(
+    dev: DevStack,
+) -> None:
+    token = (dev.state_dir / TOKEN_FILE).read_text().strip()
+    async with httpx.AsyncClient(base_url=dev.api_url, headers={"Authorization": f"Bearer {token}"}) as api:
+        made = await api.post(
+            f"/items/{NS}",
+            json={"id": "PAY-9", "title": "test_payment_retry is flaky", "body": "It fails one run in ten."},
+        )
+        assert made.status_code == 201, made.text
+        await api.post(f"/items/{NS}/PAY-9/comments", json={"body": "Look at the clock the test reads."})
+        await dev.runs.apply(
+            [
+                {
+                    "apiVersion": API,
+                    "kind": "Agent",
+                    "metadata": {"name": "fixer", "namespace": NS},
+                    "spec": {"modelEndpointRef": "local", "model": "fixer"},
+                },
+                {
+                    "apiVersion": API,
+                    "kind": "Run",
+                    "metadata": {"name": "fix-pay-9", "namespace": NS},
+                    "spec": {
+                        "agents": ["fixer"],
+                        "inputs": {"task": "Fix the flaky test."},
+                        "workItemRef": "PAY-9",
+                        "retryPolicy": {"backoffSeconds": 1, "maxBackoffSeconds": 1},
+                    },
+                },
+            ]
+        )
+        assert await wait_terminal(dev, ["fix-pay-9"], within=90) == {"fix-pay-9": "Succeeded"}
+        entries = (await api.get(f"/items/{NS}/PAY-9/entries")).json()["entries"]
+
+        # The stale holder: attempt 1's token, with attempt 1's fence, after the retry claimed.
+        history = await dev.store.claim_history(work_item_key(NS, "PAY-9"))
+        first_fence = history[0].fence
+        run = await dev.runs.get(NS, "fix-pay-9")
+        stale = ItemAccess(NS, "PAY-9", f"{NS}/fix-pay-9", run.uid, 1, first_fence, int(time.time()) + 600)
+        late = await api.post(
+            f"/items/{NS}/PAY-9/comments",
+            json={"body": "attempt 1, late"},
+            headers={"Authorization": f"Bearer {item_token(read_key(dev.state_dir / ITEM_KEY_FILE), stale)}"},
+        )
+        after = (await api.get(f"/items/{NS}/PAY-9/entries")).json()["entries"]
+
+    developer = dev.runs.user
+    said = [(e["kind"], e["author"].get("run"), e["author"].get("attempt"), e["body"]) for e in entries]
+    assert said[:2] == [
+        ("created", None, None, "test_payment_retry is flaky"),
+        ("comment", None, None, "Look at the clock the test reads."),
+    ]
+    assert said[2][:3] == ("comment", f"{NS}/fix-pay-9", 1) and "Attempt 1 of run" in said[2][3], said
+    assert "failed: " in said[2][3] and "HTTP 500" in said[2][3], said[2]
+    assert said[3] == (
+        "comment",
+        f"{NS}/fix-pay-9",
+        2,
+        f"Attempt 2 of run {NS}/fix-pay-9 finished: froze the clock in the test",
+    )
+    assert all(e["author"]["user"] == developer for e in entries), (
+        "each entry is the developer's, by hand or by run"
+    )
+    assert entries[2]["fence"] < entries[3]["fence"], "each attempt wrote under its own claim's fence"
+
+    assert dev.scripted is not None
+    calls = dev.scripted.calls
+    first, retry = [c for c in calls if c.model == "fixer"]
+    assert any("Look at the clock the test reads." in text for text in first.context), first.context
+    assert any("Attempt 1 of run" in text and "HTTP 500" in text for text in retry.context), retry.context
+
+    assert late.status_code == 409 and "no longer holds" in late.json()["error"], late.text
+    assert after == entries, "the stale write is not in the item"
