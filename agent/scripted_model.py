@@ -56,7 +56,9 @@ class Call:
     at: float
     task: str = ""  # the first user message (the Run's task), so tests can tell whose call it was
     tool_results: list[str] = field(default_factory=list)  # what the tools the model called answered
-    context: list[str] = field(default_factory=list)  # the user messages after the task (a work item's record)
+    context: list[str] = field(
+        default_factory=list
+    )  # the user messages after the task (a work item's record)
 
 
 @dataclass
