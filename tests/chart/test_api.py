@@ -15,7 +15,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,18 +25,18 @@ import httpx
 import yaml
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import Page
 from temporalio.api.common.v1 import Payloads
 
 from dev.devserver import DevServer
 from testbed.agents import MODEL_KEY, ModelEndpoint
 from tests.chart.conftest import API_URL, HOME, NS, Release, phase_of, ui_origin, wait_for
+from tests.support.browser import UI_WAIT_MS, PageLog, chromium, wait_for_text
 from tests.support.dev import ksquad
 
 MODEL = "api-model"
 ANSWER = "Answered through the cluster."
 KEY_ID = "encryption-key-id"
-UI_WAIT_MS = 90_000  # the Temporal UI on a busy node (make test's two workers on 2 cores)
 
 
 def squad(release: Release, model: ModelEndpoint) -> None:
@@ -210,11 +209,9 @@ async def test_ksquad_runs_watch_streams_a_run_through_the_api_across_its_restar
 
 
 @asynccontextmanager
-async def temporal_ui(release: Release, dev_server: DevServer) -> AsyncIterator[tuple[Page, str]]:
+async def temporal_ui(release: Release, dev_server: DevServer) -> AsyncIterator[tuple[Page, PageLog, str]]:
     """Debian's Chromium with the Temporal UI set to decode through ksquad-api's codec endpoint (not signed in
-    yet: `sign_in`), and the UI's origin."""
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
+    yet: `sign_in`), what went wrong for its page, and the UI's origin."""
     ui = ui_origin(dev_server)
     settings = {
         "endpoint": json.dumps(f"{API_URL}/codec"),
@@ -223,25 +220,11 @@ async def temporal_ui(release: Release, dev_server: DevServer) -> AsyncIterator[
         "passAccessToken": "false",
     }
     script = "".join(f"localStorage.setItem({k!r}, {v!r});" for k, v in settings.items())
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=chromium,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        try:
-            context = await browser.new_context()
-            await context.add_init_script(f"if (location.origin === {ui!r}) {{ {script} }}")
-            yield await context.new_page(), ui
-        finally:
-            await browser.close()
+    async with chromium() as browser:
+        context = await browser.new_context()
+        await context.add_init_script(f"if (location.origin === {ui!r}) {{ {script} }}")
+        page = await context.new_page()
+        yield page, PageLog(page), ui
 
 
 async def sign_in(page: Page, release: Release) -> None:
@@ -272,7 +255,7 @@ async def current_details(page: Page) -> str:
 async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
     release: Release, dev_server: DevServer, tmp_path: Path
 ) -> None:
-    async with temporal_ui(release, dev_server) as (page, ui):
+    async with temporal_ui(release, dev_server) as (page, log, ui):
         page_url = await workflow_page(release, ui, f"{NS}/watched")
         # Not signed in: the codec refuses, the UI says so and shows no plaintext.
         await page.goto(page_url)
@@ -281,7 +264,7 @@ async def test_the_temporal_ui_shows_decoded_payloads_through_the_api_codec(
         await sign_in(page, release)
         await page.goto(page_url)
         for text in ("Answer through the cluster.", ANSWER, "sandbox for attempt 1"):
-            await page.wait_for_selector(f"text={text}", timeout=UI_WAIT_MS)
+            await wait_for_text(page, log, text)
         await page.screenshot(path=str(tmp_path / "temporal-ui-decoded.png"), full_page=True)
 
 
@@ -335,12 +318,12 @@ async def test_a_codec_key_rotated_while_a_run_is_paused_leaves_every_history_re
     assert paused["pauseReason"] == "RateLimited"
     # As an operator finds it in the Temporal UI: the workflow's page says it is paused and why (its current
     # details), and its timer's summary (decoded through the codec) says when it resumes.
-    async with temporal_ui(release, dev_server) as (page, ui):
+    async with temporal_ui(release, dev_server) as (page, log, ui):
         await sign_in(page, release)
         await page.goto(await workflow_page(release, ui, f"{NS}/rotated"))
-        await page.wait_for_selector("text=/rate limited: resume at/", timeout=UI_WAIT_MS)
+        await wait_for_text(page, log, "/rate limited: resume at/")
         await page.get_by_text("User Metadata").click()
-        await page.wait_for_selector("text=Current Details", timeout=UI_WAIT_MS)
+        await wait_for_text(page, log, "Current Details")
         shown = await current_details(page)
         await page.screenshot(path=str(tmp_path / "temporal-ui-paused.png"), full_page=True)
         assert shown == f"Paused: {paused['message']}", shown

@@ -16,7 +16,6 @@ from urllib.parse import quote
 import pytest
 import yaml
 from google.protobuf import json_format
-from playwright.async_api import async_playwright
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -25,22 +24,11 @@ from temporalio.client import Client
 
 from agent.scripted_model import ScriptedModel, build_app
 from testbed.asgi import serving
+from tests.support.browser import PageLog, chromium, wait_for_text
 from tests.support.dev import DevProcess
 
 CANARY = "sk-canary-5d1e0c6b"
 MARKER = "DECODE-MARKER-3b9e"  # an answer the UI shows near the top of a run's result, once decoded
-# How long the UI may take to show a decoded payload: it loads its scripts through this API's proxy, and under
-# make test's two workers on 2 cores that took over 30 s once.
-UI_WAIT_MS = 90_000
-PLAYWRIGHT_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -113,8 +101,8 @@ def curl(*args: str) -> tuple[int, str]:
 
 
 async def test_a_page_of_another_origin_changes_nothing(dev: DevProcess, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
+    executable = shutil.which("chromium")
+    assert executable, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
     path = tmp_path / "victim.yaml"
     path.write_text(yaml.safe_dump_all([AGENT, run_doc("victim")]))
     assert (await dev.cli("run", "-f", str(path))).code == 0
@@ -159,7 +147,7 @@ async def test_a_page_of_another_origin_changes_nothing(dev: DevProcess, tmp_pat
     ) as attacker:
         assert attacker.split(":")[-1] != api.split(":")[-1], "another origin"
         browser = await asyncio.create_subprocess_exec(
-            chromium,
+            executable,
             *CHROMIUM_FLAGS,
             f"--user-data-dir={tmp_path / 'chromium'}",
             "--dump-dom",
@@ -331,8 +319,6 @@ async def test_another_local_process_cannot_decode_the_history_the_signed_in_bro
 ) -> None:
     """Any local process can send an `Origin` header and read the UI's settings, so neither opens the codec: its
     token or the session cookie that signing in (with the link `ksquad dev` printed) gives the browser does."""
-    chromium = shutil.which("chromium")
-    assert chromium, "Debian's chromium is missing: `make test` installs it (apt-get install chromium)"
     marker = MARKER
     path = tmp_path / "decoded.yaml"
     path.write_text(yaml.safe_dump_all([AGENT, run_doc("decoded", "marked")]))
@@ -362,16 +348,10 @@ async def test_another_local_process_cannot_decode_the_history_the_signed_in_bro
             assert code in (401, 403) and marker not in answer, (origin, route, code, answer)
 
     page_url = f"/ui/namespaces/default/workflows/{quote(run['id'], safe='')}/{run['runId']}/history"
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=chromium, args=PLAYWRIGHT_FLAGS)
-        try:
-            page = await (await browser.new_context()).new_page()
-            await page.goto(api + page_url)  # not signed in: the API says how to
-            assert "sign in first" in await page.content()
-            await page.goto(f"{dev.info['uiSignIn']}&next={quote(page_url)}")
-            try:
-                await page.wait_for_selector(f"text={marker}", timeout=UI_WAIT_MS)
-            finally:
-                await page.screenshot(path=str(tmp_path / "embedded-ui-decoded.png"), full_page=True)
-        finally:
-            await browser.close()
+    async with chromium() as browser:
+        page = await (await browser.new_context()).new_page()
+        log = PageLog(page)
+        await page.goto(api + page_url)  # not signed in: the API says how to
+        assert "sign in first" in await page.content()
+        await page.goto(f"{dev.info['uiSignIn']}&next={quote(page_url)}")
+        await wait_for_text(page, log, marker, tmp_path / "embedded-ui-decoded.png")
