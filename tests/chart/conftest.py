@@ -34,6 +34,9 @@ NS = "ksquad-system"  # the Runs': the seed Run's
 RELEASE = "ksquad"
 API_NODE_PORT = 30480
 API_URL = f"http://{NODE_ADDRESS}:{API_NODE_PORT}"
+# How sandboxes reach ksquad-api for their work items: the test bed has no cluster DNS, so the Service gets a fixed
+# address of the Service range (through kube-proxy to the API's pod, as the sandboxes' NetworkPolicy allows).
+API_CLUSTER_IP = "10.0.0.80"
 SEED_TASK = "Stabilize the flaky payment-retry test."
 T = TypeVar("T")
 
@@ -190,6 +193,10 @@ async def release(
         f"api.uiOrigins={{{ui_origin(dev_server)}}}",
         "--set",
         "api.codecTokenSecret.name=ksquad-codec-token",
+        "--set",
+        f"api.service.clusterIP={API_CLUSTER_IP}",
+        "--set",
+        f"api.itemsUrl=http://{API_CLUSTER_IP}:8080",
     ]
     started = time.monotonic()
     installed = helm(

@@ -1,5 +1,6 @@
 """The Helm chart lints clean and renders what production needs."""
 
+import base64
 import json
 import subprocess
 import tomllib
@@ -147,6 +148,38 @@ def test_the_codec_key_ring_is_mounted_from_its_secret_into_every_process_that_t
     for deployment in (d for d in without if d["kind"] == "Deployment"):
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert "KSQUAD_CODEC_KEY_FILE" not in {e["name"] for e in container["env"]}
+
+
+def test_the_item_token_key_reaches_the_worker_and_the_api_alone_and_the_worker_knows_the_api() -> None:
+    docs = chart.render(VALUES)
+    (secret,) = [
+        d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-item-token-key")
+    ]
+    key_file = base64.b64decode(secret["data"]["key"])  # what the pods read: 32 random bytes, base64
+    assert len(base64.b64decode(key_file, validate=True)) == 32
+    holders = {}
+    for deployment in (d for d in docs if d["kind"] == "Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+        holders[deployment["metadata"]["name"]] = (secret["metadata"]["name"] in secrets, env)
+    assert {name for name, (held, _) in holders.items() if held} == {"ksquad-worker", "ksquad-api"}
+    for name in ("ksquad-worker", "ksquad-api"):
+        assert holders[name][1]["KSQUAD_ITEM_TOKEN_KEY_FILE"] == "/var/run/ksquad/item-token/key"
+    url = f"http://ksquad-api.{chart.RELEASE_NAMESPACE}.svc:8080"
+    assert holders["ksquad-worker"][1]["KSQUAD_ITEM_API_URL"] == url
+    with_tls = chart.render({**VALUES, "api": {"tlsSecret": "api-tls"}})
+    (worker,) = [
+        d for d in with_tls if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-worker"
+    ]
+    env = {e["name"]: e.get("value") for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KSQUAD_ITEM_API_URL"] == url.replace("http:", "https:")
+    without = chart.render({**VALUES, "api": {"enabled": False}})
+    assert not [d for d in without if d["kind"] == "Secret" and "item-token" in d["metadata"]["name"]]
+    (worker,) = [d for d in without if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-worker"]
+    names = {e["name"] for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert not names & {"KSQUAD_ITEM_TOKEN_KEY_FILE", "KSQUAD_ITEM_API_URL"}, "no API: no way to an item"
 
 
 def test_the_default_images_are_the_projects_version_built_by_make_images() -> None:
@@ -311,29 +344,45 @@ def test_the_bridge_survives_a_node_drain_and_the_worker_rolls_when_its_sandbox_
     assert checksum(VALUES) != checksum({**VALUES, "sandbox": {"runtimeClasses": {"gvisor": "gvisor-v2"}}})
 
 
-def _sandbox_policy(egress: list[dict[str, Any]], **network: Any) -> dict[str, Any]:
-    docs = chart.render({**VALUES, "sandbox": {"network": {"egress": egress, **network}}})
+def _sandbox_policy(egress: list[dict[str, Any]], api: bool = True, **network: Any) -> dict[str, Any]:
+    docs = chart.render(
+        {**VALUES, "api": {"enabled": api}, "sandbox": {"network": {"egress": egress, **network}}}
+    )
     (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["namespace"] == "payments"]
     spec: dict[str, Any] = policy["spec"]
     return spec
 
 
-def test_sandboxes_may_ask_only_the_cluster_dns_in_kube_system() -> None:
+def test_sandboxes_may_ask_only_the_cluster_dns_in_kube_system_and_ksquad_api_for_their_item() -> None:
     spec = _sandbox_policy([])
     assert spec["podSelector"] == {"matchLabels": {"app.kubernetes.io/component": "sandbox"}}
     assert spec["policyTypes"] == ["Ingress", "Egress"]
-    # One peer (namespace AND pod selector): a pod labelled k8s-app=kube-dns elsewhere is not the cluster DNS.
+    # One peer each (namespace AND pod selector): a pod labelled k8s-app=kube-dns (or component=api) elsewhere is
+    # neither the cluster DNS nor ksquad-api.
+    dns = {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+            }
+        ],
+        "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+    }
     assert spec["egress"] == [
+        dns,
         {
             "to": [
                 {
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": chart.RELEASE_NAMESPACE}
+                    },
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/component": "api"}},
                 }
             ],
-            "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
-        }
+            "ports": [{"port": 8080, "protocol": "TCP"}],
+        },
     ]
+    assert _sandbox_policy([], api=False)["egress"] == [dns], "no API, no way out to it"
     (ingress,) = spec["ingress"]
     assert ingress["from"] == [
         {
@@ -381,7 +430,7 @@ def test_sandboxes_may_ask_only_the_cluster_dns_in_kube_system() -> None:
 def test_egress_cidrs_never_include_the_link_local_metadata_addresses(
     cidr: str, excepted: list[str] | None
 ) -> None:
-    spec = _sandbox_policy([{"cidr": cidr, "ports": [443]}])
+    spec = _sandbox_policy([{"cidr": cidr, "ports": [443]}], api=False)
     (dns, configured) = spec["egress"]
     assert dns["ports"][0] == {"port": 53, "protocol": "UDP"}
     expected: dict[str, Any] = {"cidr": cidr} if excepted is None else {"cidr": cidr, "except": excepted}

@@ -126,6 +126,40 @@ capabilities:
   secret: {secretName: {{ include "ksquad.sealSecretName" . }}, defaultMode: 0440}
 {{- end -}}
 
+{{- /* Attempts' work item tokens (agent.callers.item_token): the worker signs them, ksquad-api checks them
+       (templates/items.yaml). Only with the API: without it no attempt is given a way to its item. */ -}}
+{{- define "ksquad.itemKeySecretName" -}}
+{{- .Values.api.itemTokenKeySecret.name | default (printf "%s-item-token-key" .Release.Name) -}}
+{{- end -}}
+
+{{- define "ksquad.itemKeyEnv" -}}
+{{- if .Values.api.enabled }}
+- {name: KSQUAD_ITEM_TOKEN_KEY_FILE, value: /var/run/ksquad/item-token/{{ .Values.api.itemTokenKeySecret.key }}}
+{{- end }}
+{{- end -}}
+
+{{- define "ksquad.itemKeyMount" -}}
+{{- if .Values.api.enabled }}
+- {name: item-token-key, mountPath: /var/run/ksquad/item-token, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "ksquad.itemKeyVolume" -}}
+{{- if .Values.api.enabled }}
+- name: item-token-key
+  secret: {secretName: {{ include "ksquad.itemKeySecretName" . }}, defaultMode: 0440}
+{{- end }}
+{{- end -}}
+
+{{- /* Where attempts reach ksquad-api for their work items: api.itemsUrl, or the Service's cluster address. */ -}}
+{{- define "ksquad.itemsUrl" -}}
+{{- if .Values.api.itemsUrl -}}
+{{- .Values.api.itemsUrl -}}
+{{- else -}}
+{{- printf "%s://ksquad-api.%s.svc:%v" (ternary "https" "http" (not (empty .Values.api.tlsSecret))) .Release.Namespace .Values.api.service.port -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ksquad.codecMount" -}}
 {{- if .Values.codec.keySecret.name }}
 - {name: codec-key, mountPath: /var/run/ksquad/codec, readOnly: true}
