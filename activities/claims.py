@@ -55,6 +55,8 @@ class ClaimActivities:
     @activity.defn(name=Activity.CLAIM_WORK_ITEM)
     async def claim_work_item(self, req: ClaimRequest) -> Claim:
         try:
+            # Asked first: a store that fails here has claimed nothing, and the retried activity asks again.
+            item = await self.store.find_item(req.run.namespace, req.work_item_ref) is not None
             result = await self.store.claim(
                 work_item_key(req.run.namespace, req.work_item_ref), holder_of(req.run), req.lease_seconds
             )
@@ -71,7 +73,10 @@ class ClaimActivities:
                 result.took_over_from,
             )
         return Claim(
-            work_item_ref=req.work_item_ref, fence=result.fence, lease_expires_at=result.lease_expires_at
+            work_item_ref=req.work_item_ref,
+            fence=result.fence,
+            lease_expires_at=result.lease_expires_at,
+            item=item,
         )
 
     @activity.defn(name=Activity.FENCE_WORK_ITEM)

@@ -46,7 +46,7 @@ from agent.contract import Contract, ContractError, Model, WorkItemAccess, build
 from agent.credentials import CredentialError, Credentials
 from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, complete
 from agent.tools import ToolBox
-from agent.work_item import WorkItemError, read_item
+from agent.work_item import WorkItemError, read_item, set_state
 from agent.work_item import comment as comment_on_item
 
 log = logging.getLogger("ksquad.agent")
@@ -89,6 +89,7 @@ class Conversation:
     pending_question: str | None = None  # the tool call id of an unanswered ksquad_request_input
     refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
     item_read: bool = False  # the work item went into the conversation (once: a follow-up goes on from there)
+    item_state: str | None = None  # its state when read: an item already done is not marked done again
 
 
 @dataclass
@@ -303,7 +304,7 @@ class KsquadAgentExecutor(AgentExecutor):
                     return
                 conversation.messages.append(turn.assistant_message())
                 if not turn.tool_calls:
-                    await self._finish(turn.text, updater, contract)
+                    await self._finish(turn.text, updater, contract, conversation.item_state != "done")
                     return
                 for call in turn.tool_calls:
                     if call.name == ASK_USER:
@@ -350,19 +351,25 @@ class KsquadAgentExecutor(AgentExecutor):
     async def _read_work_item(
         self, access: WorkItemAccess, conversation: Conversation, updater: TaskUpdater
     ) -> None:
-        """The item and its record after the task: what earlier attempts, other agents and people said."""
+        """The item and its record after the task: what earlier attempts, other agents and people said; an open
+        or blocked item is in progress from now."""
         try:
-            conversation.messages.append({"role": "user", "content": await read_item(access)})
+            state, text = await read_item(access)
+            conversation.item_state = state
+            conversation.messages.append({"role": "user", "content": text})
+            if state in ("open", "blocked"):
+                await set_state(access, "in-progress")
         except WorkItemError as err:
             await updater.update_status(
                 TaskState.TASK_STATE_WORKING,
-                self._text(
-                    updater, f"could not read work item {access.namespace}/{access.id} ({err}): going on"
-                ),
+                self._text(updater, f"work item {access.namespace}/{access.id}: {err}: going on without it"),
             )
 
-    async def _note_on_item(self, contract: Contract, what: str, updater: TaskUpdater) -> None:
-        """A comment on the attempt's work item saying how it went (none without an item)."""
+    async def _note_on_item(
+        self, contract: Contract, what: str, updater: TaskUpdater, done: bool = False
+    ) -> None:
+        """A comment on the attempt's work item saying how it went, and the item done if the attempt finished
+        (nothing without an item)."""
         if contract.work_item is None:
             return
         run = contract.run
@@ -370,14 +377,16 @@ class KsquadAgentExecutor(AgentExecutor):
             await comment_on_item(
                 contract.work_item, f"Attempt {run.attempt} of run {run.namespace}/{run.name} {what}"
             )
+            if done:
+                await set_state(contract.work_item, "done")
         except WorkItemError as err:  # a fenced-off attempt's comment is refused: its outcome still stands
             await updater.update_status(
                 TaskState.TASK_STATE_WORKING,
                 self._text(updater, f"could not comment on the work item: {err}"),
             )
 
-    async def _finish(self, text: str, updater: TaskUpdater, contract: Contract) -> None:
-        await self._note_on_item(contract, f"finished: {text}", updater)
+    async def _finish(self, text: str, updater: TaskUpdater, contract: Contract, mark_done: bool) -> None:
+        await self._note_on_item(contract, f"finished: {text}", updater, done=mark_done)
         await updater.add_artifact([new_text_part(text)], name="answer")
         await updater.add_artifact(
             [new_data_part({"answer": text[:MAX_OUTPUT_CHARS]})], name=OUTPUTS_ARTIFACT

@@ -1,7 +1,8 @@
 """The attempt's work item, through the items API with the attempt's token (Contract.work_item): read into the
 prompt before the first model call, so a retry or the next agent starts from what earlier attempts and people
-wrote, and a comment left at the end saying what this attempt did. The item is context, not the task: when it
-cannot be read the attempt goes on without it, and says so."""
+wrote; marked in progress while an attempt works it, and done when one finishes, with a comment saying what
+each attempt did. The item is context, not the task: when it cannot be read or written the attempt goes on
+without it, and says so."""
 
 from typing import Any
 
@@ -36,8 +37,9 @@ async def _call(access: WorkItemAccess, method: str, path: str, json: Any = None
     return response.json()
 
 
-async def read_item(access: WorkItemAccess) -> str:
-    """The item as the model reads it: its title, state, body, then its entries in order with their authors."""
+async def read_item(access: WorkItemAccess) -> tuple[str, str]:
+    """The item's state, and the item as the model reads it: its title, state, body, then its entries in order
+    with their authors."""
     item = await _call(access, "GET", "")
     entries: list[dict[str, Any]] = []
     while True:
@@ -68,8 +70,13 @@ async def read_item(access: WorkItemAccess) -> str:
         else:
             what = f"wrote: {entry['body']}"
         lines.append(f"- {who} {what}")
-    return "\n".join(lines)
+    return item["state"], "\n".join(lines)
 
 
 async def comment(access: WorkItemAccess, text: str) -> None:
     await _call(access, "POST", "/comments", {"body": text[:MAX_COMMENT]})
+
+
+async def set_state(access: WorkItemAccess, state: str) -> None:
+    """Move the item to `state` (open, in-progress, blocked, done; the API says which moves its state allows)."""
+    await _call(access, "POST", "/state", {"state": state})

@@ -53,6 +53,9 @@ def age(timestamp: str | None) -> str:
     return f"{max(seconds, 0)}s"
 
 
+RUN_COLUMNS = ["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "ITEM", "AGE"]
+
+
 def run_row(run: dict[str, Any]) -> list[str]:
     meta, status = run["metadata"], run.get("status") or {}
     return [
@@ -62,6 +65,7 @@ def run_row(run: dict[str, Any]) -> list[str]:
         status.get("reason") or "-",
         str(status.get("attempt") or 0),
         status.get("agent") or "-",
+        (run.get("spec") or {}).get("workItemRef") or "-",
         age(meta.get("creationTimestamp")),
     ]
 
@@ -90,6 +94,14 @@ def describe(run: dict[str, Any]) -> str:
     ):
         if status.get(key):
             lines.append(f"  {label + ':':<10}{status[key]}")
+    ref, claimed = (run.get("spec") or {}).get("workItemRef"), status.get("workItem")
+    if ref:
+        what = ""  # not claimed yet: whether it names an item is not known
+        if claimed:
+            what = (
+                " (its record: ksquad items get)" if claimed.get("item") else " (names no work item: a lock)"
+            )
+        lines.append(f"  item:     {ref}{what}")
     if status.get("workflow"):
         lines.append(f"  workflow: {status['workflow'].get('id')} (run {status['workflow'].get('runId')})")
     for key, value in (status.get("outputs") or {}).items():
@@ -247,7 +259,7 @@ async def runs_command(args: argparse.Namespace) -> int:
             else:
                 print(
                     table(
-                        ["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"],
+                        RUN_COLUMNS,
                         [run_row(r) for r in items],
                     )
                 )
@@ -260,9 +272,7 @@ async def runs_command(args: argparse.Namespace) -> int:
             elif args.output == "yaml":
                 print(yaml.safe_dump(run, sort_keys=False), end="")
             else:
-                print(
-                    table(["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "AGE"], [run_row(run)])
-                )
+                print(table(RUN_COLUMNS, [run_row(run)]))
             return 0
         if action == "artifacts":
             return await artifacts(target, namespace, name, args.artifact, as_json)

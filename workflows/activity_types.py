@@ -71,6 +71,7 @@ class Claim(KsquadModel):
     work_item_ref: str
     fence: int
     lease_expires_at: datetime | None = None
+    item: bool = False  # the ref names a work item of the namespace (else it is a lock key alone)
 
 
 class ClaimUpdate(KsquadModel):

@@ -89,6 +89,9 @@ class WorkItemStatus(KsquadModel):
     """spec.workItemRef."""
     fence: int
     """The fencing token of the Run's claim: writes with an older one are refused."""
+    item: bool = False
+    """True when the ref names a work item of the namespace (`ksquad items get`), which the agent is given to read
+    and write; false when it names none and is a lock key alone (at most one Run at a time holds it)."""
 
 
 class WorkflowRef(KsquadModel):

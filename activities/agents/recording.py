@@ -2,6 +2,7 @@
 outputs taken; each write carries the attempt's fence, so a holder fenced off by the workflow cannot write."""
 
 import json
+from contextlib import suppress
 from typing import Any
 
 from a2a.helpers import get_data_parts, get_message_text, get_text_parts
@@ -11,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress
 from activities.claims import as_activity_error
-from store import Holder, StaleFence, Store, StoreError, work_item_key
+from store import Author, Holder, ItemNotFound, StaleFence, Store, StoreError, work_item_key
 from workflows.activity_types import AgentError, FailureDetails
 from workflows.contract import RunIdentity
 from workflows.status import Artifact
@@ -89,14 +90,36 @@ class Recorder:
                 work_item_ref=self.item_key,
             )
         )
-        self.progress.artifacts.append(
-            Artifact(
-                name=name,
-                media_type=media_type,
-                size=len(content),
-                uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}",
-            )
+        published = Artifact(
+            name=name,
+            media_type=media_type,
+            size=len(content),
+            uri=f"ksquad://runs/{self.identity.uid}/artifacts/{name}",
         )
+        self.progress.artifacts.append(published)
+        await self._on_item(published)
+
+    async def _on_item(self, artifact: Artifact) -> None:
+        """The artifact in the record of the Run's work item, as this attempt's (a ref that names no item is a
+        lock key alone: nothing to record)."""
+        identity, holder = self.identity, self.holder
+        if identity.work_item_ref is None:
+            return
+        author = Author(holder.triggered_by, holder.run, holder.uid, identity.attempt)
+        entry = {
+            "name": artifact.name,
+            "mediaType": artifact.media_type,
+            "size": artifact.size,
+            "uri": artifact.uri,
+        }
+
+        async def add() -> None:
+            with suppress(ItemNotFound):
+                await self.store.add_item_artifact(
+                    identity.namespace, identity.work_item_ref or "", entry, author, holder, identity.fence
+                )
+
+        await self._fenced(add())
 
     async def catch_up_artifacts(self, task: Task) -> None:
         """A task read whole (found again after a restart, or probed after a broken stream) carries artifacts

@@ -72,6 +72,7 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
     assert in_order(seen, ["Pending", "Claiming", "Running", "Succeeded"]), seen
     assert status["outputs"] == {"answer": "Stabilized the payment-retry test."}
     assert status["workItem"]["ref"] == "wi-8123"
+    assert status["workItem"]["item"] is False, "no work item of that id: the ref is a lock key, and says so"
     assert status["observedGeneration"] == run["metadata"]["generation"]
     assert status["triggeredBy"] == "ksquad-test-admin", "stamped at admission: the user who applied it"
     assert run["metadata"]["annotations"]["ksquad.io/triggered-by"] == "ksquad-test-admin"

@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from activities.agents.recording import MAX_ARTIFACTS
 from testbed.embedded import MODEL, NAMESPACE, bench_stack, wait_terminal
 from tests.faults.bad_agents import A2A_BEHAVIOURS, FLOOD_UPDATES, NOT_JSON_RPC, bad_agents
 
@@ -42,6 +43,7 @@ def docs_for(behaviour: str, endpoint: str) -> list[dict[str, Any]]:
             "metadata": {"name": f"r-{behaviour}", "namespace": NAMESPACE},
             "spec": {
                 "agents": [f"bad-{behaviour}"],
+                "workItemRef": f"item-{behaviour}",
                 "retryPolicy": {"maxRetries": 0},
                 "timeouts": {"runSeconds": HANG_SECONDS if behaviour == "hang" else 300},
             },
@@ -54,6 +56,8 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
 ) -> None:
     behaviours = [*A2A_BEHAVIOURS, *NOT_JSON_RPC]
     async with bad_agents() as agents, bench_stack(tmp_path) as (dev, _agent):
+        for b in behaviours:
+            await dev.store.create_item(NAMESPACE, f"item-{b}", title=b, created_by="tester")
         started = time.monotonic()
         await dev.runs.apply([d for b in behaviours for d in docs_for(b, agents.endpoint(b))])
         phases = await wait_terminal(dev, [f"r-{b}" for b in behaviours], within=300)
@@ -63,6 +67,7 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
             b: [e for e in await dev.store.events((await dev.runs.get(NAMESPACE, f"r-{b}")).uid)]
             for b in behaviours
         }
+        on_items = {b: await dev.store.item_events(NAMESPACE, f"item-{b}") for b in behaviours}
 
     got = {b: (s.get("phase"), s.get("reason")) for b, s in statuses.items()}
     assert got == EXPECTED, (
@@ -75,6 +80,12 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
     assert "runSeconds" in statuses["hang"]["message"]
     assert "artifact" in statuses["huge-artifact"]["message"]
     assert "artifacts" in statuses["many-artifacts"]["message"]
+    # The work item keeps what was recorded whole, and nothing of what was refused.
+    many = [e.data for e in on_items["many-artifacts"] if e.kind == "artifact"]
+    assert 0 < len(many) <= MAX_ARTIFACTS and all(d and d["size"] > 0 for d in many), many[:3]
+    assert not [e for e in on_items["huge-artifact"] if e.kind == "artifact"], (
+        "no trace of the 10 MB artifact"
+    )
     assert len(statuses["huge-answer"]["outputs"]["answer"]) <= 4096
     assert agents.seen["flood"].sent_updates == FLOOD_UPDATES
     flood_events = [e for e in events["flood"] if e.kind == "status"]

@@ -76,7 +76,7 @@ class Holdings:
                 f"could not claim {ref} within timeouts.claimSeconds ({self.claim_seconds}s): {cause(err)}",
             ) from err
         self.claim_fence = claim.fence
-        self.mirror.status.work_item = WorkItemStatus(ref=ref, fence=claim.fence)
+        self.mirror.status.work_item = WorkItemStatus(ref=ref, fence=claim.fence, item=claim.item)
         self.mirror.condition(ConditionType.WORK_ITEM_CLAIMED, True, "Claimed", f"{ref} fence {claim.fence}")
         return claim.fence
 
