@@ -1,11 +1,12 @@
 """`ksquad dev --demo` (what `make demo` runs): three runs on the embedded stack, each telling part of the story.
 
 1. the seed's Run (`examples/fix-flaky-tests.yaml`, verbatim) with its squad (`examples/local-squad.yaml`):
-   Pending -> Claiming -> Running -> Succeeded, with the agent's answer as its output;
+   Pending -> Claiming -> Running -> Succeeded, with the agent's answer as its output; its work item (made
+   first, with a comment of the developer's) read by the agent, commented on, done, its answer listed there;
 2. a Run whose model answers 429 with Retry-After: Paused(RateLimited) until then, resumed, Succeeded;
 3. a Run whose model takes ten minutes: cancelled while Running, ends Cancelled with its sandbox gone.
 
-Then a summary table and the Temporal UI address (checked to answer). Exit status 0 only when every run
+Then a summary table, the work item's record and the Temporal UI address (checked to answer). Exit status 0 only when every run
 ended as expected.
 """
 
@@ -19,11 +20,14 @@ import httpx
 import yaml
 
 from dev.stack import DevStack
+from store import Author
 from workflows.signals import RunSignal
 from workflows.status import Phase
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEMO_TIMEOUT_SECONDS = 100.0
+ITEM_TITLE = "Stabilize the flaky payment-retry test"
+ITEM_COMMENT = "It reads the wall clock: look there first."
 
 
 def load(*files: Path) -> list[Any]:
@@ -62,6 +66,15 @@ async def run_demo(dev: DevStack) -> int:
             await dev.runs.delete(namespace, name)
     timeline = Timeline(dev)
     uids: dict[str, str] = {}
+    item_id = load(seed)[0]["spec"]["workItemRef"]
+    developer = Author(dev.runs.user)
+    item = await dev.store.find_item(namespace, item_id)
+    if item is None:
+        await dev.store.create_item(namespace, item_id, title=ITEM_TITLE, created_by=developer.user or "")
+    elif item.state == "done":  # a previous demo's: open it again
+        await dev.store.set_item_state(namespace, item_id, "open", developer, note="the demo runs again")
+    said = await dev.store.comment(namespace, item_id, ITEM_COMMENT, developer)
+    print(f"\nwork item {namespace}/{item_id}: {ITEM_TITLE!r}, and your comment {ITEM_COMMENT!r}")
 
     async def apply(*files: Path) -> None:
         for result in await dev.runs.apply(load(*files)):
@@ -127,6 +140,17 @@ async def run_demo(dev: DevStack) -> int:
             f"{name:<22} {status.get('phase', '?'):<10} {expected[name]:<10} {status.get('attempt', 0):<9} "
             f"{paused or '-':<13} {duration:<9} {output[:60]}"
         )
+    print(f"\nwork item {namespace}/{item_id}, as `ksquad items get -n {namespace} {item_id}` shows it:")
+    for entry in await dev.store.item_events(namespace, item_id, after=said.seq - 1):
+        who = f"{entry.author.run} attempt {entry.author.attempt}" if entry.author.run else entry.author.user
+        what = {
+            "comment": f"wrote: {entry.body[:70]}",
+            "state": f"set it {(entry.data or {}).get('state')}",
+            "artifact": f"published {(entry.data or {}).get('name')}",
+        }.get(entry.kind, entry.kind)
+        print(f"  #{entry.seq:<3} {who}  {what}")
+    item = await dev.store.item(namespace, item_id)
+    ok &= item.state == "done"
     async with httpx.AsyncClient(follow_redirects=True) as http:  # signed in, as the developer's browser is
         ui_status = (await http.get(dev.ui_signin_url or dev.ui_url, timeout=10)).status_code
     ok &= ui_status == 200
@@ -138,5 +162,9 @@ async def run_demo(dev: DevStack) -> int:
         f"Inputs and prompts in the history are encrypted; the UI decodes them through {dev.api_url}/codec, "
         "for the browser that signed in."
     )
-    print("all three runs ended as expected" if ok else "NOT every run ended as expected")
+    print(
+        "all three runs ended as expected, and the work item is done"
+        if ok
+        else "NOT every run ended as expected (or the work item is not done)"
+    )
     return 0 if ok else 1

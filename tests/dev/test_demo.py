@@ -1,4 +1,5 @@
-"""`make demo` (`ksquad dev --demo`): from nothing to the three runs in their end states, and a UI that answers."""
+"""`make demo` (`ksquad dev --demo`): from nothing to the three runs in their end states, the seed's work item
+done with what its run wrote, and a UI that answers."""
 
 import re
 from pathlib import Path
@@ -24,5 +25,16 @@ async def test_the_demo_ends_with_each_run_as_expected_and_the_ui_answering(tmp_
     assert re.search(
         r"Temporal UI \(HTTP 200\): sign in with http://127\.0\.0\.1:\d+/ui/signin\?token=", result.out
     )
-    assert "all three runs ended as expected" in result.out
+    # the seed's work item: the developer's comment, then the run's attempt reading it, commenting, finishing it
+    item = result.out.split("work item ksquad-system/wi-8123, as `ksquad items get")[1].split("Temporal UI")[
+        0
+    ]
+    assert re.search(r"wrote: It reads the wall clock", item), item
+    assert re.search(r"ksquad-system/fix-flaky-tests attempt 1 +set it in-progress", item), item
+    assert re.search(r"ksquad-system/fix-flaky-tests attempt 1 +wrote: Attempt 1 of run .* finished", item), (
+        item
+    )
+    assert re.search(r"ksquad-system/fix-flaky-tests attempt 1 +set it done", item), item
+    assert re.search(r"ksquad-system/fix-flaky-tests attempt 1 +published answer", item), item
+    assert "all three runs ended as expected, and the work item is done" in result.out
     assert (tmp_path / ".ksquad" / "temporal.db").is_file()
