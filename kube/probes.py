@@ -3,6 +3,7 @@ its real work."""
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 import uvicorn
@@ -49,13 +50,21 @@ class Probes:
         if metrics is not None:
             routes.append(Route("/metrics", exposition))
         app = Starlette(routes=routes)
-        self.server = _QuietServer(
-            uvicorn.Config(app, host="0.0.0.0", port=port, log_level="warning", lifespan="off")
-        )
+        self.port = port
+        self.server = _QuietServer(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self.task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> "Probes":
-        self.task = asyncio.create_task(self.server.serve())
+        # Bound here, not by uvicorn in its task: a port already taken then fails the process at once with the
+        # port in the error, where uvicorn's sys.exit inside a task left a worker half shut down and never ready.
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("0.0.0.0", self.port))
+        except OSError as err:
+            listener.close()
+            raise OSError(err.errno, f"the health port {self.port}: {err.strerror}") from None
+        self.task = asyncio.create_task(self.server.serve(sockets=[listener]))
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -172,42 +172,23 @@ async def start_workers(
 ) -> list[subprocess.Popen[bytes]]:
     """`ksquad-worker` processes on the stack's Temporal, codec key and SQLite (or `database_url`): the stack
     itself serves no worker. Returns once each says it is ready (its store and Temporal answer); a worker that
-    exits or never gets ready fails the caller with its log (`worker-<n>.log` in the stack's state folder)."""
-    workers, ports, logs = [], [], []
-    for _ in range(count):
-        port = free_port()
-        log = dev.state_dir / f"worker-{len(list(dev.state_dir.glob('worker-*.log')))}.log"
-        env = {
-            **os.environ,
-            "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
-            "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
-            "KSQUAD_SANDBOX_BACKEND": "local",
-            "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"),
-            "KSQUAD_SEAL_KEY_FILE": str(dev.state_dir / "seal.key"),  # the embedded bridge seals with it
-            SANDBOX_KEY_ENV: str(dev.state_dir / SANDBOX_KEY_FILE),
-            ENDPOINT_KEY_ENV: str(dev.state_dir / ENDPOINT_KEY_FILE),
-            "KSQUAD_HEALTH_PORT": str(port),
-        }
-        with log.open("ab") as out:
-            workers.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "worker.main"],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent,
-                )
-            )
-        ports.append(port)
-        logs.append(log)
+    exits or never gets ready fails the caller with its log (`worker-<n>.log` in the stack's state folder).
+    A worker whose health port was taken between `free_port()` and its bind (another process of the machine
+    listening on a port the kernel chose) is started again on another port, twice at most."""
+    started = [_spawn_worker(dev, database_url) for _ in range(count)]
+    workers = []
     async with httpx.AsyncClient() as http:
-        for worker, port, log in zip(workers, ports, logs, strict=True):
+        for worker, port, log in started:
             deadline = time.monotonic() + ready_within
+            respawns = 0
             while True:
                 if worker.poll() is not None:
-                    raise RuntimeError(
-                        f"ksquad-worker exited ({worker.returncode}): {log.read_text()[-3000:]}"
-                    )
+                    output = log.read_text()
+                    if "address already in use" in output and respawns < 2:
+                        respawns += 1
+                        worker, port, log = _spawn_worker(dev, database_url)
+                        continue
+                    raise RuntimeError(f"ksquad-worker exited ({worker.returncode}): {output[-3000:]}")
                 with contextlib.suppress(httpx.TransportError):
                     if (await http.get(f"http://127.0.0.1:{port}/readyz", timeout=2)).status_code == 200:
                         break
@@ -216,7 +197,33 @@ async def start_workers(
                         f"ksquad-worker not ready in {ready_within}s: {log.read_text()[-3000:]}"
                     )
                 await asyncio.sleep(0.2)
+            workers.append(worker)
     return workers
+
+
+def _spawn_worker(dev: DevStack, database_url: str | None) -> tuple[subprocess.Popen[bytes], int, Path]:
+    port = free_port()
+    log = dev.state_dir / f"worker-{len(list(dev.state_dir.glob('worker-*.log')))}.log"
+    env = {
+        **os.environ,
+        "KSQUAD_TEMPORAL_ADDRESS": dev.server.target,
+        "KSQUAD_DATABASE_URL": database_url or f"sqlite:///{dev.state_dir / 'ksquad.db'}",
+        "KSQUAD_SANDBOX_BACKEND": "local",
+        "KSQUAD_CODEC_KEY_FILE": str(dev.state_dir / "codec.key"),
+        "KSQUAD_SEAL_KEY_FILE": str(dev.state_dir / "seal.key"),  # the embedded bridge seals with it
+        SANDBOX_KEY_ENV: str(dev.state_dir / SANDBOX_KEY_FILE),
+        ENDPOINT_KEY_ENV: str(dev.state_dir / ENDPOINT_KEY_FILE),
+        "KSQUAD_HEALTH_PORT": str(port),
+    }
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "worker.main"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )
+    return worker, port, log
 
 
 def stop_workers(workers: list[subprocess.Popen[bytes]]) -> None:

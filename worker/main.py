@@ -102,7 +102,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         probes = Probes(
             settings.health_port, lambda: readiness.ready, readiness.details, telemetry.exposition
         )
-        async with worker, probes:
+        async with probes, worker:  # probes first: a taken health port fails before any task is polled
             await stop.wait()
         checking.cancel()
         rotation.cancel()
