@@ -23,6 +23,10 @@ key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 cache_root="${KSQUAD_TESTBINS_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/ksquad-testbins}"
 out="${KSQUAD_TESTBINS:-$cache_root/$key}"
 mkdir -p "$out"
+# One builder per cache at a time (`make testbins` and a test that found the cache empty may start together): the
+# second waits here, then finds built what the first built.
+exec {build_lock}>"$out/.build.lock"
+flock "$build_lock"
 
 export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -trimpath" GOTOOLCHAIN=local
 # Two cores: one package at a time keeps peak memory low without costing much wall time.

@@ -13,6 +13,10 @@ TEMPORAL_VERSION="${TEMPORAL_VERSION:-v1.32.0}"
 cache_root="${KSQUAD_TESTBINS_ROOT:-${XDG_CACHE_HOME:-$HOME/.cache}/ksquad-testbins}"
 out="${KSQUAD_TEMPORAL_BINS:-$cache_root/temporal-${TEMPORAL_VERSION}}"
 mkdir -p "$out"
+# One builder per cache at a time (`make testbins` and a test that found the cache empty may start together): the
+# second waits here, then finds built what the first built.
+exec {build_lock}>"$out/.build.lock"
+flock "$build_lock"
 
 export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -trimpath" GOTOOLCHAIN=local
 export GOMAXPROCS="${GOMAXPROCS:-2}"
