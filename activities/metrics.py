@@ -6,6 +6,8 @@ attempt to its end, so retries and queueing on a busy worker count: it is what a
     ksquad_sandbox_acquire_seconds{kind}       getting a sandbox: warm (a pod from a pool), cold (a Job), local
     ksquad_sandbox_acquire_failures_total{reason}
     ksquad_agent_call_seconds{outcome}         one A2A turn: completed, or the AgentError that ended it
+    ksquad_model_calls_total{namespace, credential, model, user}     model calls agents reported (each once)
+    ksquad_model_tokens_total{namespace, credential, model, user, direction}   their tokens: input, output
 """
 
 import time
@@ -48,3 +50,12 @@ class Stopwatch:
 
     def seconds(self) -> float:
         return time.monotonic() - self.started
+
+
+USAGE_LABELS = ["namespace", "credential", "model", "user"]
+MODEL_CALLS = Counter("ksquad_model_calls", "model calls agents reported, each once", USAGE_LABELS)
+MODEL_TOKENS = Counter(
+    "ksquad_model_tokens",
+    "tokens of the model calls agents reported, by direction",
+    [*USAGE_LABELS, "direction"],
+)

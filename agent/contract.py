@@ -124,6 +124,7 @@ class Contract(_Read):
     agent: Agent
     model: Model
     work_item: WorkItemAccess | None = None  # a Run whose workItemRef names an item; none for an opaque ref
+    token_budget: int | None = None  # model tokens this task may use (the Run's budget left); none: no bound
 
     def offered_tools(self) -> list[Tool]:
         """The tools the model may call: only those in allowedTools (none when the list is empty)."""

@@ -44,7 +44,7 @@ from google.protobuf.json_format import MessageToDict
 from agent.callers import Caller
 from agent.contract import Contract, ContractError, Model, WorkItemAccess, build_prompt, parse_contract
 from agent.credentials import CredentialError, Credentials
-from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, complete
+from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, Usage, complete
 from agent.tools import ToolBox
 from agent.work_item import WorkItemError, read_item, set_state
 from agent.work_item import comment as comment_on_item
@@ -56,6 +56,9 @@ CONTRACT_PART = "ksquad.io/contract"  # a data part {"ksquad.io/contract": {...}
 MODEL_OVERRIDE = "ksquad.io/model"  # message metadata: the model to use now (a fallback switch)
 OUTPUTS_ARTIFACT = "ksquad.io/outputs"
 ERROR_KEY = "ksquad.io/error"
+# A status update's metadata {"ksquad.io/usage": {"callId", "model", "inputTokens", "outputTokens", "latencyMs"}}:
+# what one model call cost (docs/operating.md, "Usage"); the orchestrator records each callId of a task once.
+USAGE_KEY = "ksquad.io/usage"
 DUPLICATE_OF = "ksquad.io/duplicate-of"
 ASK_USER = "ksquad_request_input"  # the agent's own tool: the model asks the user a question
 MAX_STEPS = 25
@@ -90,6 +93,8 @@ class Conversation:
     refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
     item_read: bool = False  # the work item went into the conversation (once: a follow-up goes on from there)
     item_state: str | None = None  # its state when read: an item already done is not marked done again
+    model_calls: int = 0  # answered model calls of this task: each one's usage report is numbered
+    tokens_used: int = 0  # their tokens, in and out, against the contract's tokenBudget
 
 
 @dataclass
@@ -256,6 +261,7 @@ class KsquadAgentExecutor(AgentExecutor):
                     self._text(updater, f"step {step}: asking {model.name}"),
                     metadata={"ksquad.io/step": step},
                 )
+                started = time.monotonic()
                 try:
                     turn = await self._keepalive(
                         complete(model, conversation.messages, definitions, conversation.credentials),
@@ -303,6 +309,25 @@ class KsquadAgentExecutor(AgentExecutor):
                     )
                     return
                 conversation.messages.append(turn.assistant_message())
+                conversation.model_calls += 1
+                if turn.usage is not None:
+                    conversation.tokens_used += turn.usage.input_tokens + turn.usage.output_tokens
+                    await self._report_usage(
+                        updater, conversation.model_calls, model, turn.usage, time.monotonic() - started
+                    )
+                budget = contract.token_budget
+                if turn.tool_calls and budget is not None and conversation.tokens_used >= budget:
+                    # Another call would pass the Run's budget: stop before making it.
+                    await updater.update_status(
+                        TaskState.TASK_STATE_FAILED,
+                        self._text(
+                            updater,
+                            f"the Run's token budget is spent: {conversation.tokens_used} of {budget} tokens "
+                            "used, and the task needs another model call",
+                        ),
+                        metadata={ERROR_KEY: "token_budget_spent"},
+                    )
+                    return
                 if not turn.tool_calls:
                     await self._finish(turn.text, updater, contract, conversation.item_state != "done")
                     return
@@ -331,6 +356,24 @@ class KsquadAgentExecutor(AgentExecutor):
                 self._text(updater, f"no answer after {MAX_STEPS} steps"),
                 metadata={ERROR_KEY: "too_many_steps"},
             )
+
+    async def _report_usage(
+        self, updater: TaskUpdater, call: int, model: Model, usage: Usage, seconds: float
+    ) -> None:
+        """What the call cost, as a progress update the orchestrator records (and counts once per callId)."""
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING,
+            self._text(updater, f"{model.name}: {usage.input_tokens} tokens in, {usage.output_tokens} out"),
+            metadata={
+                USAGE_KEY: {
+                    "callId": str(call),
+                    "model": model.name,
+                    "inputTokens": usage.input_tokens,
+                    "outputTokens": usage.output_tokens,
+                    "latencyMs": round(seconds * 1000),
+                }
+            },
+        )
 
     async def _await_rotation(self, conversation: Conversation, updater: TaskUpdater) -> None:
         """After AUTH_REQUIRED the orchestrator says the credential was rotated; a mounted Secret reaches the

@@ -77,10 +77,19 @@ class ToolCall:
     arguments: str
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What one call cost, as the endpoint reported it (OpenAI's `usage`)."""
+
+    input_tokens: int
+    output_tokens: int
+
+
 @dataclass
 class Turn:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None  # None: the endpoint reported none
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
@@ -124,7 +133,12 @@ async def complete(
         raise Unauthorized(str(err)) from None
     except CredentialError as err:
         raise CredentialRefused(str(err)) from None
-    body: dict[str, Any] = {"model": model.name, "messages": messages, "stream": True}
+    body: dict[str, Any] = {
+        "model": model.name,
+        "messages": messages,
+        "stream": True,
+        "stream_options": {"include_usage": True},  # a last chunk with the call's usage
+    }
     if tools:
         body["tools"] = tools
     request = shared_http().build_request(
@@ -190,6 +204,7 @@ async def read_turn(response: httpx2.Response) -> Turn:
         completion = parse_json(await response.aread())
         message = field_of(first_choice(completion), "message", dict)
         add_delta(turn, calls, message)
+        turn.usage = usage_of(completion)
     else:
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
@@ -200,12 +215,25 @@ async def read_turn(response: httpx2.Response) -> Turn:
             chunk = parse_json(data.encode())
             if "error" in chunk:
                 raise Malformed(f"error in stream: {chunk['error']}")
+            turn.usage = usage_of(chunk) or turn.usage
             for choice in field_of(chunk, "choices", list):
                 if not isinstance(choice, dict):
                     raise Malformed(f"choice is not an object: {choice!r}")
                 add_delta(turn, calls, field_of(choice, "delta", dict))
     turn.tool_calls = [calls[i] for i in sorted(calls)]
     return turn
+
+
+def usage_of(body: dict[str, Any]) -> Usage | None:
+    """A completion's or a chunk's `usage`; None when it has none or not in OpenAI's shape (usage is an account
+    of the answer, never a reason to refuse it)."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 1 << 40 for t in tokens):
+        return None
+    return Usage(int(tokens[0] or 0), int(tokens[1] or 0))
 
 
 def add_delta(turn: Turn, calls: dict[int, ToolCall], delta: dict[str, Any]) -> None:

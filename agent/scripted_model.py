@@ -18,6 +18,10 @@ own list of steps, one step per request, in order; the last step repeats. A step
                                                #  holds calls in flight until it lets them all go at once)
     - expect_key: sk-new                       # (with any step) answer 401 until called with this key
 
+Every answer reports its usage as OpenAI does (`usage` in a completion; a last chunk with `usage` when the request
+asks `stream_options: {include_usage: true}`): prompt tokens are the words of the request's messages, completion
+tokens the words of the answer (and its tool calls' arguments), at least one; each Call records what it reported.
+
 Models without a script answer with DEFAULT_TEXT. `POST /_script` replaces the script (the same shape as
 the file, as JSON), `GET /_calls` lists the requests received (model, credential, stream), `POST /_reset`
 clears both. Nothing here is secret: credentials are recorded by a short fingerprint only.
@@ -59,6 +63,8 @@ class Call:
     context: list[str] = field(
         default_factory=list
     )  # the user messages after the task (a work item's record)
+    input_tokens: int = 0  # the usage this call's answer reported (none for an error)
+    output_tokens: int = 0
 
 
 @dataclass
@@ -129,19 +135,18 @@ def build_app(state: ScriptedModel) -> Starlette:
             )
         model = str(body.get("model", ""))
         stream = bool(body.get("stream"))
-        state.calls.append(
-            Call(
-                model,
-                fingerprint(request.headers.get("authorization")),
-                stream,
-                len(body.get("messages") or []),
-                [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
-                time.time(),
-                first_user_text(body.get("messages")),
-                tool_results(body.get("messages")),
-                user_texts(body.get("messages"))[1:],
-            )
+        call = Call(
+            model,
+            fingerprint(request.headers.get("authorization")),
+            stream,
+            len(body.get("messages") or []),
+            [t.get("function", {}).get("name", "") for t in body.get("tools") or []],
+            time.time(),
+            first_user_text(body.get("messages")),
+            tool_results(body.get("messages")),
+            user_texts(body.get("messages"))[1:],
         )
+        state.calls.append(call)
         step = state.next_step(model)
         expected = step.get("expect_key")
         if expected is not None and request.headers.get("authorization") != f"Bearer {expected}":
@@ -156,7 +161,13 @@ def build_app(state: ScriptedModel) -> Starlette:
                 if await hung_up_within(request, 0.05):
                     state.abandoned += 1
                     return Response(status_code=499)
-            return answer(step, model, stream)
+            usage = stream_usage = None
+            if "error" not in step and not step.get("malformed") and "raw" not in step:
+                usage = count_usage(body.get("messages"), step)
+                call.input_tokens, call.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+                options = body.get("stream_options")
+                stream_usage = usage if isinstance(options, dict) and options.get("include_usage") else None
+            return answer(step, model, stream, usage, stream_usage)
         finally:
             state.in_flight -= 1
 
@@ -211,7 +222,31 @@ async def hung_up_within(request: Request, seconds: float) -> bool:
     return False
 
 
-def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
+def words(text: Any) -> int:
+    return len(text.split()) if isinstance(text, str) else 0
+
+
+def count_usage(messages: Any, step: dict[str, Any]) -> dict[str, int]:
+    """The tokens of a call, as this server counts them: words in, words out (at least one)."""
+    prompt = (
+        sum(words(m.get("content")) for m in messages if isinstance(m, dict))
+        if isinstance(messages, list)
+        else 0
+    )
+    out = words(step.get("text")) + sum(
+        words(json.dumps(c.get("arguments", {}))) for c in step.get("tool_calls", [])
+    )
+    completion = max(1, out)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def answer(
+    step: dict[str, Any],
+    model: str,
+    stream: bool,
+    usage: dict[str, int] | None = None,
+    stream_usage: dict[str, int] | None = None,
+) -> Response:
     if "error" in step:
         status = int(step["error"])
         headers = {"date": format_datetime(datetime.now(UTC), usegmt=True)}
@@ -250,7 +285,8 @@ def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
     text = step.get("text", "" if tool_calls else DEFAULT_TEXT)
     if stream:
         return StreamingResponse(
-            stream_chunks(completion_id, model, text, tool_calls), media_type="text/event-stream"
+            stream_chunks(completion_id, model, text, tool_calls, stream_usage),
+            media_type="text/event-stream",
         )
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if tool_calls:
@@ -264,17 +300,17 @@ def answer(step: dict[str, Any], model: str, stream: bool) -> Response:
             "choices": [
                 {"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}
             ],
-            "usage": {
-                "prompt_tokens": 10,
-                "completion_tokens": max(1, len(text.split())),
-                "total_tokens": 10,
-            },
+            "usage": usage,
         }
     )
 
 
 async def stream_chunks(
-    completion_id: str, model: str, text: str, tool_calls: list[dict[str, Any]]
+    completion_id: str,
+    model: str,
+    text: str,
+    tool_calls: list[dict[str, Any]],
+    usage: dict[str, int] | None = None,
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return (
@@ -313,6 +349,9 @@ async def stream_chunks(
             {"tool_calls": [{"index": index, "function": {"arguments": call["function"]["arguments"]}}]}
         )
     yield chunk({}, "tool_calls" if tool_calls else "stop")
+    if usage is not None:  # OpenAI's last chunk when asked: no choices, the usage
+        last = {"id": completion_id, "object": "chat.completion.chunk", "created": 0, "model": model}
+        yield "data: " + json.dumps({**last, "choices": [], "usage": usage}) + "\n\n"
     yield "data: [DONE]\n\n"
 
 

@@ -7,6 +7,7 @@
                                           `Last-Event-ID` (or ?after=N) resumes after that event
     GET  /runs/{namespace}/{name}/artifacts/{artifact}   an artifact's content, as the agent made it
     *    /items/{namespace}[/{id}[/events|/comments|/state]]   work items and their entries (api/items.py)
+    GET  /usage?by=credential|namespace|person|model[&namespace=NS][&since=T][&until=T]   model usage (api/usage.py)
 
 Who may call what:
 - the codec: the shared codec token (`Authorization: Bearer <token>`, or the cookie set by /codec/login), or a
@@ -17,7 +18,9 @@ Who may call what:
   SubjectAccessReview): who cannot read a Run cannot read its prompts or answers either;
 - work items: a bearer token the API server accepts, whose user may list, create, get or update `workitems` in
   group ksquad.io in the item's namespace (the chart's aggregated roles grant them beside Runs); a person writes
-  as that user.
+  as that user;
+- usage: a bearer token the API server accepts, whose user may `list` Runs in the namespace asked (cluster-wide
+  when none is).
 Answers: 401 without credentials (or with ones the API server refuses), 403 when RBAC says no, 404 for a Run
 that does not exist, 503 when the store or the API server does not answer. Health and metrics are on their own
 port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /metrics.
@@ -61,6 +64,7 @@ from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
 from api.streams import parse_cursor, stream_events
+from api.usage import usage_routes
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
 from kube.probes import Probes, Readiness
 from store import Author, Store, StoreError
@@ -341,6 +345,12 @@ def cluster_api(
         refusal = await may(caller, Access(verb, "workitems", namespace=namespace, name=item or ""))
         return refusal or Writer(Author(user=caller.user.name))
 
+    async def usage_reader(request: Request, namespace: str | None) -> Response | None:
+        caller = await kubernetes_user(request)
+        if caller.refusal is not None:
+            return caller.refusal
+        return await may(caller, Access("list", "runs", namespace=namespace or ""))
+
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
         routes=[
@@ -350,6 +360,7 @@ def cluster_api(
             ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
+            *(Route(r.path, counted("usage", r.endpoint)) for r in usage_routes(store, usage_reader)),
             Mount("/codec", codec_routes),
         ],
     )

@@ -13,6 +13,8 @@
   ksquad items get ID                 the item and its entries: comments, state changes, artifacts, who wrote each
   ksquad items comment ID TEXT        a comment, as you
   ksquad items close ID [--note N]    mark it done (`ksquad items reopen ID` opens it again)
+  ksquad usage [--by credential|namespace|person|model] [--since 24h] [--until T] [-n NS | -A]
+                                      model calls and tokens the agents reported, summed over a window
   ksquad hello [--keep]               a small workflow on Temporal's dev server (a smoke check)
 
 The runs and items commands talk to the stack `ksquad dev` started from this directory (found through
@@ -53,7 +55,14 @@ def age(timestamp: str | None) -> str:
     return f"{max(seconds, 0)}s"
 
 
-RUN_COLUMNS = ["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "ITEM", "AGE"]
+RUN_COLUMNS = ["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "ITEM", "TOKENS", "AGE"]
+
+
+def tokens(usage: dict[str, Any] | None) -> str:
+    """A run's model tokens, in+out ("-" before any call)."""
+    if not usage:
+        return "-"
+    return f"{usage.get('inputTokens') or 0}+{usage.get('outputTokens') or 0}"
 
 
 def run_row(run: dict[str, Any]) -> list[str]:
@@ -66,6 +75,7 @@ def run_row(run: dict[str, Any]) -> list[str]:
         str(status.get("attempt") or 0),
         status.get("agent") or "-",
         (run.get("spec") or {}).get("workItemRef") or "-",
+        tokens(status.get("usage")),
         age(meta.get("creationTimestamp")),
     ]
 
@@ -102,6 +112,12 @@ def describe(run: dict[str, Any]) -> str:
                 " (its record: ksquad items get)" if claimed.get("item") else " (names no work item: a lock)"
             )
         lines.append(f"  item:     {ref}{what}")
+    if status.get("usage"):
+        used = status["usage"]
+        lines.append(
+            f"  usage:    {used.get('calls') or 0} model calls, {used.get('inputTokens') or 0} tokens in, "
+            f"{used.get('outputTokens') or 0} out"
+        )
     if status.get("workflow"):
         lines.append(f"  workflow: {status['workflow'].get('id')} (run {status['workflow'].get('runId')})")
     for key, value in (status.get("outputs") or {}).items():
@@ -236,6 +252,8 @@ async def runs_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "items":
             return await items_command(target, args)
+        if args.command == "usage":
+            return await usage_command(target, args)
         if args.command == "run":
             applied = await target.apply(read_manifests(args.filename))
             if as_json:
@@ -377,6 +395,30 @@ async def items_command(target: Target, args: argparse.Namespace) -> int:
     state = {"close": "done", "reopen": "open"}[action]
     entry = await target.items("POST", f"{item_url}/state", {"state": state, "note": args.note or ""})
     print(json.dumps(entry) if as_json else f"work item {namespace}/{args.id}: {state}")
+    return 0
+
+
+async def usage_command(target: Target, args: argparse.Namespace) -> int:
+    query = {"by": args.by, "since": args.since}
+    if args.until:
+        query["until"] = args.until
+    if not args.all_namespaces:
+        query["namespace"] = args.namespace or target.namespace
+    found = await target.usage(query)
+    if args.output == "json":
+        print(json.dumps(found, indent=2))
+        return 0
+    where = f"namespace {found['namespace']}" if found.get("namespace") else "all namespaces"
+    window = f"{found['since'][:19]}Z to {found['until'][:19]}Z"
+    if not found["items"]:
+        print(f"No model calls in {where} from {window}.", file=sys.stderr)
+        return 0
+    rows = [
+        [str(u[args.by]), str(u["calls"]), str(u["inputTokens"]), str(u["outputTokens"])]
+        for u in found["items"]
+    ]
+    print(f"Model usage in {where}, {window}, by {args.by}:")
+    print(table([args.by.upper(), "CALLS", "INPUT TOKENS", "OUTPUT TOKENS"], rows))
     return 0
 
 
@@ -531,6 +573,22 @@ def parser() -> argparse.ArgumentParser:
         if action in ("close", "reopen"):
             q.add_argument("--note", help="why, recorded with the change")
         target_options(q)
+
+    u = sub.add_parser(
+        "usage", help="model calls and tokens, summed by credential, namespace, person or model"
+    )
+    u.add_argument("--by", choices=("credential", "namespace", "person", "model"), default="credential")
+    u.add_argument(
+        "--since",
+        default="24h",
+        help="a time (2026-12-04T10:00:00Z) or a duration back from now (default 24h)",
+    )
+    u.add_argument("--until", help="a time or a duration back from now (default now)")
+    u.add_argument("-n", "--namespace", help="default: the context's namespace on a cluster, else default")
+    u.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="every namespace (a cluster-wide list)"
+    )
+    target_options(u)
 
     h = sub.add_parser("hello", help="a small workflow on Temporal's dev server (a smoke check)")
     h.add_argument("--keep", action="store_true", help="keep the dev server and its UI running afterwards")

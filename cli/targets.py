@@ -47,6 +47,7 @@ class Target(Protocol):
     def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes: ...
     async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any: ...
+    async def usage(self, query: dict[str, str]) -> Any: ...
     async def close(self) -> None: ...
 
 
@@ -181,6 +182,10 @@ class EmbeddedTarget:
         """Work items (api/items.py), as the developer."""
         return await self._call(method, url, json=body)
 
+    async def usage(self, query: dict[str, str]) -> Any:
+        """Model usage summed (api/usage.py)."""
+        return await self._call("GET", "/usage", params=query)
+
     async def close(self) -> None:
         await self.http.aclose()
 
@@ -279,6 +284,10 @@ class ClusterTarget:
     async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
         """Work items, from ksquad-api as this kubeconfig's user (it asks the API server what they may do)."""
         return (await self.from_api(method, url, "work items", "", json=body)).json()
+
+    async def usage(self, query: dict[str, str]) -> Any:
+        """Model usage, from ksquad-api as this kubeconfig's user (who must be able to list the Runs summed)."""
+        return (await self.from_api("GET", "/usage", "model usage", "", params=query)).json()
 
     async def from_api(self, method: str, url: str, what: str, hint: str, **kwargs: Any) -> httpx.Response:
         """A request to ksquad-api with this kubeconfig's bearer token; its refusals as CliErrors."""

@@ -20,6 +20,7 @@ origin proves nothing about who is asking, and the codec decrypts the history an
     GET    /runs/{namespace}/{name}/events server-sent events: phase changes and agent progress, in order;
                                            `Last-Event-ID` (or ?after=N) replays from after that event
     *      /items/{namespace}[/{id}[/events|/comments|/state]]   work items, as the developer (api/items.py)
+    GET    /usage?by=...[&namespace=NS][&since=T][&until=T]   model usage summed (api/usage.py)
     POST   /codec/encode, /codec/decode    Temporal's remote codec protocol, for the UI (see `codec_app`)
     GET    /ui/signin?token=TOKEN[&next=/ui/...]   the session cookie for the UI, then to the UI
     *      /ui/...                         the Temporal UI (with the session cookie)
@@ -50,6 +51,7 @@ from api.codec import codec_app
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.streams import parse_cursor, stream_events
+from api.usage import usage_routes
 from dev.embedded import EmbeddedRuns, RunRefuses, UnknownRun
 from store import Author, Store, StoreError
 from temporal_client.codec import EncryptionCodec
@@ -126,6 +128,10 @@ def api_app(
     async def as_the_developer(request: Request, verb: str, namespace: str, item: str | None) -> Writer:
         """The Guard let the token's holder in: the developer, who may do anything, as themselves."""
         return Writer(Author(user=runs.user))
+
+    async def the_developer_may(request: Request, namespace: str | None) -> None:
+        """Usage: the Guard let the token's holder in (an item token reaches /items/ alone)."""
+        return None
 
     @_errors
     async def apply(request: Request) -> Response:
@@ -257,6 +263,7 @@ def api_app(
         Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", artifact),
         Route("/runs/{namespace}/{name}/{action:str}", signal_run, methods=["POST"]),
         *item_routes(store, with_item_tokens(store, item_key, as_the_developer)),
+        *usage_routes(store, the_developer_may),
     ]
     if ui_upstream is not None:
         routes += [

@@ -9,7 +9,7 @@ Rules (DESIGN.md "Work items and claims"):
 - runs without a work item fence their writes by attempt (`begin_attempt`).
 
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both. One module
-per record (claims, events, artifacts, credentials, work items) on what they share (base); `Store` is all of them.
+per record (claims, events, artifacts, credentials, work items, model usage) on what they share (base); `Store` is all of them.
 """
 
 from store.artifacts import Artifacts
@@ -28,18 +28,22 @@ from store.records import (
     ItemEvent,
     ItemExists,
     ItemNotFound,
+    ModelCall,
     PhaseRecord,
     StaleFence,
     StoreError,
     StoreUnavailable,
+    UsageTotal,
     WorkItem,
     WorkItemHeld,
     work_item_key,
 )
+from store.usage import USAGE_GROUPS, ModelUsage
 from store.work_items import WorkItems
 
 __all__ = [
     "ITEM_STATES",
+    "USAGE_GROUPS",
     "Author",
     "ClaimResult",
     "Event",
@@ -49,11 +53,13 @@ __all__ = [
     "ItemEvent",
     "ItemExists",
     "ItemNotFound",
+    "ModelCall",
     "PhaseRecord",
     "StaleFence",
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "UsageTotal",
     "WorkItem",
     "WorkItemHeld",
     "async_url",
@@ -63,5 +69,5 @@ __all__ = [
 ]
 
 
-class Store(Claims, RunEvents, Artifacts, CredentialLimits, WorkItems):
+class Store(Claims, RunEvents, Artifacts, CredentialLimits, WorkItems, ModelUsage):
     """The coordination store: every record's reads and writes on one engine (`await Store.open(url)`)."""

@@ -148,3 +148,30 @@ class ItemEvent:
     author: Author
     fence: int | None  # the claim's fence an agent wrote under; None for a person
     at: datetime
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """One model call of a run's attempt and what it cost, charged to `credential` and `triggered_by`."""
+
+    namespace: str
+    run: str  # "<namespace>/<name>"
+    run_uid: str
+    attempt: int
+    call_id: str  # the agent's number for the call, unique in its attempt's task
+    model: str
+    credential: str  # "<namespace>/<secret>", or "" when the model uses none
+    triggered_by: str
+    input_tokens: int
+    output_tokens: int
+    latency_ms: int
+
+
+@dataclass(frozen=True)
+class UsageTotal:
+    """Calls and tokens summed over a group of model calls (`key`: what they share, by the grouping asked)."""
+
+    key: str
+    calls: int
+    input_tokens: int
+    output_tokens: int

@@ -166,6 +166,29 @@ artifacts = sa.Table(
     sa.UniqueConstraint("run_uid", "name"),
 )
 
+# What each model call of a run cost, as its agent reported it (the A2A metadata `ksquad.io/usage`): one row per
+# call of an attempt (a report seen twice, after a worker restart, is one row), charged to the credential the call's
+# model uses in the Run's contract and to the person who started the Run.
+model_usage = sa.Table(
+    "model_usage",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("run", sa.String(512), nullable=False),
+    sa.Column("run_uid", sa.String(128), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("call_id", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(256), nullable=False),
+    sa.Column("credential", sa.String(512), nullable=False),  # "<namespace>/<secret>", or "" for none
+    sa.Column("triggered_by", sa.String(512), nullable=False),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("latency_ms", sa.BigInteger, nullable=False),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.UniqueConstraint("run_uid", "attempt", "call_id"),
+    sa.Index(None, "at"),
+)
+
 # The embedded default's objects (`ksquad run -f`): what kubectl would keep in etcd, for a machine without a
 # cluster. A Run's status is written here by the embedded bridge, guarded by uid and revision like the
 # status subresource; its phase changes go to run_events, so one stream carries phases and progress.

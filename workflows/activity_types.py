@@ -15,7 +15,7 @@ from workflows.contract import ExecutionContract, Resolution
 from workflows.entity_types import LimitAnnouncement, ResumePlaceRequest, ThrottleNotice
 from workflows.model import KsquadModel
 from workflows.spec import RunSpec, SandboxPolicy
-from workflows.status import Artifact, SandboxStatus, StatusSnapshot
+from workflows.status import Artifact, SandboxStatus, StatusSnapshot, UsageStatus
 
 WORKER_TASK_QUEUE = "ksquad"
 BRIDGE_TASK_QUEUE = "ksquad-bridge"
@@ -131,6 +131,8 @@ class AgentInvocation(KsquadModel):
     message_id: str  # "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after
     context_id: str
     continue_task: ContinueTask | None = None
+    # Tokens the Run may still use (its token budget less what it used): the call that reaches it ends the run.
+    token_budget_left: int | None = None
 
 
 class AgentResult(KsquadModel):
@@ -138,6 +140,12 @@ class AgentResult(KsquadModel):
     outputs: dict[str, str] = Field(default_factory=dict)
     artifacts: list[Artifact] = Field(default_factory=list)
     summary: str = ""
+    usage: UsageStatus | None = None  # the attempt's model usage so far (all its turns), as recorded
+
+
+# An AgentError's details: [0] the model of its type (FailureDetails, TaskPause, RateLimitDetails), and [1], when
+# the attempt made model calls, its usage so far (UsageStatus).
+USAGE_DETAIL = 1
 
 
 class AgentError(StrEnum):
@@ -149,6 +157,7 @@ class AgentError(StrEnum):
     AGENT_FAILED = "AgentFailed"
     INVALID_AGENT_RESPONSE = "InvalidAgentResponse"
     SANDBOX_LOST = "SandboxLost"  # the agent stopped answering: its sandbox died
+    TOKEN_BUDGET_SPENT = "TokenBudgetSpent"  # a call reached the Run's token budget: the run ends, no retry
 
 
 # acquire_sandbox's ApplicationError type when the cluster cannot run the sandbox as configured (a RuntimeClass

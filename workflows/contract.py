@@ -146,3 +146,4 @@ class Resolution(KsquadModel):
     error: str | None = None
     agents: list[ResolvedAgent] = Field(default_factory=list)  # eligible, in preference order
     scopes: list[ConcurrencyScope] = Field(default_factory=list)
+    token_budget: int | None = None  # the Team's, for a Run that sets none

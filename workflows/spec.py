@@ -107,6 +107,11 @@ class RunSpec(KsquadModel):
     sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    """The most model tokens (input and output) the Run's agents may use over all its attempts. A call that
+    takes the Run past it is the last (its usage is counted, the agent's task cancelled), and so is a call that
+    uses it up with more to do: the Run ends Failed (TokenBudgetSpent), without another attempt. Empty: the
+    Team's tokenBudget, else no budget."""
 
     @field_validator("inputs")
     @classmethod

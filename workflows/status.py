@@ -116,6 +116,24 @@ class Artifact(KsquadModel):
     """Bytes."""
 
 
+class UsageStatus(KsquadModel):
+    """Model calls and their tokens, as the Run's agents reported them (each call once)."""
+
+    calls: int = 0
+    """Model calls answered."""
+    input_tokens: int = 0
+    """Tokens sent to the models (prompts)."""
+    output_tokens: int = 0
+    """Tokens the models answered with."""
+
+    def plus(self, other: "UsageStatus") -> "UsageStatus":
+        return UsageStatus(
+            calls=self.calls + other.calls,
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
 class RunStatus(KsquadModel):
     """What the Run's workflow says of it, mirrored here by the bridge (newest revision wins)."""
 
@@ -151,6 +169,9 @@ class RunStatus(KsquadModel):
     """The agent's outputs, shortened (the ConfigMap <name>-outputs has them whole)."""
     artifacts: list[Artifact] = Field(default_factory=list)
     """The agent's artifacts (`ksquad runs artifacts NAME [ARTIFACT]` reads their content)."""
+    usage: UsageStatus | None = None
+    """Model calls and tokens over every attempt so far, as the agents reported them (`ksquad usage` sums them by
+    credential, namespace, person or model). Unset until an agent reports any."""
     conditions: list[Condition] = Field(default_factory=list)
     """ReferencesResolved, Admitted, WorkItemClaimed, SandboxReady, Paused, and Complete or Failed at the end."""
     observed_generation: int | None = None

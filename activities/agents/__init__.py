@@ -42,8 +42,9 @@ from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress, Timing, previous_task_id
 from activities.claims import as_activity_error, holder_of, keep_lease
 from activities.metrics import AGENT_CALL_SECONDS, Stopwatch
-from store import Store, StoreError, work_item_key
+from store import Holder, Store, StoreError, work_item_key
 from workflows.activity_types import (
+    USAGE_DETAIL,
     Activity,
     AgentError,
     AgentInvocation,
@@ -52,6 +53,7 @@ from workflows.activity_types import (
     RunRef,
 )
 from workflows.contract import ExecutionContract
+from workflows.status import UsageStatus
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +153,22 @@ class AgentActivities:
                         )
                     result = work.result()
                     outcome = "completed"
-                    return result
+                    return result.model_copy(update={"usage": await self._attempt_usage(holder, run.attempt)})
                 except ApplicationError as err:
                     outcome = err.type or "error"
                     self._cards.pop(inv.endpoint, None)  # the next attempt reads the card again
-                    raise
+                    if err.type == AgentError.TOKEN_BUDGET_SPENT:
+                        await call.cancel_remote()  # no call after the one that spent the budget
+                    usage = await self._attempt_usage(holder, run.attempt)
+                    if usage is None or len(err.details) != USAGE_DETAIL:
+                        raise
+                    raise ApplicationError(
+                        err.message,
+                        *err.details,
+                        usage.model_dump(mode="json"),
+                        type=err.type,
+                        non_retryable=err.non_retryable,
+                    ) from err.__cause__
                 finally:
                     await client.close()
         except asyncio.CancelledError:
@@ -164,6 +177,20 @@ class AgentActivities:
         finally:
             beat.cancel()
             AGENT_CALL_SECONDS.labels(outcome).observe(turn.seconds())
+
+    async def _attempt_usage(self, holder: Holder, attempt: int) -> UsageStatus | None:
+        """The attempt's model usage as recorded (every turn's, each call once), or None: no calls, or a store
+        that cannot say now (the Run's status then counts it at the attempt's next turn, or not at all)."""
+        try:
+            total = await self.store.run_usage(holder.uid, attempt)
+        except StoreError as err:
+            log.warning("%s: usage of attempt %d unknown: %s", holder.run, attempt, err)
+            return None
+        if not total.calls:
+            return None
+        return UsageStatus(
+            calls=total.calls, input_tokens=total.input_tokens, output_tokens=total.output_tokens
+        )
 
     async def _connect(self, http: httpx.AsyncClient, inv: AgentInvocation) -> Client:
         factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))

@@ -42,7 +42,7 @@ from workflows.activity_types import (
     AgentResult,
     FailureDetails,
 )
-from workflows.contract import ExecutionContract
+from workflows.contract import ExecutionContract, ModelRef
 
 if TYPE_CHECKING:
     from activities.agents import AgentActivities
@@ -57,6 +57,16 @@ async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+
+
+def model_credentials(contract: ExecutionContract) -> dict[str, str]:
+    """Each model name of the attempt's contract -> the credential its calls are charged to ("<ns>/<secret>"):
+    the Run's model first, then the Agent's own and its fallback."""
+    found: dict[str, str] = {}
+    for model in (contract.model, contract.agent.model, contract.agent.fallback_model):
+        if isinstance(model, ModelRef) and model.credential is not None:
+            found.setdefault(model.name, f"{contract.run.namespace}/{model.credential.secret_name}")
+    return found
 
 
 class Invocation:
@@ -75,7 +85,14 @@ class Invocation:
         self.inv = inv
         self.progress = progress
         self.identity = inv.contract.run
-        self.record = Recorder(acts.store, holder, self.identity, progress)
+        self.record = Recorder(
+            acts.store,
+            holder,
+            self.identity,
+            progress,
+            model_credentials(inv.contract),
+            inv.token_budget_left,
+        )
         self.acts = acts
         self.work_item: dict[str, str] | None = None  # the contract's workItem, made for this request alone
 
@@ -177,6 +194,8 @@ class Invocation:
             contract = self.inv.contract.for_sandbox()
             if self.work_item is not None:
                 contract["workItem"] = self.work_item
+            if self.inv.token_budget_left is not None:
+                contract["tokenBudget"] = self.inv.token_budget_left  # what the Run may still use
             parts.append(new_data_part({CONTRACT_PART: contract}))
         message = Message(
             role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id, parts=parts

@@ -65,6 +65,12 @@ def outcome(task: Task, progress: Progress) -> AgentResult:
             credential=_str(metadata.get("credential")),
         )
         raise agent_error(AgentError.RATE_LIMITED, text or "rate limited", details)
+    if state == TaskState.TASK_STATE_FAILED and metadata.get(ERROR_KEY) == "token_budget_spent":
+        # The agent stopped before a call its budget (the contract's tokenBudget) does not cover: the run ends.
+        message = text or "the Run's token budget is spent"
+        raise agent_error(
+            AgentError.TOKEN_BUDGET_SPENT, message, FailureDetails(message=message[:2000], task_id=task.id)
+        )
     what = {
         TaskState.TASK_STATE_CANCELED: "the agent cancelled the task",
         TaskState.TASK_STATE_REJECTED: "the agent rejected the task",

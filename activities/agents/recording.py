@@ -1,7 +1,9 @@
 """The fenced record of one agent turn: status updates become run events (rate-limited), artifacts are stored,
-outputs taken; each write carries the attempt's fence, so a holder fenced off by the workflow cannot write."""
+outputs taken; each write carries the attempt's fence, so a holder fenced off by the workflow cannot write. Usage
+reports (a status update's `ksquad.io/usage`) are recorded once per call, fence or not: a call made is paid for."""
 
 import json
+import logging
 from contextlib import suppress
 from typing import Any
 
@@ -12,11 +14,15 @@ from temporalio.exceptions import ApplicationError
 from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress
 from activities.claims import as_activity_error
-from store import Author, Holder, ItemNotFound, StaleFence, Store, StoreError, work_item_key
+from activities.metrics import MODEL_CALLS, MODEL_TOKENS
+from store import Author, Holder, ItemNotFound, ModelCall, StaleFence, Store, StoreError, work_item_key
 from workflows.activity_types import AgentError, FailureDetails
 from workflows.contract import RunIdentity
 from workflows.status import Artifact
 
+log = logging.getLogger(__name__)
+USAGE_KEY = "ksquad.io/usage"  # a status update's metadata: one model call's cost (agent.executor.USAGE_KEY)
+MAX_TOKENS_PER_CALL = 1 << 32  # a report above it is not a call's usage: dropped, with a warning
 MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
 MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which must stay small
 
@@ -24,11 +30,22 @@ MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which mu
 class Recorder:
     """Writes what one turn of one attempt produced, fenced."""
 
-    def __init__(self, store: Store, holder: Holder, identity: RunIdentity, progress: Progress) -> None:
+    def __init__(
+        self,
+        store: Store,
+        holder: Holder,
+        identity: RunIdentity,
+        progress: Progress,
+        credentials: dict[str, str] | None = None,
+        token_budget_left: int | None = None,
+    ) -> None:
         self.store = store
         self.holder = holder
         self.identity = identity
         self.progress = progress
+        self.credentials = credentials or {}  # model name -> the credential the contract gives it
+        self.token_budget_left = token_budget_left  # what the Run may still use (None: no budget)
+        self.tokens_this_turn = 0
         ref = identity.work_item_ref
         self.item_key = (
             None if ref is None else work_item_key(identity.namespace, ref)
@@ -36,6 +53,8 @@ class Recorder:
 
     async def status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
         progress = self.progress
+        if USAGE_KEY in metadata:  # counted whether or not the progress itself is stored
+            await self.usage(metadata[USAGE_KEY])
         if not progress.may_record(state):
             return
         text = get_message_text(message) if message.parts else ""
@@ -54,6 +73,55 @@ class Recorder:
             )
         )
         progress.recorded_state, progress.coalesced = state, 0
+
+    async def usage(self, report: Any) -> None:
+        """One model call's usage, recorded once per call id of this attempt and counted in the metrics. Charged
+        to the credential the contract gives the call's model (never one the agent names) and to the person
+        who started the Run. A report not in the documented shape is dropped with a warning: it is an account,
+        not the answer, and fails nothing."""
+        call = usage_call(report)
+        if call is None:
+            log.warning("%s: usage report not understood, dropped: %.200r", self.holder.run, report)
+            return
+        call_id, model, tokens_in, tokens_out, latency_ms = call
+        identity, holder = self.identity, self.holder
+        credential = self.credentials.get(model, "")
+        recorded = await self._fenced(
+            self.store.record_usage(
+                ModelCall(
+                    namespace=identity.namespace,
+                    run=holder.run,
+                    run_uid=holder.uid,
+                    attempt=identity.attempt,
+                    call_id=call_id,
+                    model=model,
+                    credential=credential,
+                    triggered_by=holder.triggered_by or "",
+                    input_tokens=tokens_in,
+                    output_tokens=tokens_out,
+                    latency_ms=latency_ms,
+                )
+            )
+        )
+        if recorded:
+            labels = (identity.namespace, credential, model, holder.triggered_by or "")
+            MODEL_CALLS.labels(*labels).inc()
+            MODEL_TOKENS.labels(*labels, "input").inc(tokens_in)
+            MODEL_TOKENS.labels(*labels, "output").inc(tokens_out)
+            self.tokens_this_turn += tokens_in + tokens_out
+        left = self.token_budget_left
+        if left is not None and self.tokens_this_turn > left:
+            # The call that passed the budget is made and counted; no further one is: the activity cancels the
+            # agent's task. (The reference agent stops by itself before a call once the budget is used up.)
+            message = (
+                f"the Run's token budget is spent: call {call_id} of attempt {identity.attempt} ({model}) "
+                f"brought this turn to {self.tokens_this_turn} tokens, past the {left} it had left"
+            )
+            raise agent_error(
+                AgentError.TOKEN_BUDGET_SPENT,
+                message,
+                FailureDetails(message=message, task_id=self.progress.task_id),
+            )
 
     async def artifact(self, artifact: Any) -> None:
         # An unnamed artifact is named by its place (its id is a UUID, which says nothing to a user).
@@ -130,13 +198,39 @@ class Recorder:
             if name == OUTPUTS_ARTIFACT or name not in seen:
                 await self.artifact(artifact)
 
-    async def _fenced(self, write: Any) -> None:
+    async def _fenced(self, write: Any) -> Any:
         try:
-            await write
+            return await write
         except StaleFence as err:
             raise ApplicationError(f"fenced off: {err}", type="StaleFence", non_retryable=True) from None
         except StoreError as err:
             raise as_activity_error(err) from None
+
+
+def usage_call(report: Any) -> tuple[str, str, int, int, int] | None:
+    """(call id, model, input tokens, output tokens, latency ms) of a usage report, or None when it is not one."""
+    if not isinstance(report, dict):
+        return None
+    call_id, model = report.get("callId"), report.get("model")
+    numbers = [report.get("inputTokens"), report.get("outputTokens"), report.get("latencyMs", 0)]
+    if not (
+        isinstance(call_id, str)
+        and 0 < len(call_id) <= 64
+        and isinstance(model, str)
+        and 0 < len(model) <= 256
+    ):
+        return None
+    # JSON numbers arrive as floats through protobuf's Struct: whole ones only.
+    if not all(
+        isinstance(n, int | float)
+        and not isinstance(n, bool)
+        and n == int(n)
+        and 0 <= n < MAX_TOKENS_PER_CALL
+        for n in numbers
+    ):
+        return None
+    tokens_in, tokens_out, latency = (int(n) for n in numbers)
+    return call_id, model, tokens_in, tokens_out, latency
 
 
 def _small(metadata: dict[str, Any]) -> dict[str, Any]:

@@ -185,7 +185,9 @@ class Resolver:
             agent = await self._agent(name, spec)
             if agent is not None:
                 agents.append(agent)
-        return Resolution(outcome="resolved", agents=agents, scopes=scopes)
+        return Resolution(
+            outcome="resolved", agents=agents, scopes=scopes, token_budget=team.token_budget if team else None
+        )
 
     async def _agent(self, name: str, spec: RunSpec) -> ResolvedAgent | None:
         agent = await self.get("Agent", name, AgentSpec)

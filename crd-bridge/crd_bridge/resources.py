@@ -147,6 +147,8 @@ class TeamSpec(KsquadModel):
     """The agents of a Run that names the Team and no agents, in preference order."""
     max_concurrent_runs: int | None = Field(default=None, ge=1, le=100_000)
     """Runs naming the Team past Queued at once; the others wait, in order. Empty: no limit."""
+    token_budget: int | None = Field(default=None, ge=1, le=10**12)
+    """The token budget of each Run naming the Team that sets none itself (the Run's spec.tokenBudget)."""
 
 
 class ProjectSpec(KsquadModel):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agent.contract import Model
-from agent.model import ModelFailed, complete
+from agent.model import ModelFailed, Usage, complete
 from testbed.agents import ModelEndpoint
 from testbed.isolate import free_port
 
@@ -54,6 +54,28 @@ async def test_an_endpoint_that_ignores_stream_is_read_as_one_completion(model: 
     model.script("m", {"raw": json.dumps(completion), "content_type": "application/json"})
     turn = await complete(Model(name="m", url=model.url), MESSAGES, [])
     assert (turn.text, turn.tool_calls) == ("whole answer", [])
+
+
+async def test_the_usage_the_endpoint_reports_is_read_streamed_or_whole_and_a_garbled_one_ignored(
+    model: ModelEndpoint,
+) -> None:
+    model.script("m", {"text": "three words here"})
+    streamed = await complete(Model(name="m", url=model.url), MESSAGES, [])
+    served = model.state.calls[-1]
+    assert streamed.usage == Usage(served.input_tokens, served.output_tokens) == Usage(2, 3), (
+        "asked for with stream_options.include_usage, read from the last chunk"
+    )
+    whole = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8},
+    }
+    model.script("m", {"raw": json.dumps(whole), "content_type": "application/json"})
+    assert (await complete(Model(name="m", url=model.url), MESSAGES, [])).usage == Usage(7, 1)
+    for garbled in ({"prompt_tokens": "7", "completion_tokens": 1}, {"prompt_tokens": -1}, "lots", None):
+        body = {**whole, "usage": garbled}
+        model.script("m", {"raw": json.dumps(body), "content_type": "application/json"})
+        turn = await complete(Model(name="m", url=model.url), MESSAGES, [])
+        assert (turn.text, turn.usage) == ("x", None), garbled
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,7 @@ async def test_run_then_list_get_and_watch_a_run_to_success(dev: DevProcess, tmp
         "ATTEMPT",
         "AGENT",
         "ITEM",
+        "TOKENS",
         "AGE",
     ]
     assert any(line.split()[:3] == ["default", "quick-1", "Succeeded"] for line in table.out.splitlines())

@@ -29,6 +29,7 @@ from temporalio.workflow import ActivityCancellationType
 from workflows import metrics
 from workflows.activity_types import (
     UNSEALED,
+    USAGE_DETAIL,
     AgentError,
     AgentInvocation,
     AgentResult,
@@ -70,7 +71,7 @@ from workflows.run.route import Router
 from workflows.run.state import RunCarry, RunInput
 from workflows.run.throttles import Throttles
 from workflows.signals import STATE_QUERY, RunSignal
-from workflows.status import PauseReason, Phase, RunStatus, WorkflowRef
+from workflows.status import PauseReason, Phase, RunStatus, UsageStatus, WorkflowRef
 
 _AGENT_ERRORS = {e.value for e in AgentError}
 
@@ -96,6 +97,10 @@ class RunWorkflow:
         self.held = Holdings(self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts)
         self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
+        # Model usage: what earlier workflows of this Run counted (continued as new only between attempts), and
+        # each attempt's running total since.
+        self.usage_carried = carry.status.usage or UsageStatus()
+        self.usage_by_attempt: dict[int, UsageStatus] = {}
 
     @property
     def status(self) -> RunStatus:
@@ -305,6 +310,7 @@ class RunWorkflow:
         while True:
             message_id = f"{uid}-a{attempt}" + (f"-t{turn}" if turn else "")
             refreshes_before_call = self.pauses.credential_refreshes
+            budget_left = self._token_budget_left()
             invocation = AgentInvocation(
                 contract=self.route.contract(attempt, fence),
                 endpoint=sandbox.endpoint,
@@ -312,6 +318,7 @@ class RunWorkflow:
                 message_id=message_id,
                 context_id=f"{uid}-a{attempt}",
                 continue_task=follow_up,
+                token_budget_left=budget_left,
             )
             remaining = (run_deadline - workflow.now()).total_seconds()
             agent_call = call(
@@ -335,6 +342,7 @@ class RunWorkflow:
                     deadline_summary=f"attempt {attempt}: timeouts.runSeconds",
                 )
                 self.route.answered()
+                self._count_usage(attempt, result.usage)
                 return result
             except PhaseTimeout as err:
                 raise AttemptFailed(
@@ -345,8 +353,12 @@ class RunWorkflow:
                 app = err.cause if isinstance(err.cause, ApplicationError) else None
                 kind = app.type if app is not None else None
                 details = app.details[0] if app is not None and app.details else {}
+                if app is not None and len(app.details) > USAGE_DETAIL:
+                    self._count_usage(attempt, UsageStatus.model_validate(app.details[USAGE_DETAIL]))
                 if kind == UNSEALED:
                     raise RunFailed(UNSEALED, cause(err)) from err
+                if kind == AgentError.TOKEN_BUDGET_SPENT:
+                    raise RunFailed(kind, app.message if app is not None else cause(err)) from err
                 if kind == AgentError.RATE_LIMITED:
                     await self.route.on_rate_limit(RateLimitDetails.model_validate(details))
                     turn, follow_up = turn + 1, None  # the fallback model answers a fresh message
@@ -369,6 +381,32 @@ class RunWorkflow:
                 follow_up = ContinueTask(task_id=task.task_id, context_id=task.context_id, text=text)
                 message = f"attempt {attempt}: {self.route.agent().name} continues its task"
                 self.mirror.move(Phase.RUNNING, reason="Resumed", message=message)
+
+    def _token_budget_left(self) -> int | None:
+        """Tokens the Run may still use, or None without a budget; a Run that has used it all ends here, before
+        another call (an attempt that ended on the very call that reached it, then a retry)."""
+        assert self.route.resolution is not None
+        budget = self.spec.token_budget or self.route.resolution.token_budget
+        if budget is None:
+            return None
+        used = self.status.usage or UsageStatus()
+        left = budget - used.input_tokens - used.output_tokens
+        if left <= 0:
+            raise RunFailed(
+                AgentError.TOKEN_BUDGET_SPENT.value,
+                f"the Run used {budget - left} of its {budget} token budget: no further model call is made",
+            )
+        return left
+
+    def _count_usage(self, attempt: int, usage: UsageStatus | None) -> None:
+        """The attempt's usage so far (each report is its running total), into the Run's over all attempts."""
+        if usage is None:
+            return
+        self.usage_by_attempt[attempt] = usage
+        total = self.usage_carried
+        for each in self.usage_by_attempt.values():
+            total = total.plus(each)
+        self.status.usage = total
 
     # --- Paused -------------------------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Model usage in the store, on real PostgreSQL and SQLite: a call recorded once however often it is reported,
+summed per attempt and run, and per credential, namespace, person or model over a window."""
+
+from datetime import timedelta
+
+import pytest
+
+from activities.agents.recording import usage_call
+from store import USAGE_GROUPS, ModelCall, Store
+from tests.activities.conftest import Clock
+
+
+def call(run: str, attempt: int, call_id: str, **fields: object) -> ModelCall:
+    namespace, name = run.split("/")
+    values: dict[str, object] = {
+        "namespace": namespace,
+        "run": run,
+        "run_uid": f"uid-{name}",
+        "attempt": attempt,
+        "call_id": call_id,
+        "model": "gpt",
+        "credential": f"{namespace}/openai",
+        "triggered_by": "alice",
+        "input_tokens": 100,
+        "output_tokens": 10,
+        "latency_ms": 250,
+        **fields,
+    }
+    return ModelCall(**values)  # type: ignore[arg-type]
+
+
+async def test_a_call_is_recorded_once_and_summed_per_attempt_and_run(store: Store) -> None:
+    assert await store.record_usage(call("payments/fix", 1, "1"))
+    assert await store.record_usage(call("payments/fix", 1, "2", output_tokens=30))
+    assert not await store.record_usage(call("payments/fix", 1, "2", output_tokens=999)), "seen again: no row"
+    assert await store.record_usage(call("payments/fix", 2, "1")), "another attempt's call 1 is another call"
+    first = await store.run_usage("uid-fix", 1)
+    assert (first.calls, first.input_tokens, first.output_tokens) == (2, 200, 40)
+    whole = await store.run_usage("uid-fix")
+    assert (whole.calls, whole.input_tokens, whole.output_tokens) == (3, 300, 50)
+    none = await store.run_usage("uid-nothing")
+    assert (none.calls, none.input_tokens, none.output_tokens) == (0, 0, 0)
+
+
+async def test_usage_sums_by_each_grouping_over_a_window(store: Store, clock: Clock) -> None:
+    start = clock()
+    await store.record_usage(call("payments/a", 1, "1", triggered_by="alice"))
+    clock.advance(3600)
+    await store.record_usage(call("payments/b", 1, "1", triggered_by="bob", input_tokens=500))
+    await store.record_usage(call("search/c", 1, "1", triggered_by="bob", model="claude", credential=""))
+    by_person = await store.usage("triggered_by", start)
+    assert [(u.key, u.calls, u.input_tokens) for u in by_person] == [("bob", 2, 600), ("alice", 1, 100)]
+    later = await store.usage("triggered_by", start + timedelta(minutes=30))
+    assert [(u.key, u.calls) for u in later] == [("bob", 2)], "the window starts after alice's call"
+    earlier = await store.usage("namespace", start, until=start + timedelta(minutes=30))
+    assert [(u.key, u.calls) for u in earlier] == [("payments", 1)]
+    in_payments = await store.usage("credential", start, namespace="payments")
+    assert [(u.key, u.calls, u.input_tokens) for u in in_payments] == [("payments/openai", 2, 600)]
+    assert {u.key for u in await store.usage("model", start)} == {"gpt", "claude"}
+    assert set(USAGE_GROUPS) == {"credential", "namespace", "triggered_by", "model"}
+    with pytest.raises(ValueError, match="summed by one of credential"):
+        await store.usage("run_uid; drop table model_usage", start)
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        "1200 tokens",
+        {"model": "gpt", "inputTokens": 1, "outputTokens": 1},  # no callId
+        {"callId": "", "model": "gpt", "inputTokens": 1, "outputTokens": 1},
+        {"callId": "x" * 65, "model": "gpt", "inputTokens": 1, "outputTokens": 1},
+        {"callId": "1", "model": "gpt", "inputTokens": -1, "outputTokens": 1},
+        {"callId": "1", "model": "gpt", "inputTokens": 1.5, "outputTokens": 1},
+        {"callId": "1", "model": "gpt", "inputTokens": True, "outputTokens": 1},
+        {"callId": "1", "model": "gpt", "inputTokens": 1 << 40, "outputTokens": 1},
+        {"callId": "1", "model": "", "inputTokens": 1, "outputTokens": 1},
+        {"callId": "1", "model": "gpt", "inputTokens": "12", "outputTokens": 1},
+    ],
+)
+def test_a_usage_report_in_another_shape_is_not_a_call(report: object) -> None:
+    assert usage_call(report) is None
+
+
+def test_a_usage_report_in_the_documented_shape_is_read_whole_numbers_from_protobuf_floats() -> None:
+    report = {
+        "callId": "3",
+        "model": "gpt-4.1",
+        "inputTokens": 1200.0,
+        "outputTokens": 310,
+        "latencyMs": 2400,
+    }
+    assert usage_call(report) == ("3", "gpt-4.1", 1200, 310, 2400)
