@@ -47,7 +47,7 @@ async def test_two_attempts_and_a_person_write_one_items_record_and_a_stale_hold
     model.script(MODEL, {"error": 500}, {"text": "froze the clock in the test"})
     squad(release, model)
     person_token, person = editor(release, "person")
-    _, reader = account(release, "runs-reader", can_get_runs=True)
+    reader_token, reader = account(release, "runs-reader", can_get_runs=True)
     cli = ("-n", NS, "--kubeconfig", str(person), "--api", API_URL)
     made = await ksquad(tmp_path, "items", "create", ITEM, "--title", "test_payment_retry is flaky", *cli)
     assert made.code == 0, made.err
@@ -124,6 +124,12 @@ async def test_two_attempts_and_a_person_write_one_items_record_and_a_stale_hold
         after = await http.get(
             f"/items/{NS}/{ITEM}/entries", headers={"Authorization": f"Bearer {person_token}"}
         )
+        as_reader = {"Authorization": f"Bearer {reader_token}"}
+        for method, path in (("GET", f"/items/{NS}"), ("GET", f"/items/{NS}/{ITEM}/entries")):
+            unread = await http.request(method, path, headers=as_reader)
+            assert unread.status_code == 403, unread.text
+        run_read = await http.get(f"/runs/{NS}/fix-pay-9/artifacts/answer", headers=as_reader)
+        assert run_read.status_code == 200, "the same user may read the Run itself"
     assert after.json()["entries"] == entries, "the stale write is not in the item"
 
     # Who may read Runs but not work items: refused by the API, and the CLI says so.
