@@ -94,6 +94,7 @@ class Agent(_Read):
     allowed_tools: list[str] = Field(default_factory=list)
     skills: list[Skill] = Field(default_factory=list)
     fallback_model: Model | None = None
+    project_fallback_model: Model | None = None
 
 
 class Run(_Read):

@@ -54,7 +54,10 @@ class Sealer:
     # --- agents: sealed by the bridge, checked by the worker ---------------------------------------------
 
     def _agent_mac(self, namespace: str, uid: str, agent: ResolvedAgent) -> str:
-        body = agent.model_dump(mode="json", exclude={"seal"})
+        # A field added since agent-v1 goes into the MAC only when set: a resolution sealed before an upgrade
+        # (a run in flight across it) keeps its seal.
+        later = {"project_fallback_model"} if agent.project_fallback_model is None else set()
+        body = agent.model_dump(mode="json", exclude={"seal", *later})
         return self._mac("agent-v1", namespace, uid, json.dumps(body, sort_keys=True, separators=(",", ":")))
 
     def seal_agent(self, namespace: str, uid: str, agent: ResolvedAgent) -> ResolvedAgent:
@@ -75,10 +78,11 @@ class Sealer:
                 f"resolved it (its seal is {'missing' if agent.seal is None else 'wrong'}): the worker acts only on "
                 f"resolutions sealed with the key it shares with the bridge ({SEAL_KEY_FILE_ENV})"
             )
-        if contract.model not in [m for m in (agent.model, agent.fallback_model) if m is not None]:
+        resolved = (agent.model, agent.fallback_model, agent.project_fallback_model)
+        if contract.model not in [m for m in resolved if m is not None]:
             raise Unsealed(
                 f"model {contract.model.name} at {contract.model.url} is neither agent {agent.name}'s model nor "
-                "its fallback as the bridge resolved them"
+                "a fallback (its own, its Project's) as the bridge resolved them"
             )
         if policy is not None and policy != agent.sandbox_policy:
             raise Unsealed(

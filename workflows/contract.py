@@ -86,6 +86,7 @@ class ResolvedAgent(KsquadModel):
     name: str
     model: ModelRef
     fallback_model: ModelRef | None = None
+    project_fallback_model: ModelRef | None = None  # the Run's Project's, after the agent's own fallback
     system_prompt: str = ""
     image: str | None = None
     endpoint: str | None = None  # an already-running A2A agent: no sandbox is made
@@ -121,6 +122,12 @@ class ExecutionContract(KsquadModel):
     inputs: dict[str, str] = Field(default_factory=dict)
     agent: ResolvedAgent
     model: ModelRef  # the model to use now (the agent's, the Run's override, or the fallback)
+
+    def models(self) -> list[ModelRef]:
+        """Every model the attempt may use: the one now, the agent's own, its fallback, the Project's fallback."""
+        agent = self.agent
+        found = (self.model, agent.model, agent.fallback_model, agent.project_fallback_model)
+        return [m for m in found if isinstance(m, ModelRef)]
 
     def for_sandbox(self) -> dict[str, object]:
         """The contract as a sandbox gets it: without the triggering user's identity (runs are attributed to

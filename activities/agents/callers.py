@@ -43,7 +43,7 @@ from agent.callers import (
     sandbox_token,
     token_sha256,
 )
-from workflows.contract import CredentialRef, ExecutionContract, ModelRef, RunIdentity
+from workflows.contract import CredentialRef, ExecutionContract, RunIdentity
 
 log = logging.getLogger(__name__)
 ITEM_API_ENV = "KSQUAD_ITEM_API_URL"  # where sandboxes reach the items API (with KSQUAD_ITEM_TOKEN_KEY_FILE)
@@ -133,9 +133,8 @@ def process_keys() -> CallerKeys:
 
 
 def credential_refs(contract: ExecutionContract) -> list[CredentialRef]:
-    """Every credential the attempt may use: its model's, the agent's own model's and fallback's, the agent's."""
-    models = (contract.model, contract.agent.model, contract.agent.fallback_model)
-    refs = [m.credential for m in models if isinstance(m, ModelRef) and m.credential]
+    """Every credential the attempt may use: its models' (ExecutionContract.models) and the agent's own."""
+    refs = [m.credential for m in contract.models() if m.credential]
     if contract.agent.credential:
         refs.append(contract.agent.credential)
     return refs

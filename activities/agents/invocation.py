@@ -42,7 +42,7 @@ from workflows.activity_types import (
     AgentResult,
     FailureDetails,
 )
-from workflows.contract import ExecutionContract, ModelRef
+from workflows.contract import ExecutionContract
 
 if TYPE_CHECKING:
     from activities.agents import AgentActivities
@@ -61,10 +61,10 @@ async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
 
 def model_credentials(contract: ExecutionContract) -> dict[str, str]:
     """Each model name of the attempt's contract -> the credential its calls are charged to ("<ns>/<secret>"):
-    the Run's model first, then the Agent's own and its fallback."""
+    the Run's model first, then the Agent's own, its fallback and the Project's."""
     found: dict[str, str] = {}
-    for model in (contract.model, contract.agent.model, contract.agent.fallback_model):
-        if isinstance(model, ModelRef) and model.credential is not None:
+    for model in contract.models():
+        if model.credential is not None:
             found.setdefault(model.name, f"{contract.run.namespace}/{model.credential.secret_name}")
     return found
 

@@ -29,7 +29,7 @@ from workflows.activity_types import (
     SandboxRelease,
     SandboxRequest,
 )
-from workflows.contract import CredentialRef, ExecutionContract, ModelRef
+from workflows.contract import CredentialRef, ExecutionContract
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,7 @@ class LocalSandboxes:
         local = self.local_model
         if local is not None:
             models = [
-                m
-                for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
-                if isinstance(m, ModelRef) and m.credential and m.credential.env == local.credential.env
+                m for m in contract.models() if m.credential and m.credential.env == local.credential.env
             ]
             if models and all((m.url or "").rstrip("/") == local.url.rstrip("/") for m in models):
                 env[local.credential.env] = local.api_key

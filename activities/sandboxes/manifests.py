@@ -16,7 +16,7 @@ from kube import Obj
 from workflows.activity_types import (
     RunRef,
 )
-from workflows.contract import ExecutionContract, ModelRef, RunIdentity
+from workflows.contract import ExecutionContract, RunIdentity
 from workflows.spec import SandboxPolicy
 
 RUN_API = "ksquad.io/v1alpha1"
@@ -155,11 +155,7 @@ def owner_reference(run: RunRef | RunIdentity) -> Obj:
 
 def credential_env(contract: ExecutionContract) -> list[Obj]:
     """Every credential the agent may use, by secretKeyRef: the values never enter the Job's spec."""
-    refs = [
-        m.credential
-        for m in (contract.model, contract.agent.model, contract.agent.fallback_model)
-        if isinstance(m, ModelRef) and m.credential
-    ]
+    refs = [m.credential for m in contract.models() if m.credential]
     if contract.agent.credential:
         refs.append(contract.agent.credential)
     env, seen = [], set()

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from crd_bridge.resources import (
     AgentSpec,
+    FallbackModel,
     MCPServerSpec,
     ModelEndpointSpec,
     ProjectSpec,
@@ -182,14 +183,16 @@ class Resolver:
             raise Invalid(f"the Run names no agents and Team {self.namespace}/{spec.team_ref} has none")
         agents = []
         for name in names:
-            agent = await self._agent(name, spec)
+            agent = await self._agent(name, spec, project)
             if agent is not None:
                 agents.append(agent)
         return Resolution(
             outcome="resolved", agents=agents, scopes=scopes, token_budget=team.token_budget if team else None
         )
 
-    async def _agent(self, name: str, spec: RunSpec) -> ResolvedAgent | None:
+    async def _agent(
+        self, name: str, spec: RunSpec, project: ProjectSpec | None = None
+    ) -> ResolvedAgent | None:
         agent = await self.get("Agent", name, AgentSpec)
         if agent is None:
             return None
@@ -216,15 +219,11 @@ class Resolver:
                 f"ModelEndpoint {self.namespace}/{endpoint_ref}"
             )
         model = _model(model_name or "default", endpoint_ref, endpoint, agent.credential_secret_ref)
-        fallback = None
+        fallback, project_fallback = None, None
         if agent.fallback_model is not None:
-            fb_ref = agent.fallback_model.model_endpoint_ref or endpoint_ref
-            fb_endpoint = (
-                endpoint
-                if fb_ref == endpoint_ref
-                else await self.get("ModelEndpoint", fb_ref or "", ModelEndpointSpec)
-            )
-            fallback = _model(agent.fallback_model.model, fb_ref, fb_endpoint, agent.credential_secret_ref)
+            fallback = await self._fallback(agent.fallback_model, endpoint_ref, endpoint, agent)
+        if project is not None and project.fallback_model is not None:
+            project_fallback = await self._fallback(project.fallback_model, endpoint_ref, endpoint, agent)
         skills = []
         for skill_name in agent.skill_refs:
             skill = await self.get("Skill", skill_name, SkillSpec)
@@ -265,7 +264,16 @@ class Resolver:
         credential = _credential(agent.credential_secret_ref)
         hosts: dict[str, list[str]] = {}
         for secret in sorted(
-            {c.secret_name for c in (model.credential, fallback and fallback.credential, credential) if c}
+            {
+                c.secret_name
+                for c in (
+                    model.credential,
+                    fallback and fallback.credential,
+                    project_fallback and project_fallback.credential,
+                    credential,
+                )
+                if c
+            }
         ):
             found = await self._credential_secret(secret)
             if found is not None:
@@ -273,16 +281,23 @@ class Resolver:
         for ref, endpoint_name in (
             (model, endpoint_ref),
             (fallback, fallback.endpoint_ref if fallback else None),
+            (project_fallback, project_fallback.endpoint_ref if project_fallback else None),
         ):
             if ref is not None and ref.credential is not None and ref.credential.secret_name in hosts:
                 self._check_destination(ref, endpoint_name or "", hosts[ref.credential.secret_name])
-        for ref_credential in (model.credential, fallback.credential if fallback else None, credential):
+        for ref_credential in (
+            model.credential,
+            fallback.credential if fallback else None,
+            project_fallback.credential if project_fallback else None,
+            credential,
+        ):
             if ref_credential is not None:
                 ref_credential.allowed_hosts = hosts.get(ref_credential.secret_name, [])
         return ResolvedAgent(
             name=name,
             model=model,
             fallback_model=fallback,
+            project_fallback_model=project_fallback,
             system_prompt=agent.system_prompt,
             image=agent.image,
             endpoint=agent.endpoint,
@@ -292,6 +307,19 @@ class Resolver:
             credential=credential,
             sandbox_policy=spec.sandbox_policy,
         )
+
+    async def _fallback(
+        self,
+        fallback: FallbackModel,
+        endpoint_ref: str | None,
+        endpoint: ModelEndpointSpec | None,
+        agent: AgentSpec,
+    ) -> ModelRef:
+        """A fallback model (the Agent's or the Project's) on its ModelEndpoint, the agent's own by default."""
+        ref = fallback.model_endpoint_ref or endpoint_ref
+        if ref != endpoint_ref:
+            endpoint = await self.get("ModelEndpoint", ref or "", ModelEndpointSpec)
+        return _model(fallback.model, ref, endpoint, agent.credential_secret_ref)
 
     async def _credential_secret(self, name: str) -> list[str] | None:
         """Only a Secret labelled as a credential may reach a sandbox: a Run author could otherwise have any

@@ -152,7 +152,11 @@ class TeamSpec(KsquadModel):
 
 
 class ProjectSpec(KsquadModel):
-    """A body of work, and how many of its runs may be past Queued at once."""
+    """A body of work: how many of its runs may be past Queued at once, and the model they fall back to."""
 
     max_concurrent_runs: int | None = Field(default=None, ge=1, le=100_000)
     """Runs naming the Project past Queued at once; the others wait, in order. Empty: no limit."""
+    fallback_model: FallbackModel | None = None
+    """The model a Run naming the Project switches to on a rate limit after its Agent's own fallbackModel (or
+    first, for an Agent without one), when its credential is not limited too; then the run pauses as usual. Its
+    modelEndpointRef empty: the agent's own ModelEndpoint."""

@@ -35,7 +35,10 @@ OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
         "requires": {"toolchains": ["python"]},
     },
     ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3},
-    ("Project", "payments-api"): {"maxConcurrentRuns": 10},
+    ("Project", "payments-api"): {
+        "maxConcurrentRuns": 10,
+        "fallbackModel": {"model": "llama-project", "modelEndpointRef": "local"},
+    },
     ("Secret", "dev-1-key"): {
         "labels": {"ksquad.io/credential": "true"},
         "annotations": {"ksquad.io/allowed-hosts": "api.example,127.0.0.1:1"},
@@ -69,6 +72,12 @@ async def test_run_overrides_beat_agent_defaults_and_the_agents_credential_wins(
     assert dev1.model.credential.secret_name == "dev-1-key", "the Agent's own credential beats the endpoint's"
     assert dev1.fallback_model is not None
     assert (dev1.fallback_model.name, dev1.fallback_model.url) == ("gpt-small", "https://api.example/v1")
+    project_fallback = (dev1.project_fallback_model, dev2.project_fallback_model)
+    assert [(m.name, m.url) for m in project_fallback if m] == [
+        ("llama-project", "http://127.0.0.1:1/v1")
+    ] * 2
+    assert dev1.project_fallback_model is not None and dev1.project_fallback_model.credential is not None
+    assert dev1.project_fallback_model.credential.allowed_hosts, "checked like the agent's own models"
     assert [t.tool_name for t in dev1.tools] == ["add_note", "search"], "its tools and its skills' tools"
     assert dev1.skills[0].requires.toolchains == ["python"]
     assert dev1.forces_cold

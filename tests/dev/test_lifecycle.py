@@ -23,6 +23,7 @@ API = "ksquad.io/v1alpha1"
 SCRIPT: dict[str, list[dict[str, Any]]] = {
     "flaky": [{"error": 500}, {"text": "fixed on the second try"}],
     "limited": [{"error": 429, "retry_after": "600"}],
+    "limited-too": [{"error": 429, "retry_after": "600"}],
     "small": [{"text": "the fallback answered"}],
     "asks": [
         {"tool_calls": [{"name": "ksquad_request_input", "arguments": {"question": "Which test is flaky?"}}]},
@@ -121,6 +122,28 @@ async def test_the_fallback_model_takes_over_mid_run_without_pausing(dev: DevSta
     assert (final["attempt"], final["model"], final["message"]) == (1, "small", "the fallback answered")
     reasons = [e["reason"] for e in await phase_events(dev, "fell-back")]
     assert "ModelFallback" in reasons and "RateLimited" not in reasons, reasons
+
+
+async def test_the_projects_fallback_model_answers_once_the_agents_own_is_limited_too(dev: DevStack) -> None:
+    project = {
+        "apiVersion": API,
+        "kind": "Project",
+        "metadata": {"name": "pool", "namespace": NS},
+        "spec": {"fallbackModel": {"model": "small"}},
+    }
+    careful = agent("careful-too", "limited", fallbackModel={"model": "limited-too"})
+    await dev.runs.apply([project, careful, run("pooled", ["careful-too"], projectRef="pool")])
+    assert await wait_terminal(dev, ["pooled"], within=60) == {"pooled": "Succeeded"}
+    final = await status(dev, "pooled")
+    assert (final["attempt"], final["model"], final["message"]) == (1, "small", "the fallback answered")
+    events = [(e["reason"], e["message"]) for e in await phase_events(dev, "pooled")]
+    fallbacks = [m for r, m in events if r == "ModelFallback"]
+    assert len(fallbacks) == 2 and "the Project's fallback model" in fallbacks[1], events
+    assert "RateLimited" not in [r for r, _ in events], events
+    assert dev.scripted is not None
+    assert [c.model for c in dev.scripted.calls] == ["limited", "limited-too", "small"], (
+        "one call each, in order"
+    )
 
 
 @pytest.mark.parametrize("how", ["ksquad runs input", "temporal workflow signal"])

@@ -31,6 +31,32 @@ async def test_fallback_model_switches_mid_run_without_pausing(client: Client, w
     assert len(world.calls_of(Activity.ACQUIRE_SANDBOX, "r")) == 1
 
 
+async def test_the_projects_fallback_model_follows_the_agents_own_then_the_run_pauses(
+    client: Client, world: World
+) -> None:
+    world.agents["dev-1"] = agent(
+        "dev-1",
+        "dev-1-key",
+        fallback=("small-model", "small-key"),
+        project_fallback=("pool-model", "pool-key"),
+    )
+    world.scripts["r"] = [rate_limited("120"), rate_limited("120"), ok()]
+    status = await (await start_run(client, run_input("r"))).result()
+    assert status.phase == Phase.SUCCEEDED and status.model == "pool-model"
+    calls = world.calls_of(Activity.INVOKE_AGENT, "r")
+    assert [c.detail["model"] for c in calls] == ["dev-1-model", "small-model", "pool-model"]
+    assert not paused_statuses(world, "r"), "each limit moved the run on, none paused it"
+
+    # An Agent without a fallback goes to the Project's first; once that is limited too, the run pauses.
+    world.agents["dev-2"] = agent("dev-2", "dev-2-key", project_fallback=("pool-model", "pool-key"))
+    world.scripts["s"] = [rate_limited("120"), rate_limited("120"), ok()]
+    status = await (await start_run(client, run_input("s", agents=["dev-2"]))).result()
+    assert status.phase == Phase.SUCCEEDED
+    calls = world.calls_of(Activity.INVOKE_AGENT, "s")
+    assert [c.detail["model"] for c in calls] == ["dev-2-model", "pool-model", "pool-model"]
+    assert len({s.resume_at for s in paused_statuses(world, "s")}) == 1, "paused once, on the Project's limit"
+
+
 async def test_retry_after_seconds_pauses_until_resume_at_with_no_calls_meanwhile(
     client: Client, world: World
 ) -> None:

@@ -95,7 +95,11 @@ class Call:
 
 
 def agent(
-    name: str, secret: str, fallback: tuple[str, str] | None = None, endpoint: str | None = None
+    name: str,
+    secret: str,
+    fallback: tuple[str, str] | None = None,
+    endpoint: str | None = None,
+    project_fallback: tuple[str, str] | None = None,
 ) -> ResolvedAgent:
     return ResolvedAgent(
         name=name,
@@ -109,6 +113,15 @@ def agent(
                 credential=CredentialRef(secret_name=fallback[1]),
             )
             if fallback
+            else None
+        ),
+        project_fallback_model=(
+            ModelRef(
+                name=project_fallback[0],
+                url="http://model.test/v1",
+                credential=CredentialRef(secret_name=project_fallback[1]),
+            )
+            if project_fallback
             else None
         ),
         endpoint=endpoint,

@@ -1,5 +1,6 @@
 """The route: which of the Run's eligible agents it is on, with which model, and the rate-limit policy that moves
-it (to the agent's fallback model, to the next agent whose credential is not throttled, or into a pause)."""
+it (to the agent's fallback model, then the Project's, to the next agent whose credential is not throttled, or
+into a pause)."""
 
 from datetime import timedelta
 
@@ -38,9 +39,25 @@ class Router:
 
     def model(self) -> ModelRef:
         agent = self.agent()
+        if self.state.on_project_fallback and agent.project_fallback_model is not None:
+            return agent.project_fallback_model
         if self.state.on_fallback and agent.fallback_model is not None:
             return agent.fallback_model
         return agent.model
+
+    def _next_fallback(self) -> tuple[str, ModelRef] | None:
+        """The fallback a rate limit moves the run to now: the agent's, then the Project's, skipping one whose
+        credential is throttled too; None once the run is on the last (or there is none)."""
+        agent, state = self.agent(), self.state
+        chain: list[tuple[str, ModelRef | None]] = []
+        if not state.on_fallback and not state.on_project_fallback:
+            chain.append(("agent", agent.fallback_model))
+        if not state.on_project_fallback:
+            chain.append(("project", agent.project_fallback_model))
+        for which, model in chain:
+            if model is not None and not self.throttles.is_throttled(model.throttle_key(self.run.namespace)):
+                return which, model
+        return None
 
     def credential_key(self) -> str:
         return self.model().throttle_key(self.run.namespace) if self.resolution is not None else ""
@@ -50,7 +67,7 @@ class Router:
         assert self.resolution is not None
         keys: list[str] = []
         for agent in self.resolution.agents:
-            for model in (agent.model, agent.fallback_model):
+            for model in (agent.model, agent.fallback_model, agent.project_fallback_model):
                 if model is not None and (key := model.throttle_key(self.run.namespace)) not in keys:
                     keys.append(key)
         return keys
@@ -72,6 +89,7 @@ class Router:
 
     def reroute(self, agent_index: int) -> None:
         self.state.agent_index, self.state.on_fallback, self.state.consecutive_limits = agent_index, False, 0
+        self.state.on_project_fallback = False
 
     def answered(self) -> None:
         self.state.consecutive_limits = 0
@@ -91,11 +109,10 @@ class Router:
             observed_at=details.observed_at or now,
             cap_seconds=RATE_LIMITS.cap_seconds,
         )
-        fallback = self.agent().fallback_model
+        fallback = self._next_fallback()
         decision = decide_rate_limit(
-            on_fallback=self.state.on_fallback,
-            fallback_available=fallback is not None
-            and not self.throttles.is_throttled(fallback.throttle_key(self.run.namespace)),
+            on_fallback=False,  # _next_fallback says whether there is one to move to
+            fallback_available=fallback is not None,
             retry_after_seconds=retry_after,
             consecutive_limits=self.state.consecutive_limits,
             credential_strikes=strikes,
@@ -105,9 +122,15 @@ class Router:
         )
         model = details.model or "model"
         if decision.action == RateLimitAction.FALLBACK:
-            self.state.on_fallback = True
+            assert fallback is not None
+            which, _ = fallback
+            if which == "project":
+                self.state.on_project_fallback = True
+            else:
+                self.state.on_fallback = True
             self.mirror.status.model = self.model().name
-            message = f"{model} rate limited; {decision.reason}"
+            reason = "switched to the Project's fallback model" if which == "project" else decision.reason
+            message = f"{model} rate limited; {reason}"
             self.mirror.move(Phase.RUNNING, reason="ModelFallback", message=message)
             return
         until = now + timedelta(seconds=decision.delay_seconds)

@@ -25,7 +25,8 @@ class Route(KsquadModel):
     """The agent and model a run is on (`RunWorkflow` moves it: fallback, re-route)."""
 
     agent_index: int = 0
-    on_fallback: bool = False
+    on_fallback: bool = False  # on the agent's fallback model
+    on_project_fallback: bool = False  # on the Project's, after (or without) the agent's
     consecutive_limits: int = 0
 
 
