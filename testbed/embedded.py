@@ -184,7 +184,7 @@ async def start_workers(
             while True:
                 if worker.poll() is not None:
                     output = log.read_text()
-                    if "address already in use" in output and respawns < 2:
+                    if "address already in use" in output.lower() and respawns < 2:
                         respawns += 1
                         worker, port, log = _spawn_worker(dev, database_url)
                         continue

@@ -57,6 +57,12 @@ def _run(*cmd: str) -> None:
 def _setup() -> None:
     """Inside the new namespaces, before the command starts: the network and the mounts it needs."""
     _run("ip", "link", "set", "lo", "up")
+    # Interfaces made from here on (the bridge, a veth per pod) get no IPv6 link-local address: Chromium aborts
+    # every request in flight (net::ERR_NETWORK_CHANGED) when an address of its namespace comes or goes, and the
+    # UI tests running beside the cluster's failed so as pods started (lo, made with the namespace, keeps ::1).
+    ipv6_default = Path("/proc/sys/net/ipv6/conf/default/disable_ipv6")
+    if ipv6_default.exists():
+        ipv6_default.write_text("1")
     _run("ip", "link", "add", BRIDGE, "type", "bridge")
     _run("ip", "addr", "add", f"{NODE_ADDRESS}/16", "dev", BRIDGE)
     _run("ip", "link", "set", BRIDGE, "up")

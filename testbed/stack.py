@@ -183,7 +183,7 @@ class Stack:
             for _ in range(300):
                 if process.poll() is not None:
                     output = log_file.read_bytes()[log_start:].decode(errors="replace")
-                    if "address already in use" in output:
+                    if "address already in use" in output.lower():
                         raise PortTaken(output[-3000:])
                     raise RuntimeError(f"{component} exited: {output[-3000:]}")
                 try:

@@ -157,7 +157,11 @@ async def test_usage_of_two_people_on_two_credentials_agrees_everywhere_with_the
     )
     by_credential = await ksquad(tmp_path, "usage", "--by", "credential", *cli)
     assert by_credential.code == 0, by_credential.err
-    found = {u["credential"]: u for u in yaml.safe_load(by_credential.out)["items"]}
+    # Other tests' runs share the namespace (and may still be calling): only these credentials and people.
+    mine = {f"{NS}/{secret}" for secret in CREDENTIALS.values()}
+    found = {
+        u["credential"]: u for u in yaml.safe_load(by_credential.out)["items"] if u["credential"] in mine
+    }
     assert {k: (u["calls"], u["inputTokens"], u["outputTokens"]) for k, u in found.items()} == {
         f"{NS}/{CREDENTIALS['a']}": (
             3,
@@ -167,7 +171,7 @@ async def test_usage_of_two_people_on_two_credentials_agrees_everywhere_with_the
         f"{NS}/{CREDENTIALS['b']}": (1, tokens(["bob-1"], "input"), tokens(["bob-1"], "output")),
     }
     by_person = await ksquad(tmp_path, "usage", "--by", "person", *cli)
-    found = {u["person"]: u for u in yaml.safe_load(by_person.out)["items"]}
+    found = {u["person"]: u for u in yaml.safe_load(by_person.out)["items"] if u["person"] in people.values()}
     assert {k: (u["calls"], u["inputTokens"]) for k, u in found.items()} == {
         people["alice"]: (3, tokens(["alice-1", "alice-2"], "input")),
         people["bob"]: (1, tokens(["bob-1"], "input")),

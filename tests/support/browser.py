@@ -5,6 +5,7 @@ at. `wait_for_text` says instead what the page showed and what it asked for that
 error answers, console errors), so a slow or failed page on a clean clone can be read from the output.
 """
 
+import asyncio
 import shutil
 import warnings
 from collections.abc import AsyncIterator
@@ -12,11 +13,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from playwright.async_api import Browser, ConsoleMessage, Page, Request, Response, async_playwright
+from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 # How long the UI may take to show a (decoded) text: it loads its scripts through a proxy, and under make test's
 # two workers on 2 cores, with a cluster test starting pods beside it, that took over 30 s once.
 UI_WAIT_MS = 90_000
+SLICE_MS = 5_000  # how often a wait looks at what went wrong meanwhile
 PLAYWRIGHT_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -49,6 +52,7 @@ class PageLog:
 
     def __init__(self, page: Page) -> None:
         self.lines: list[str] = []
+        self.network_changes = 0  # requests Chromium aborted because the machine's network changed
         page.on("requestfailed", self._failed)
         page.on("response", self._answered)
         page.on("console", self._console)
@@ -57,6 +61,8 @@ class PageLog:
         self.lines = [*self.lines[-(self.KEEP - 1) :], line[:300]]
 
     def _failed(self, request: Request) -> None:
+        if "ERR_NETWORK_CHANGED" in (request.failure or ""):
+            self.network_changes += 1
         self._add(f"failed {request.method} {request.url}: {request.failure}")
 
     def _answered(self, response: Response) -> None:
@@ -74,21 +80,44 @@ async def wait_for_text(
     """Wait until `page` shows `text` (a Playwright text selector: a string or a /regular expression/), then
     take the `screenshot` if asked. A page that has not shown it after half the time is reloaded once, as its
     user would, and a warning (in pytest's summary) says what it showed; one that still does not fails with
-    the page's address, what it showed and what `log` recorded."""
+    the page's address, what it showed and what `log` recorded. A page whose requests Chromium aborted because
+    the network changed (net::ERR_NETWORK_CHANGED: the test bed's node adds interfaces as pods start) is
+    reloaded when that happens, within the same time."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline, halfway = started + timeout_ms / 1000, started + timeout_ms / 2000
+    reloaded, changes_seen = False, 0
     try:
-        await page.wait_for_selector(f"text={text}", timeout=timeout_ms // 2)
-    except PlaywrightTimeout:
-        warnings.warn(f"reloaded: {await what_went_wrong(page, log, text, timeout_ms // 2)}", stacklevel=2)
-        await page.reload()
-        try:
-            await page.wait_for_selector(f"text={text}", timeout=timeout_ms // 2)
-        except PlaywrightTimeout:
-            raise AssertionError(
-                f"not even after a reload: {await what_went_wrong(page, log, text, timeout_ms // 2)}"
-            ) from None
+        while True:
+            left_ms = int((deadline - loop.time()) * 1000)
+            if left_ms <= 0:
+                waited = int((loop.time() - started) * 1000)
+                what = await what_went_wrong(page, log, text, waited)
+                raise AssertionError(f"{'not even after a reload: ' if reloaded else ''}{what}")
+            try:
+                await page.wait_for_selector(f"text={text}", timeout=min(SLICE_MS, left_ms))
+                return
+            except PlaywrightTimeout:
+                pass
+            if log.network_changes > changes_seen:
+                changes_seen = log.network_changes
+                await reload(page)
+            elif not reloaded and loop.time() >= halfway:
+                waited = int((loop.time() - started) * 1000)
+                warnings.warn(f"reloaded: {await what_went_wrong(page, log, text, waited)}", stacklevel=2)
+                await reload(page)
+                reloaded = True
     finally:
         if screenshot is not None:
             await page.screenshot(path=str(screenshot), full_page=True)
+
+
+async def reload(page: Page) -> None:
+    """Reload; a reload that itself fails (the network changed again) is left to the next look."""
+    try:
+        await page.reload()
+    except PlaywrightError as err:
+        warnings.warn(f"a reload of {page.url} failed: {err.message[:200]}", stacklevel=2)
 
 
 async def what_went_wrong(page: Page, log: PageLog, text: str, waited_ms: int) -> str:
