@@ -2,6 +2,7 @@
 may answer in, each read or refused with a reason (never taken for an answer), and the agent image's imports."""
 
 import json
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -11,7 +12,6 @@ import pytest
 from agent.contract import Model
 from agent.model import ModelFailed, Usage, complete
 from testbed.agents import ModelEndpoint
-from testbed.isolate import free_port
 
 MESSAGES = [{"role": "user", "content": "fix it"}]
 
@@ -103,9 +103,13 @@ async def test_what_is_not_a_completion_fails_with_the_reason(
 
 
 async def test_an_endpoint_nobody_listens_on_fails_naming_it() -> None:
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    with pytest.raises(ModelFailed) as caught:
-        await complete(Model(name="m", url=url), MESSAGES, [])
+    # A port bound and never listened on: refused, and no other process can take it meanwhile (a free port once
+    # was, by a server of the tests beside this one, which answered 404).
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{held.getsockname()[1]}/v1"
+        with pytest.raises(ModelFailed) as caught:
+            await complete(Model(name="m", url=url), MESSAGES, [])
     assert f"cannot reach {url}" in str(caught.value)
 
 
