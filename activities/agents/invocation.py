@@ -60,12 +60,12 @@ async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
 
 
 def model_credentials(contract: ExecutionContract) -> dict[str, str]:
-    """Each model name of the attempt's contract -> the credential its calls are charged to ("<ns>/<secret>"):
-    the Run's model first, then the Agent's own, its fallback and the Project's."""
+    """Each model name of the attempt's contract -> the credential its calls are charged to ("<ns>/<secret>", ""
+    for a model without one): the Run's model first, then the Agent's own, its fallback and the Project's."""
     found: dict[str, str] = {}
     for model in contract.models():
-        if model.credential is not None:
-            found.setdefault(model.name, f"{contract.run.namespace}/{model.credential.secret_name}")
+        credential = model.credential
+        found.setdefault(model.name, f"{contract.run.namespace}/{credential.secret_name}" if credential else "")
     return found
 
 

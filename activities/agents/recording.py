@@ -22,6 +22,7 @@ from workflows.status import Artifact
 
 log = logging.getLogger(__name__)
 USAGE_KEY = "ksquad.io/usage"  # a status update's metadata: one model call's cost (agent.executor.USAGE_KEY)
+OTHER_MODEL = "other"  # the metrics' model label for a reported model the contract does not name
 MAX_TOKENS_PER_CALL = 1 << 32  # a report above it is not a call's usage: dropped, with a warning
 MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
 MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which must stay small
@@ -43,7 +44,7 @@ class Recorder:
         self.holder = holder
         self.identity = identity
         self.progress = progress
-        self.credentials = credentials or {}  # model name -> the credential the contract gives it
+        self.credentials = credentials or {}  # each model of the contract -> the credential it gives it
         self.token_budget_left = token_budget_left  # what the Run may still use (None: no budget)
         self.tokens_this_turn = 0
         ref = identity.work_item_ref
@@ -104,7 +105,10 @@ class Recorder:
             )
         )
         if recorded:
-            labels = (identity.namespace, credential, model, holder.triggered_by or "")
+            # The metric's model label only from the contract's models: an agent naming a new model in every
+            # report would otherwise make a new series each time (the store keeps the name it reported).
+            known = model if model in self.credentials else OTHER_MODEL
+            labels = (identity.namespace, credential, known, holder.triggered_by or "")
             MODEL_CALLS.labels(*labels).inc()
             MODEL_TOKENS.labels(*labels, "input").inc(tokens_in)
             MODEL_TOKENS.labels(*labels, "output").inc(tokens_out)

@@ -4,10 +4,13 @@ summed per attempt and run, and per credential, namespace, person or model over 
 from datetime import timedelta
 
 import pytest
+from prometheus_client import REGISTRY
 
-from activities.agents.recording import usage_call
-from store import USAGE_GROUPS, ModelCall, Store
+from activities.agents.progress import Progress
+from activities.agents.recording import OTHER_MODEL, Recorder, usage_call
+from store import USAGE_GROUPS, Holder, ModelCall, Store
 from tests.activities.conftest import Clock
+from workflows.contract import RunIdentity
 
 
 def call(run: str, attempt: int, call_id: str, **fields: object) -> ModelCall:
@@ -90,3 +93,34 @@ def test_a_usage_report_in_the_documented_shape_is_read_whole_numbers_from_proto
         "latencyMs": 2400,
     }
     assert usage_call(report) == ("3", "gpt-4.1", 1200, 310, 2400)
+
+
+async def test_a_reported_model_the_contract_does_not_name_is_stored_but_counted_as_other(
+    store: Store, clock: Clock
+) -> None:
+    """An agent that names a new model in every report makes no new Prometheus series."""
+    holder = Holder(uid="uid-spray", run="team-a/spray", triggered_by="alice")
+    identity = RunIdentity(namespace="team-a", name="spray", uid="uid-spray", attempt=1, fence=1)
+    recorder = Recorder(store, holder, identity, Progress(), {"gpt": "team-a/openai"})
+    before = REGISTRY.get_sample_value(
+        "ksquad_model_calls_total",
+        {"namespace": "team-a", "credential": "", "model": OTHER_MODEL, "user": "alice"},
+    )
+    for n in range(3):
+        report = {"callId": str(n), "model": f"made-up-{n}", "inputTokens": 5, "outputTokens": 1}
+        await recorder.usage(report)
+    await recorder.usage({"callId": "9", "model": "gpt", "inputTokens": 5, "outputTokens": 1})
+    after = REGISTRY.get_sample_value(
+        "ksquad_model_calls_total",
+        {"namespace": "team-a", "credential": "", "model": OTHER_MODEL, "user": "alice"},
+    )
+    assert (after or 0) - (before or 0) == 3
+    assert (
+        REGISTRY.get_sample_value(
+            "ksquad_model_calls_total",
+            {"namespace": "team-a", "credential": "", "model": "made-up-0", "user": "alice"},
+        )
+        is None
+    )
+    by_model = {u.key: u.calls for u in await store.usage("model", clock())}
+    assert by_model == {"made-up-0": 1, "made-up-1": 1, "made-up-2": 1, "gpt": 1}, "the store keeps the names"
