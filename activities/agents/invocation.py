@@ -65,7 +65,9 @@ def model_credentials(contract: ExecutionContract) -> dict[str, str]:
     found: dict[str, str] = {}
     for model in contract.models():
         credential = model.credential
-        found.setdefault(model.name, f"{contract.run.namespace}/{credential.secret_name}" if credential else "")
+        found.setdefault(
+            model.name, f"{contract.run.namespace}/{credential.secret_name}" if credential else ""
+        )
     return found
 
 
