@@ -18,13 +18,14 @@ $(BIN)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/ksquad dev --demo
 
-# The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server and
-# kube-network-policies (the node's NetworkPolicy), built from the Go module proxy once into
+# The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server,
+# kube-network-policies (the node's NetworkPolicy) and kwok (simulated nodes), built from the Go module proxy once into
 # ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
 testbins:
 	testbed/build-control-plane.sh >/dev/null
 	testbed/build-temporal.sh >/dev/null
 	testbed/build-network-policies.sh >/dev/null
+	testbed/build-kwok.sh >/dev/null
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
 # podman and mmdebstrap (the images), containerd, runc, gVisor's runsc, the CNI plugins and nftables (the test

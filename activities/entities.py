@@ -218,15 +218,23 @@ class EntityActivities:
 
 
 class ResumePlaces:
-    """Places in the ramp after a rate limit, handed out by the store (one counter per credential and limit):
-    unique and in order across every worker, whatever the throttle workflow is busy with."""
+    """Turns in the ramp after a rate limit, handed out by the store (store.ramps: fair across the Teams whose
+    runs wait, 1/resumePerSecond apart): one order across every worker, whatever the throttle workflow is busy
+    with."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
     @activity.defn(name=Activity.RESERVE_RESUME_PLACE)
     async def reserve_resume_place(self, req: ResumePlaceRequest) -> datetime:
+        """The instant the run may call again: its turn in the ramp, or the limit's end when that is now."""
         digest = hashlib.sha256(f"{req.key}@{req.until.isoformat()}".encode()).hexdigest()[:40]
+        if req.run_id is None:
+            with store_errors_as_activity_errors():
+                place = await self.store.next_in_line(f"resume:{digest}")
+            return req.until + timedelta(seconds=(place - 1) / req.resume_per_second)
         with store_errors_as_activity_errors():
-            place = await self.store.next_in_line(f"resume:{digest}")
-        return req.until + timedelta(seconds=(place - 1) / req.resume_per_second)
+            turn = await self.store.take_turn(
+                digest, req.until, req.resume_per_second, req.run_id, req.tenant, req.weight
+            )
+        return turn or req.until

@@ -45,6 +45,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "cancel": ([], ["--runs", "5"]),
     "paused": ([], ["--runs", "500"]),
     "paused@production": (["--temporal", "production"], ["--runs", "500", "--temporal", "production"]),
+    "fairness": ([], ["--burst", "200", "--heavy", "120", "--light", "60", "--weights-rate", "2"]),
 }
 
 
@@ -207,6 +208,34 @@ ROWS: list[Row] = [
                 None,
             ),
         )
+    ),
+    (
+        "fairness",
+        "B's p95 limit end -> call, beside A's burst / alone",
+        lambda d: dig(d, "fair", "b_p95_over_baseline"),
+        "<= 2",
+        lambda v: v <= 2,
+    ),
+    (
+        "fairness",
+        "the same in pause order (before fair ramps)",
+        lambda d: dig(d, "pause_order", "b_p95_over_baseline"),
+        "",
+        None,
+    ),
+    (
+        "fairness",
+        "weights 2:1, calls per minute min / max ratio",
+        lambda d: _values(d.get("weights"), "ratio_min", "ratio_max"),
+        "1.8 - 2.2",
+        lambda v: v[0] >= 1.8 and v[1] <= 2.2,
+    ),
+    (
+        "fairness",
+        "Jain's index per weight, worst minute",
+        lambda d: dig(d, "weights", "jain_min"),
+        ">= 0.95",
+        lambda v: v >= 0.95,
     ),
     ("sandboxes", "cold / warm (p50)", lambda d: d.get("cold_over_warm_p50"), ">= 10", lambda v: v >= 10),
     (

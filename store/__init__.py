@@ -9,7 +9,7 @@ Rules (DESIGN.md "Work items and claims"):
 - runs without a work item fence their writes by attempt (`begin_attempt`).
 
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both. One module
-per record (claims, events, artifacts, credentials, work items, model usage) on what they share (base); `Store` is all of them.
+per record (claims, events, artifacts, credentials and their resume ramps, work items, model usage) on what they share (base); `Store` is all of them.
 """
 
 from store.artifacts import Artifacts
@@ -17,6 +17,7 @@ from store.claims import Claims
 from store.connection import async_url, sync_url, utcnow
 from store.credentials import CredentialLimits
 from store.events import RunEvents
+from store.ramps import ResumeRamps
 from store.records import (
     ITEM_STATES,
     Author,
@@ -69,5 +70,5 @@ __all__ = [
 ]
 
 
-class Store(Claims, RunEvents, Artifacts, CredentialLimits, WorkItems, ModelUsage):
+class Store(Claims, RunEvents, Artifacts, CredentialLimits, ResumeRamps, WorkItems, ModelUsage):
     """The coordination store: every record's reads and writes on one engine (`await Store.open(url)`)."""

@@ -189,6 +189,22 @@ model_usage = sa.Table(
     sa.Index(None, "at"),
 )
 
+# The runs waiting in the ramp after a credential's limit (store.ramps): each with its tenant's virtual finish,
+# the order in which they call again; released once its turn came.
+resume_ramps = sa.Table(
+    "resume_ramps",
+    metadata,
+    sa.Column("ramp", sa.String(64), primary_key=True),  # a digest of the credential and the limit's end
+    sa.Column("run_id", sa.String(512), primary_key=True),
+    sa.Column("tenant", sa.String(256), nullable=False),
+    sa.Column("finish", sa.Float, nullable=False),
+    sa.Column("seq", sa.BigInteger, nullable=False),
+    sa.Column("released", sa.Boolean, nullable=False),
+    sa.Column("opens", Timestamp, nullable=False),
+    sa.Index(None, "ramp", "finish"),
+    sa.Index(None, "opens"),
+)
+
 # The embedded default's objects (`ksquad run -f`): what kubectl would keep in etcd, for a machine without a
 # cluster. A Run's status is written here by the embedded bridge, guarded by uid and revision like the
 # status subresource; its phase changes go to run_events, so one stream carries phases and progress.

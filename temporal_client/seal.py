@@ -56,7 +56,7 @@ class Sealer:
     def _agent_mac(self, namespace: str, uid: str, agent: ResolvedAgent) -> str:
         # A field added since agent-v1 goes into the MAC only when set: a resolution sealed before an upgrade
         # (a run in flight across it) keeps its seal.
-        later = {"project_fallback_model"} if agent.project_fallback_model is None else set()
+        later = {name for name in ("project_fallback_model", "placement") if getattr(agent, name) is None}
         body = agent.model_dump(mode="json", exclude={"seal", *later})
         return self._mac("agent-v1", namespace, uid, json.dumps(body, sort_keys=True, separators=(",", ":")))
 

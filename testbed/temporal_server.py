@@ -197,6 +197,8 @@ class TemporalServer:
                     # as a production cluster is tuned to: ksquad's search attributes are Keyword/Int/Datetime
                     "system.forceSearchAttributesCacheRefreshOnRead": [{"value": True}],
                     "frontend.enableUpdateWorkflowExecution": [{"value": True}],
+                    # task queues dispatch round the fairness keys ksquad sets (a run's namespace)
+                    "matching.enableFairness": [{"value": True}],
                 }
             )
         )

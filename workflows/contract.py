@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from workflows.model import KsquadModel
-from workflows.spec import SandboxPolicy
+from workflows.spec import Placement, SandboxPolicy
 
 CONTRACT_API_VERSION: Literal["ksquad.io/contract-v1"] = "ksquad.io/contract-v1"
 
@@ -96,6 +96,8 @@ class ResolvedAgent(KsquadModel):
     credential: CredentialRef | None = None  # the agent's own credential, mounted in its sandbox
     # Where its sandbox may run, as the bridge resolved it from the Run (within the chart's allow-lists).
     sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
+    # The Agent's placement with the Run's over it (within the chart's allow-lists); None: the chart's defaults.
+    placement: Placement | None = None
     # The bridge's HMAC over all of the above, the Run's namespace and uid (temporal_client.seal): the worker
     # acts on no agent without it.
     seal: str | None = None
@@ -145,6 +147,14 @@ class ConcurrencyScope(KsquadModel):
     limit: int = Field(ge=1)
 
 
+class FairShare(KsquadModel):
+    """Whose runs these are when several wait on one thing (a limited credential's ramp, a queue's slot): the
+    Run's Team, weighted by the Team's `weight`. Runs that name no Team share one tenant, ""."""
+
+    tenant: str = ""
+    weight: float = Field(default=1.0, ge=1, le=100)
+
+
 class Resolution(KsquadModel):
     outcome: Literal["resolved", "missing", "invalid"]
     # missing: the objects not found, each named ("Agent ksquad-system/dev-1"); the run waits for them
@@ -154,3 +164,4 @@ class Resolution(KsquadModel):
     agents: list[ResolvedAgent] = Field(default_factory=list)  # eligible, in preference order
     scopes: list[ConcurrencyScope] = Field(default_factory=list)
     token_budget: int | None = None  # the Team's, for a Run that sets none
+    share: FairShare = Field(default_factory=FairShare)

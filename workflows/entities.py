@@ -232,6 +232,10 @@ class CredentialAnnouncerWorkflow:
 # --- concurrency gates ------------------------------------------------------------------------------------
 
 
+# Gates that admitted in arrival order before fair admission replay as they ran.
+FAIR_ADMISSION_PATCH = "fair-admission"
+
+
 @workflow.defn(name="ConcurrencyGate")
 class ConcurrencyGateWorkflow:
     """At most `limit` runs of one scope (a namespace, Team or Project) past Queued at a time."""
@@ -252,6 +256,9 @@ class ConcurrencyGateWorkflow:
             self._granted.append(request.run_id)
         elif request.run_id not in self.state.waiting:
             self.state.waiting.append(request.run_id)
+            start = max(self.state.virtual, self.state.tenant_finish.get(request.tenant, 0.0))
+            finish = start + 1.0 / request.weight
+            self.state.finish[request.run_id] = self.state.tenant_finish[request.tenant] = finish
             self._admit()
             if request.run_id in self.state.waiting:
                 self._queued.append(request.run_id)
@@ -264,14 +271,35 @@ class ConcurrencyGateWorkflow:
         for queue in (self.state.holders, self.state.waiting):
             if release.run_id in queue:
                 queue.remove(release.run_id)
+        self.state.finish.pop(release.run_id, None)
         self._admit()
 
     def _admit(self) -> None:
+        fair = workflow.patched(FAIR_ADMISSION_PATCH)
         while self.state.waiting and len(self.state.holders) < self.state.limit:
-            run_id = self.state.waiting.pop(0)
+            run_id = self._next_in_line() if fair else self.state.waiting[0]
+            self.state.waiting.remove(run_id)
+            self.state.virtual = max(self.state.virtual, self.state.finish.pop(run_id, 0.0))
             self.state.holders.append(run_id)
             self._granted.append(run_id)
+        # A tenant whose last finish the clock has passed starts from the clock anyway: forget it.
+        for tenant, finish in list(self.state.tenant_finish.items()):
+            if finish <= self.state.virtual:
+                del self.state.tenant_finish[tenant]
         metrics.gate_sizes(self.state.scope, len(self.state.waiting), len(self.state.holders))
+
+    def _next_in_line(self) -> str:
+        return min(self.state.waiting, key=lambda run_id: self.state.finish.get(run_id, 0.0))
+
+    def _position(self, run_id: str) -> int:
+        """1 for the run admitted next."""
+        mine = self.state.finish.get(run_id, 0.0)
+        index = self.state.waiting.index(run_id)
+        return 1 + sum(
+            1
+            for i, other in enumerate(self.state.waiting)
+            if (self.state.finish.get(other, 0.0), i) < (mine, index)
+        )
 
     @workflow.query
     def state_query(self) -> GateState:
@@ -310,7 +338,7 @@ class ConcurrencyGateWorkflow:
             gone = await signal_runs(((r, SlotNotice(scope=self.state.scope)) for r in granted), SLOT_GRANTED)
             for run_id in queued:
                 if run_id in self.state.waiting:
-                    position = self.state.waiting.index(run_id) + 1
+                    position = self._position(run_id)
                     gone += await signal_runs(
                         [(run_id, SlotNotice(scope=self.state.scope, position=position))], SLOT_QUEUED
                     )

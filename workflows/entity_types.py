@@ -60,6 +60,11 @@ class ResumePlaceRequest(KsquadModel):
     key: str
     until: datetime
     resume_per_second: float = Field(default=DEFAULT_RESUME_PER_SECOND, gt=0)
+    # The run and its share (store.ramps): its turn is fair across tenants. None: a run paused before fair ramps
+    # (an upgrade mid-pause) takes the next place in pause order.
+    run_id: str | None = None
+    tenant: str = ""
+    weight: float = Field(default=1.0, ge=1, le=100)
 
 
 # The server refuses signals past 10,000 per execution (history.maximumSignalsPerExecution): an entity that
@@ -95,6 +100,8 @@ class LimitAnnouncement(KsquadModel):
 class SlotRequest(KsquadModel):
     run_id: str
     limit: int = Field(ge=1)
+    tenant: str = ""  # the run's Team (workflows.contract.FairShare): slots go round the Teams that wait
+    weight: float = Field(default=1.0, ge=1, le=100)
 
 
 class SlotRelease(KsquadModel):
@@ -112,5 +119,11 @@ class GateState(KsquadModel):
     scope: str
     limit: int = 1
     holders: list[str] = Field(default_factory=list)
-    waiting: list[str] = Field(default_factory=list)  # first in, first out
+    waiting: list[str] = Field(default_factory=list)  # in arrival order
+    # Weighted fair queueing across tenants: each waiting run's virtual finish (its tenant's last, or the gate's
+    # virtual clock, plus 1/weight); the smallest is admitted next, the earliest arrival on a tie. A run
+    # without one (queued before fair admission) counts as 0: first.
+    finish: dict[str, float] = Field(default_factory=dict)
+    tenant_finish: dict[str, float] = Field(default_factory=dict)
+    virtual: float = 0.0  # the finish of the run admitted last
     signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many

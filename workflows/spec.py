@@ -46,6 +46,70 @@ class SandboxPolicy(KsquadModel):
     """The warm pool to take a pod from (chart value pools[].name); empty: any pool of the runtime class."""
 
 
+LabelValue = Annotated[
+    str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+]
+# A label key or resource name: an optional DNS prefix and a name (nvidia.com/gpu, kubernetes.io/arch).
+QualifiedName = Annotated[
+    str,
+    StringConstraints(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+    ),
+]
+Quantity = Annotated[
+    str, StringConstraints(max_length=64, pattern=r"^[0-9.]+([eE][-+]?[0-9]+|[numkMGTPE]i?)?$")
+]
+
+
+class Toleration(KsquadModel):
+    """A taint the sandbox pod tolerates (the pod's spec.tolerations[])."""
+
+    key: QualifiedName | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: LabelValue | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0, le=86400)
+
+
+class SandboxResources(KsquadModel):
+    """The agent container's requests and limits, over the chart's (sandbox.resources), key by key: cpu,
+    memory, or an extended resource such as nvidia.com/gpu."""
+
+    requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16)
+    limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16)
+
+
+class Placement(KsquadModel):
+    """Where the sandbox runs and as whom: set on the Agent, overridden per field by the Run. The ServiceAccount
+    and priority class only from the chart's allow-lists (sandbox.allowedServiceAccounts,
+    sandbox.allowedPriorityClasses); the pod still gets no ServiceAccount token."""
+
+    service_account_name: K8sName | None = None
+    """The sandbox pod's ServiceAccount (for image pull secrets or a workload identity), from
+    sandbox.allowedServiceAccounts; empty: the chart's sandbox.serviceAccount."""
+    node_selector: dict[QualifiedName, LabelValue] = Field(default_factory=dict, max_length=16)
+    """Node labels the sandbox's node must have, besides the chart's."""
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
+    """Taints the sandbox pod tolerates (a node pool of the team's own, a GPU pool)."""
+    affinity: dict[str, Any] | None = None
+    """The pod's affinity (nodeAffinity, podAffinity, podAntiAffinity), as in a Pod's spec."""
+    resources: SandboxResources | None = None
+    """The agent container's requests and limits over the chart's (GPUs as extended resources)."""
+    priority_class_name: K8sName | None = None
+    """The pod's PriorityClass, from sandbox.allowedPriorityClasses."""
+
+    def over(self, base: "Placement | None") -> "Placement":
+        """This placement's fields that are set, over `base`'s (a Run's over its Agent's)."""
+        if base is None:
+            return self
+        mine = {k: getattr(self, k) for k in self.model_fields_set if getattr(self, k) not in (None, {}, [])}
+        return base.model_copy(update=mine)
+
+    def is_empty(self) -> bool:
+        return self == Placement()
+
+
 class RetryPolicy(KsquadModel):
     """How a failed attempt is retried: fence the claim, delete the sandbox, back off, try again."""
 
@@ -107,6 +171,8 @@ class RunSpec(KsquadModel):
     sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    placement: Placement | None = None
+    """Where the sandbox runs, over the Agent's placement field by field (docs/operating.md, "Placement")."""
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
     """The most model tokens (input and output) the Run's agents may use over all its attempts. A call that
     takes the Run past it is the last (its usage is counted, the agent's task cancelled), and so is a call that

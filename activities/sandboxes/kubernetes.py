@@ -23,11 +23,13 @@ from activities.sandboxes.manifests import (
     MAX_OUTPUTS_BYTES,
     PoolRef,
     SandboxSettings,
+    agent_resources,
     config_key,
     credential_env,
     job_manifest,
     missing_runtime_class,
     owner_reference,
+    placement_fields,
     sandbox_failed,
     small_outputs,
 )
@@ -35,6 +37,7 @@ from activities.sandboxes.ownership import (
     controlled_by,
     mounted_secrets,
     not_the_attempts_job,
+    placed_as,
     spec_difference,
 )
 from kube import ApiError, Kube, Obj, path
@@ -133,7 +136,7 @@ class KubernetesSandboxes:
         random.shuffle(pools)
         for pool in pools:
             replica_set = await self._pool(pool)
-            if replica_set is None or not self._serves(replica_set, policy, needed):
+            if replica_set is None or not self._serves(replica_set, contract, policy, needed):
                 continue
             selector = {LABEL_STATE: "warm", LABEL_POOL: pool.name}
             pods = (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
@@ -170,11 +173,21 @@ class KubernetesSandboxes:
         self._pools[key] = (time.monotonic(), replica_set)
         return replica_set
 
-    def _serves(self, replica_set: Obj, policy: SandboxPolicy, needed: set[str]) -> bool:
-        """Whether the pool's template runs on the Run's RuntimeClass and mounts every credential it needs."""
+    def _serves(
+        self, replica_set: Obj, contract: ExecutionContract, policy: SandboxPolicy, needed: set[str]
+    ) -> bool:
+        """Whether the pool's template runs on the Run's RuntimeClass, is placed as the Run's sandbox would be
+        (a pool per placement), and mounts every credential it needs."""
         template = replica_set["spec"]["template"]["spec"]
-        return template.get("runtimeClassName") == self.settings.runtime_class_name(policy) and needed <= (
-            mounted_secrets(template)
+        placement = contract.agent.placement
+        return (
+            template.get("runtimeClassName") == self.settings.runtime_class_name(policy)
+            and placed_as(
+                template,
+                placement_fields(self.settings, placement),
+                agent_resources(self.settings, placement),
+            )
+            and needed <= mounted_secrets(template)
         )
 
     async def _of_pool(self, pod: Obj, pool: PoolRef) -> bool:

@@ -17,7 +17,7 @@ from workflows.activity_types import (
     RunRef,
 )
 from workflows.contract import ExecutionContract, RunIdentity
-from workflows.spec import SandboxPolicy
+from workflows.spec import Placement, SandboxPolicy
 
 RUN_API = "ksquad.io/v1alpha1"
 LABEL_RUN = "ksquad.io/run"
@@ -264,13 +264,12 @@ def job_manifest(
             "periodSeconds": 1,
             "failureThreshold": 3,
         },
-        "resources": settings.resources,
+        "resources": agent_resources(settings, contract.agent.placement),
         "volumeMounts": mounts,
         "securityContext": secure,
     }
     pod_spec: Obj = {
         "restartPolicy": "Never",
-        "serviceAccountName": settings.service_account,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,
@@ -288,8 +287,7 @@ def job_manifest(
     runtime_class = settings.runtime_class_name(policy)
     if runtime_class:
         pod_spec["runtimeClassName"] = runtime_class
-    if settings.node_selector:
-        pod_spec["nodeSelector"] = settings.node_selector
+    pod_spec.update(placement_fields(settings, contract.agent.placement))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -309,6 +307,37 @@ def job_manifest(
             },
         },
     }
+
+
+def placement_fields(settings: SandboxSettings, placement: Placement | None) -> Obj:
+    """The pod spec's placement: the chart's ServiceAccount and node selector, with the resolved placement's
+    fields over them (a cold Job's pod, and what a warm pool's template must have to serve the run)."""
+    placement = placement or Placement()
+    fields: Obj = {"serviceAccountName": placement.service_account_name or settings.service_account}
+    node_selector = {**settings.node_selector, **placement.node_selector}
+    if node_selector:
+        fields["nodeSelector"] = node_selector
+    if placement.tolerations:
+        fields["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in placement.tolerations
+        ]
+    if placement.affinity:
+        fields["affinity"] = placement.affinity
+    if placement.priority_class_name:
+        fields["priorityClassName"] = placement.priority_class_name
+    return fields
+
+
+def agent_resources(settings: SandboxSettings, placement: Placement | None) -> dict[str, dict[str, str]]:
+    """The chart's requests and limits with the placement's over them, key by key (a GPU is a limit)."""
+    wanted = placement.resources if placement is not None and placement.resources else None
+    if wanted is None:
+        return settings.resources
+    merged = {kind: dict(values) for kind, values in settings.resources.items()}
+    for kind, values in (("requests", wanted.requests), ("limits", wanted.limits)):
+        if values:
+            merged.setdefault(kind, {}).update(values)
+    return merged
 
 
 def _dns(name: str) -> str:

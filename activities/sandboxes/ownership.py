@@ -14,6 +14,8 @@ recorded its uid: the worker made it. Anything else fails the attempt with the r
 """
 
 import copy
+import re
+from decimal import Decimal
 from typing import Any
 
 from kube import Obj
@@ -80,6 +82,52 @@ def _difference(actual: Any, expected: Any, where: str) -> str | None:
                 return found
         return None
     return None if actual == expected else f"{where} differs"
+
+
+PLACEMENT_KEYS = ("serviceAccountName", "nodeSelector", "tolerations", "affinity", "priorityClassName")
+_SUFFIXES = {
+    **{s: Decimal(1000) ** i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E"))},
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    "m": Decimal("0.001"),
+    "u": Decimal("0.000001"),
+    "n": Decimal("0.000000001"),
+}
+
+
+def quantity(value: str) -> Decimal | None:
+    """A Kubernetes quantity's value ("0.5" and "500m" are one), or None when it is not one."""
+    found = re.fullmatch(r"([0-9.]+)(?:([eE][-+]?[0-9]+)|([a-zA-Z]*))", str(value))
+    if not found or found.group(3) not in (*_SUFFIXES, None):
+        return None
+    try:
+        number = Decimal(found.group(1) + (found.group(2) or ""))
+    except ArithmeticError:
+        return None
+    return number * _SUFFIXES[found.group(3) or ""]
+
+
+def _same_quantities(actual: dict[str, str], wanted: dict[str, str]) -> bool:
+    return set(actual) == set(wanted) and all(quantity(actual[k]) == quantity(wanted[k]) for k in wanted)
+
+
+def _placed(key: str, value: Any) -> Any:
+    """A placement field as it means: a toleration's operator is Equal unless it says Exists."""
+    if key == "tolerations" and isinstance(value, list):
+        return [{**t, "operator": t.get("operator") or "Equal"} for t in value if isinstance(t, dict)]
+    return value or None
+
+
+def placed_as(pod_spec: Obj, fields: Obj, resources: dict[str, dict[str, str]]) -> bool:
+    """Whether a pool's template is placed as the run's sandbox would be (manifests.placement_fields and
+    agent_resources): the same ServiceAccount, node selector, tolerations, affinity, priority class, and the agent
+    container's requests and limits (quantities compared by value: the API server rewrites "0.5" as "500m")."""
+    if any(_placed(key, pod_spec.get(key)) != _placed(key, fields.get(key)) for key in PLACEMENT_KEYS):
+        return False
+    agent: Obj = next((c for c in pod_spec.get("containers", []) if c.get("name") == "agent"), {})
+    actual = agent.get("resources", {})
+    return all(
+        _same_quantities(actual.get(kind, {}), resources.get(kind, {})) for kind in ("requests", "limits")
+    )
 
 
 def mounted_secrets(pod_spec: Obj) -> set[str]:

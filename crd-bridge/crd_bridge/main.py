@@ -23,6 +23,9 @@ Settings come from the environment (the chart sets them):
   KSQUAD_ALLOWED_IMAGES, KSQUAD_ALLOWED_RUNTIME_CLASSES, KSQUAD_ALLOWED_AGENT_ENDPOINTS
                                what Agents' images, Runs' runtime classes and Agents' endpoints (hosts, host:port,
                                CIDRs) may be, comma-separated; unset: anything
+  KSQUAD_ALLOWED_SERVICE_ACCOUNTS, KSQUAD_ALLOWED_PRIORITY_CLASSES, KSQUAD_ALLOWED_TOLERATIONS
+                               what a placement's serviceAccountName, priorityClassName and tolerations' taint
+                               keys may be, comma-separated; unset: anything
   KSQUAD_HEALTH_PORT           /healthz, /readyz and /metrics (default 8081)
   POD_NAME                     this replica's identity in the Lease
   KUBECONFIG                   the cluster (default: the pod's service account)

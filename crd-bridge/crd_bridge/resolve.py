@@ -44,6 +44,7 @@ from crd_bridge.resources import (
 from workflows.contract import (
     ConcurrencyScope,
     CredentialRef,
+    FairShare,
     MCPServerRef,
     ModelRef,
     Resolution,
@@ -53,7 +54,7 @@ from workflows.contract import (
 )
 from workflows.contract import SkillSpec as ContractSkill
 from workflows.model import InvalidObject, field_problems
-from workflows.spec import RunSpec, parse_run_spec
+from workflows.spec import Placement, RunSpec, parse_run_spec
 
 # (kind, name) -> the object's spec as a dict, or None when it does not exist (in the Run's namespace); for kind
 # "Secret", {"labels": {...}, "annotations": {...}}: nothing else of a Secret is ever read
@@ -116,6 +117,12 @@ class AllowLists:
     runtime_classes: frozenset[str] | None = None
     # Agent.spec.endpoint: hosts, host:port or CIDRs (agents.allowedEndpoints)
     endpoints: frozenset[str] | None = None
+    # placement.serviceAccountName (sandbox.allowedServiceAccounts) and priorityClassName
+    # (sandbox.allowedPriorityClasses); None: anything
+    service_accounts: frozenset[str] | None = None
+    priority_classes: frozenset[str] | None = None
+    # placement.tolerations[].key (sandbox.allowedTolerations); a key-less toleration never, with a list
+    toleration_keys: frozenset[str] | None = None
 
     def endpoint_allowed(self, url: str) -> bool:
         return self.endpoints is None or host_allowed(url, self.endpoints)
@@ -187,7 +194,11 @@ class Resolver:
             if agent is not None:
                 agents.append(agent)
         return Resolution(
-            outcome="resolved", agents=agents, scopes=scopes, token_budget=team.token_budget if team else None
+            outcome="resolved",
+            agents=agents,
+            scopes=scopes,
+            token_budget=team.token_budget if team else None,
+            share=FairShare(tenant=f"team/{spec.team_ref}", weight=team.weight) if team else FairShare(),
         )
 
     async def _agent(
@@ -293,6 +304,7 @@ class Resolver:
         ):
             if ref_credential is not None:
                 ref_credential.allowed_hosts = hosts.get(ref_credential.secret_name, [])
+        placement = self._placement(name, agent, spec)
         return ResolvedAgent(
             name=name,
             model=model,
@@ -306,7 +318,46 @@ class Resolver:
             skills=skills,
             credential=credential,
             sandbox_policy=spec.sandbox_policy,
+            placement=placement,
         )
+
+    def _placement(self, name: str, agent: AgentSpec, spec: RunSpec) -> Placement | None:
+        """The Agent's placement with the Run's over it; a ServiceAccount or priority class the chart does not
+        allow makes the Run invalid (admission refuses the same, when the chart installs its policies)."""
+        placement = spec.placement.over(agent.placement) if spec.placement else agent.placement
+        if placement is None or placement.is_empty():
+            return None
+        for value, allowed, field, chart in (
+            (
+                placement.service_account_name,
+                self.allow.service_accounts,
+                "serviceAccountName",
+                "sandbox.allowedServiceAccounts",
+            ),
+            (
+                placement.priority_class_name,
+                self.allow.priority_classes,
+                "priorityClassName",
+                "sandbox.allowedPriorityClasses",
+            ),
+        ):
+            if value is not None and allowed is not None and value not in allowed:
+                raise Invalid(
+                    f"placement.{field} {value} (Agent {self.namespace}/{name}, or the Run over it) is not "
+                    f"allowed here (chart value {chart}: {', '.join(sorted(allowed)) or 'none'})"
+                )
+        keys = self.allow.toleration_keys
+        refused = [
+            t.key or "(no key: every taint)"
+            for t in placement.tolerations
+            if keys is not None and t.key not in keys
+        ]
+        if refused:
+            raise Invalid(
+                f"placement.tolerations {', '.join(refused)} (Agent {self.namespace}/{name}, or the Run over it) "
+                f"not allowed here (chart value sandbox.allowedTolerations: {', '.join(sorted(keys or [])) or 'none'})"
+            )
+        return placement
 
     async def _fallback(
         self,

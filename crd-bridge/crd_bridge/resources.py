@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from workflows.model import KsquadModel
-from workflows.spec import K8sName
+from workflows.spec import K8sName, Placement
 
 # The plural (URL) name of each kind.
 PLURALS = {
@@ -76,6 +76,9 @@ class AgentSpec(KsquadModel):
     endpoint: Url | None = None
     """An already-running A2A agent's URL: no sandbox is made. Only where the chart's agents.allowedEndpoints
     allows it."""
+    placement: Placement | None = None
+    """Where its sandboxes run: ServiceAccount, node selector, tolerations, affinity, resources (GPUs included),
+    priority class. A Run's spec.placement overrides it field by field."""
 
 
 class ModelEndpointSpec(KsquadModel):
@@ -149,6 +152,10 @@ class TeamSpec(KsquadModel):
     """Runs naming the Team past Queued at once; the others wait, in order. Empty: no limit."""
     token_budget: int | None = Field(default=None, ge=1, le=10**12)
     """The token budget of each Run naming the Team that sets none itself (the Run's spec.tokenBudget)."""
+    weight: float = Field(default=1.0, ge=1, le=100)
+    """The Team's share against the namespace's other Teams where their runs wait together: the ramp after a
+    shared credential's rate limit, and the namespace's and a Project's queue. A Team of weight 2 gets two turns
+    to a weight-1 Team's one while both have runs waiting; runs naming no Team count as one Team of weight 1."""
 
 
 class ProjectSpec(KsquadModel):

@@ -38,6 +38,10 @@ API_URL = f"http://{NODE_ADDRESS}:{API_NODE_PORT}"
 # address of the Service range (through kube-proxy to the API's pod, as the sandboxes' NetworkPolicy allows).
 API_CLUSTER_IP = "10.0.0.80"
 SEED_TASK = "Stabilize the flaky payment-retry test."
+# The placement the chart allows besides its defaults (sandbox.allowed*): tests/chart/test_placement.py.
+GPU_ACCOUNT = "gpu-runner"
+GPU_TAINT = "ksquad.io/gpu"
+GPU_PRIORITY = "ksquad-batch"
 T = TypeVar("T")
 
 
@@ -197,6 +201,13 @@ async def release(
         f"api.service.clusterIP={API_CLUSTER_IP}",
         "--set",
         f"api.itemsUrl=http://{API_CLUSTER_IP}:8080",
+        # what tests/chart/test_placement.py's GPU agent asks for, as an operator allows a team's GPU pool
+        "--set",
+        f"sandbox.allowedServiceAccounts={{{GPU_ACCOUNT}}}",
+        "--set",
+        f"sandbox.allowedTolerations={{{GPU_TAINT}}}",
+        "--set",
+        f"sandbox.allowedPriorityClasses={{{GPU_PRIORITY}}}",
     ]
     started = time.monotonic()
     installed = helm(

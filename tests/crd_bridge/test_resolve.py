@@ -34,7 +34,7 @@ OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
         "toolRefs": ["search"],
         "requires": {"toolchains": ["python"]},
     },
-    ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3},
+    ("Team", "payments-squad"): {"agents": ["dev-2", "dev-1"], "maxConcurrentRuns": 3, "weight": 3},
     ("Project", "payments-api"): {
         "maxConcurrentRuns": 10,
         "fallbackModel": {"model": "llama-project", "modelEndpointRef": "local"},
@@ -89,6 +89,7 @@ async def test_run_overrides_beat_agent_defaults_and_the_agents_credential_wins(
         ("team/payments/payments-squad", 3),
         ("project/payments/payments-api", 10),
     ]
+    assert (r.share.tenant, r.share.weight) == ("team/payments-squad", 3), "the Team's share where runs wait"
 
     overridden = await resolve(
         "payments",
@@ -97,6 +98,9 @@ async def test_run_overrides_beat_agent_defaults_and_the_agents_credential_wins(
     )
     model = overridden.agents[0].model
     assert (model.name, model.url, model.endpoint_ref) == ("gpt-run", "http://127.0.0.1:1/v1", "local")
+    assert (overridden.share.tenant, overridden.share.weight) == ("", 1), (
+        "no Team: the namespace's one tenant"
+    )
 
 
 async def test_an_empty_agent_list_means_the_teams_agents() -> None:
@@ -279,3 +283,70 @@ async def test_a_run_author_cannot_send_the_agents_credential_to_an_endpoint_of_
     assert r.outcome == "invalid" and r.error is not None
     assert "Secret payments/dev-1-key may be sent only to api.example, 127.0.0.1:1" in r.error, r.error
     assert "not to 203.0.113.7 (ModelEndpoint payments/mine)" in r.error
+
+
+PLACED = AllowLists(
+    service_accounts=frozenset({"gpu-runner"}),
+    priority_classes=frozenset({"batch-high"}),
+    toleration_keys=frozenset({"nvidia.com/gpu"}),
+)
+GPU_AGENT = {
+    **OBJECTS[("Agent", "dev-2")],
+    "placement": {
+        "serviceAccountName": "gpu-runner",
+        "nodeSelector": {"ksquad.io/pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    },
+}
+
+
+async def test_a_runs_placement_overrides_its_agents_field_by_field() -> None:
+    objects = {**OBJECTS, ("Agent", "dev-2"): GPU_AGENT}
+    spec = {
+        "agents": ["dev-2"],
+        "placement": {"nodeSelector": {"ksquad.io/pool": "gpu-big"}, "priorityClassName": "batch-high"},
+    }
+    r = await resolve("payments", parse_run_spec(spec), lookup(objects), allow=PLACED)
+    assert r.outcome == "resolved", r.error
+    placement = r.agents[0].placement
+    assert placement is not None
+    assert placement.node_selector == {"ksquad.io/pool": "gpu-big"}, "the Run's node selector wins"
+    assert placement.priority_class_name == "batch-high"
+    assert placement.service_account_name == "gpu-runner", "the Agent's, where the Run sets none"
+    assert placement.resources is not None and placement.resources.limits == {"nvidia.com/gpu": "1"}
+    plain = await resolve("payments", parse_run_spec({"agents": ["dev-1"]}), lookup(objects), allow=PLACED)
+    assert plain.agents[0].placement is None, "no placement: the chart's defaults"
+
+
+@pytest.mark.parametrize(
+    ("placement", "words"),
+    [
+        (
+            {"serviceAccountName": "cluster-admin-sa"},
+            "placement.serviceAccountName cluster-admin-sa (Agent payments/dev-2, or the Run over it) is not "
+            "allowed here (chart value sandbox.allowedServiceAccounts: gpu-runner)",
+        ),
+        (
+            {"priorityClassName": "system-node-critical"},
+            "chart value sandbox.allowedPriorityClasses: batch-high",
+        ),
+        (
+            {"tolerations": [{"operator": "Exists"}]},
+            "placement.tolerations (no key: every taint) (Agent payments/dev-2, or the Run over it) not allowed "
+            "here (chart value sandbox.allowedTolerations: nvidia.com/gpu)",
+        ),
+        (
+            {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]},
+            "placement.tolerations node-role.kubernetes.io/control-plane",
+        ),
+    ],
+)
+async def test_a_placement_outside_the_charts_lists_makes_the_run_invalid(
+    placement: dict[str, Any], words: str
+) -> None:
+    objects = {**OBJECTS, ("Agent", "dev-2"): GPU_AGENT}
+    spec = parse_run_spec({"agents": ["dev-2"], "placement": placement})
+    r = await resolve("payments", spec, lookup(objects), allow=PLACED)
+    assert r.outcome == "invalid"
+    assert words in (r.error or ""), r.error

@@ -7,12 +7,13 @@ import itertools
 import os
 import subprocess
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevStack, dev_stack
 from store import work_item_key
 from testbed.embedded import stack_options, wait_terminal
@@ -34,6 +35,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
     "no-retry-after": [{"error": 429}, {"text": "after the backoff"}],
     "held-off": [{"error": 429, "retry_after": "120"}],  # every call: a limit short of a re-route
     "ramped": [{"error": 429, "retry_after": "5"}, {"text": "in my place"}],
+    "shared": [{"error": 429, "retry_after": "6"}, {"text": "my Team's turn"}],
 }
 
 
@@ -344,3 +346,73 @@ async def test_runs_paused_on_one_credential_resume_in_a_ramp_and_none_calls_bef
     for name in names:
         (resumed,) = [c for c in calls[1:] if c.task.endswith(f"ramp run {name}")]
         assert resumed.at >= places[name].timestamp(), f"{name} called before its place"
+
+
+async def test_a_small_team_on_a_limited_credential_resumes_beside_a_big_one_not_behind_it(
+    dev: DevStack,
+) -> None:
+    # Team big's six runs pause on the credential's limit before Team small's two arrive. In pause order small
+    # would call seventh and eighth; the ramp goes round the Teams (store.ramps), so they call second and fourth.
+    def team(name: str) -> dict[str, Any]:
+        return {
+            "apiVersion": API,
+            "kind": "Team",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"agents": ["shared-agent"]},
+        }
+
+    def team_run(name: str) -> dict[str, Any]:
+        spec = {"teamRef": name.split("-")[0], "inputs": {"task": f"fair run {name}"}}
+        return {"apiVersion": API, "kind": "Run", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+    big = [f"big-{i}" for i in range(6)]
+    small = ["small-0", "small-1"]
+    # A slot of a second: a run asks again when its turn comes, and on a loaded machine that can be a tenth of a
+    # second late, past a 10/s slot (still one run per slot, but the order is then only about fair).
+    endpoint = {
+        "apiVersion": API,
+        "kind": "ModelEndpoint",
+        "metadata": {"name": "slow-ramp", "namespace": NS},
+        "spec": {
+            "url": dev.model_url,
+            "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET},
+            "resumePerSecond": 1,
+        },
+    }
+    shared = agent("shared-agent", "shared", modelEndpointRef="slow-ramp")
+    await dev.runs.apply([endpoint, shared, team("big"), team("small"), team_run(big[0])])
+    limited = await until_phase(dev, big[0], "Paused")
+    assert limited["pauseReason"] == "RateLimited"
+    await dev.runs.apply([team_run(name) for name in big[1:]])
+    for name in big[1:]:
+        await until_phase(dev, name, "Paused")
+    await dev.runs.apply([team_run(name) for name in small])
+    for name in small:
+        paused = await until_phase(dev, name, "Paused")
+        assert datetime.fromisoformat(paused["resumeAt"]) > datetime.now(UTC), (
+            "small paused before the limit ended"
+        )
+    names = big + small
+    assert await wait_terminal(dev, names, within=90) == dict.fromkeys(names, "Succeeded")
+
+    # Each run's turn is the resumeAt of its last Paused event; it left Paused at or after it, and called after.
+    turns: dict[str, datetime] = {}
+    for name in names:
+        events = await phase_events(dev, name)
+        last = max(i for i, e in enumerate(events) if e["phase"] == "Paused")
+        turns[name] = datetime.fromisoformat(events[last]["resumeAt"])
+        assert datetime.fromisoformat(events[last + 1]["at"]) >= turns[name], f"{name} left Paused early"
+    order = sorted(names, key=lambda n: turns[n])
+    assert order.index("small-0") == 1 and order.index("small-1") == 3, order
+    assert [n for n in order if n.startswith("big")] == sorted(big, key=lambda n: turns[n])
+    opens = datetime.fromisoformat(limited["resumeAt"])
+    slots = sorted((turns[n] - opens).total_seconds() for n in names)
+    assert slots == pytest.approx(list(range(len(names))), abs=0.01), (
+        f"one run per slot, from the limit: {slots}"
+    )
+    assert dev.scripted is not None
+    calls = [c for c in dev.scripted.calls if c.model == "shared"]
+    assert len(calls) == len(names) + 1, "the one 429, then one call per run"
+    for name in names:
+        (call,) = [c for c in calls[1:] if c.task.endswith(f"fair run {name}")]
+        assert call.at >= turns[name].timestamp(), f"{name} called before its turn"

@@ -143,3 +143,20 @@ async def test_a_long_run_continues_as_new_when_suggested_and_keeps_its_state(
         runs = [h async for h in client.list_workflows(f"WorkflowId = '{handle.id}'")]
         assert len(runs) >= 2, "the run continued as new at least once"
         assert [e.revision for e in world.events["long"]] == list(range(1, status.revision + 1))
+
+
+async def test_the_sandbox_and_agent_activities_carry_the_runs_namespace_as_their_fairness_key(
+    dev_client: Client, world: World, ns: str
+) -> None:
+    # On a server with matching.enableFairness the task queue dispatches round these keys: one namespace's backlog
+    # of sandboxes and agent calls does not hold back another's.
+    handle = await start_run(dev_client, run_input("fair-key", namespace=ns))
+    assert (await handle.result()).phase == Phase.SUCCEEDED
+    keys = {
+        e.activity_task_scheduled_event_attributes.activity_type.name: (
+            e.activity_task_scheduled_event_attributes.priority.fairness_key
+        )
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    assert keys[Activity.ACQUIRE_SANDBOX.value] == ns and keys[Activity.INVOKE_AGENT.value] == ns, keys

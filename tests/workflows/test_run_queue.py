@@ -5,7 +5,7 @@ from temporalio.client import Client
 
 from tests.workflows.world import World, block, failed, run_input, start_run
 from workflows.activity_types import Activity
-from workflows.contract import ConcurrencyScope
+from workflows.contract import ConcurrencyScope, FairShare
 from workflows.entity_types import GateState, gate_workflow_id
 from workflows.status import ConditionType, Phase
 
@@ -69,3 +69,30 @@ async def test_runs_within_the_limit_are_not_queued(client: Client, world: World
     for handle in (a, b):
         assert (await handle.result()).phase == Phase.SUCCEEDED
     assert "Queued" not in world.phases("a") + world.phases("b")
+
+
+async def test_a_shared_queue_admits_round_the_teams_by_weight_not_in_arrival_order(
+    client: Client, world: World
+) -> None:
+    """A Project's one slot: Team A queues six runs before Team B queues three; B's first goes second, and
+    with weight 2 A gets two slots to B's one while both wait."""
+    one = ConcurrencyScope(key="project/ksquad-system/shared", limit=1)
+    world.scopes["holder"] = [one]
+    world.scripts["holder"] = [block()]
+    holder = await start_run(client, run_input("holder"))
+    await world.wait_entered(Activity.INVOKE_AGENT, "holder")
+    runs = [f"a{i}" for i in range(6)] + [f"b{i}" for i in range(3)]
+    handles = []
+    for run in runs:
+        world.scopes[run] = [one]
+        world.shares[run] = FairShare(tenant=f"team/{run[0]}", weight=2 if run[0] == "a" else 1)
+        handles.append(await start_run(client, run_input(run)))
+        await world.until_phase(run, "Queued")  # in this order
+    b0 = world.last("b0")
+    assert b0 is not None
+    assert "position 3" in (b0.message or ""), b0.message
+    world.release("holder")
+    for handle in [holder, *handles]:
+        assert (await handle.result()).phase == Phase.SUCCEEDED
+    admitted = [c.run for c in world.calls_of(Activity.INVOKE_AGENT) if c.run != "holder"]
+    assert admitted == ["a0", "a1", "b0", "a2", "a3", "b1", "a4", "a5", "b2"]

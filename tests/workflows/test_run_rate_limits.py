@@ -283,7 +283,7 @@ async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
             for r in runs
         ]
         return (
-            sum(world.resume_places.values()) >= len(runs)
+            sum(len(ramp) for ramp in world.resume_places.values()) >= len(runs)
             and None not in places
             and len(set(places)) == len(runs)
         )

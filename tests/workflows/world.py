@@ -43,7 +43,7 @@ from workflows.activity_types import (
     SandboxRequest,
     TaskPause,
 )
-from workflows.contract import ConcurrencyScope, CredentialRef, ModelRef, Resolution, ResolvedAgent
+from workflows.contract import ConcurrencyScope, CredentialRef, FairShare, ModelRef, Resolution, ResolvedAgent
 from workflows.entity_types import ResumePlaceRequest
 from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec
@@ -139,8 +139,10 @@ class World:
         self.missing: dict[str, list[str]] = {}  # run name -> objects reported missing
         self.invalid: dict[str, str] = {}
         self.broken: dict[str, str] = {}  # run name -> why publishing its outputs fails for good
-        self.resume_places: dict[str, int] = {}  # the ramp counters: credential@limit -> places given
+        # the ramps: credential@limit -> run -> its place (in arrival order; store.ramps orders by Team too)
+        self.resume_places: dict[str, dict[str, int]] = {}
         self.scopes: dict[str, list[ConcurrencyScope]] = {}  # run name -> scopes it counts against
+        self.shares: dict[str, FairShare] = {}  # run name -> its Team and weight (none: FairShare())
         self.scripts: dict[str, list[Outcome]] = {}  # run name -> outcomes, one per invocation
         self.default_outcome = ok()
         self.claims: dict[str, tuple[str, int]] = {}  # work item -> (holder run, fence)
@@ -211,7 +213,10 @@ class World:
             return Resolution(outcome="missing", missing=list(self.missing[run]))
         names = req.spec.agents or self.team_agents.get(req.spec.team_ref or "", [])
         return Resolution(
-            outcome="resolved", agents=[self.agents[n] for n in names], scopes=self.scopes.get(run, [])
+            outcome="resolved",
+            agents=[self.agents[n] for n in names],
+            scopes=self.scopes.get(run, []),
+            share=self.shares.get(run, FairShare()),
         )
 
     @activity.defn(name=Activity.MIRROR_STATUS)
@@ -299,9 +304,10 @@ class World:
 
     @activity.defn(name=Activity.RESERVE_RESUME_PLACE)
     async def reserve_resume_place(self, req: ResumePlaceRequest) -> datetime:
-        """activities.entities.ResumePlaces, with the store's counter kept here (the world has no database)."""
-        name = f"{req.key}@{req.until.isoformat()}"
-        self.resume_places[name] = place = self.resume_places.get(name, 0) + 1
+        """activities.entities.ResumePlaces in arrival order (the world has no database): a run asking again when
+        its turn comes finds it where it was."""
+        places = self.resume_places.setdefault(f"{req.key}@{req.until.isoformat()}", {})
+        place = places.setdefault(req.run_id or f"unnamed-{len(places)}", len(places) + 1)
         return req.until + timedelta(seconds=(place - 1) / req.resume_per_second)
 
     # --- the agent ----------------------------------------------------------------------------------------

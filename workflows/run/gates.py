@@ -3,7 +3,7 @@ gate workflow. The gate answers by signal: granted, or queued at a position."""
 
 from temporalio import workflow
 
-from workflows.contract import ConcurrencyScope
+from workflows.contract import ConcurrencyScope, FairShare
 from workflows.entity_types import SlotNotice, SlotRelease, SlotRequest, gate_workflow_id
 from workflows.run.interrupts import CANCEL_OR_PAUSE, Interrupted, Interrupts
 from workflows.run.mirror import StatusMirror
@@ -32,10 +32,11 @@ class Gates:
         if notice.scope not in self.slots:
             self.queued[notice.scope] = notice.position
 
-    async def request(self, scope: ConcurrencyScope) -> None:
-        """Ask the scope's gate for a slot and wait for it (Queued while others hold them all). A cancel or a
-        pause withdraws the request and raises Interrupted: after a pause the run asks again, at the back."""
-        request = SlotRequest(run_id=self.run_id, limit=scope.limit)
+    async def request(self, scope: ConcurrencyScope, share: FairShare) -> None:
+        """Ask the scope's gate for a slot and wait for it (Queued while others hold them all; the slots go round
+        the Teams that wait, by `share`). A cancel or a pause withdraws the request and raises Interrupted: after
+        a pause the run asks again, at the back of its Team."""
+        request = SlotRequest(run_id=self.run_id, limit=scope.limit, **share.model_dump())
         await entity_signal("ConcurrencyGate", gate_workflow_id(scope.key), "acquire", request)
         deadline = later(self.queued_seconds)
 

@@ -29,7 +29,7 @@ from workflows.activity_types import (
 )
 from workflows.run.interrupts import ANY_INTERRUPT, Interrupts
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, start
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, start, tenant_priority
 from workflows.run.outcomes import AttemptFailed, RunFailed, cause
 from workflows.spec import RunSpec
 from workflows.status import ConditionType, WorkItemStatus
@@ -90,6 +90,7 @@ class Holdings:
                     heartbeat=AGENT_HEARTBEAT_TIMEOUT,
                     summary=f"sandbox for attempt {attempt}",
                     cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+                    priority=tenant_priority(self.run.namespace),
                 ),
                 ANY_INTERRUPT,
             )

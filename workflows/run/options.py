@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
 from workflows.activity_types import EntitySignal, signal_with_start
@@ -32,6 +32,13 @@ RETRY_BOOKKEEPING = RetryPolicy(
 EntityKind = Literal["CredentialThrottle", "ConcurrencyGate"]
 
 
+def tenant_priority(namespace: str) -> Priority:
+    """The run's namespace as its activities' fairness key: on a server with `matching.enableFairness`, the task
+    queue dispatches a backlog round the namespaces, so one tenant's thousand sandboxes do not delay another's
+    first (elsewhere the key is carried and ignored)."""
+    return Priority(fairness_key=namespace)
+
+
 def start(
     stub: Callable[[A], Awaitable[R]],
     arg: A,
@@ -43,6 +50,7 @@ def start(
     heartbeat: timedelta | None = None,
     retry: RetryPolicy | None = None,
     cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+    priority: Priority = Priority.default,
 ) -> workflow.ActivityHandle[R]:
     """Start the activity `stub` names (its command is issued now, in this step) and return its handle. A
     `deadline` (a phase's bound, from the Run's timeouts) bounds it as a whole, queue time and retries included;
@@ -60,6 +68,7 @@ def start(
         retry_policy=retry or (RETRY_UNTIL_DEADLINE if deadline is not None else RETRY_BOOKKEEPING),
         cancellation_type=cancellation_type,
         summary=summary,
+        priority=priority,
     )
 
 
@@ -74,6 +83,7 @@ async def call(
     heartbeat: timedelta | None = None,
     retry: RetryPolicy | None = None,
     cancellation_type: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+    priority: Priority = Priority.default,
 ) -> R:
     """Run the activity `stub` names, with `start`'s options, and return its result. A coroutine, not `start`'s
     handle: a call handed to `interruptible` and closed unstarted (an interrupt was already pending) must schedule
@@ -88,6 +98,7 @@ async def call(
         heartbeat=heartbeat,
         retry=retry,
         cancellation_type=cancellation_type,
+        priority=priority,
     )
 
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 from workflows.activity_types import RateLimitDetails
-from workflows.contract import ExecutionContract, ModelRef, Resolution, ResolvedAgent, RunIdentity
+from workflows.contract import ExecutionContract, FairShare, ModelRef, Resolution, ResolvedAgent, RunIdentity
 from workflows.policies import RateLimitAction, RateLimitThresholds, decide_rate_limit, parse_retry_after
 from workflows.run.mirror import StatusMirror
 from workflows.run.outcomes import RateLimitPause, Reroute
@@ -36,6 +36,10 @@ class Router:
     def agent(self) -> ResolvedAgent:
         assert self.resolution is not None
         return self.resolution.agents[self.state.agent_index]
+
+    def share(self) -> FairShare:
+        """Whose run this is where runs wait together (its Team), once references are resolved."""
+        return self.resolution.share if self.resolution is not None else FairShare()
 
     def model(self) -> ModelRef:
         agent = self.agent()

@@ -18,6 +18,8 @@ class ThrottleState(KsquadModel):
     until: dict[str, datetime] = Field(default_factory=dict)
     strikes: dict[str, int] = Field(default_factory=dict)  # limits in a row, per key
     unplaced: list[str] = Field(default_factory=list)  # keys whose limit this run has no place after yet
+    # per key: the end of the limit whose fair ramp this run waits in (store.ramps), until its turn is confirmed
+    ramps: dict[str, datetime] = Field(default_factory=dict)
     waited_seconds: float = 0.0  # Paused(RateLimited) so far, over all pauses (timeouts.rateLimitedSeconds)
 
 

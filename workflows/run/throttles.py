@@ -8,6 +8,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 from workflows.activity_types import reserve_resume_place
+from workflows.contract import FairShare
 from workflows.entity_types import (
     CredentialLimit,
     CredentialSubscription,
@@ -18,6 +19,9 @@ from workflows.entity_types import (
 from workflows.run.options import call, entity_signal
 from workflows.run.outcomes import cause
 from workflows.run.state import ThrottleState
+
+# Runs paused before fair ramps replay their place in pause order (store.next_in_line) and never confirm it.
+FAIR_RAMP_PATCH = "fair-resume-ramp"
 
 
 class Throttles:
@@ -54,26 +58,43 @@ class Throttles:
         self.limit(notice.key, notice.until)
         self.state.strikes[notice.key] = notice.strikes
 
-    async def take_place(self, key: str, resume_per_second: float) -> None:
-        """This run's place in the ramp after the limit on `key` (the store hands them out, 1/resumePerSecond
-        apart). Without a place (the store unreachable) the run resumes at the limit itself."""
-        if key not in self.state.unplaced or not self.is_throttled(key):
+    async def take_place(self, key: str, resume_per_second: float, share: FairShare) -> None:
+        """This run's turn in the ramp after the limit on `key` (store.ramps: 1/resumePerSecond apart, fair across
+        Teams). When the turn comes, the store confirms it: a Team that came since may be ahead, and the run waits
+        on. Without the store the run resumes at the limit itself (or at the turn it had)."""
+        if key in self.state.unplaced and self.is_throttled(key):
+            self.state.unplaced.remove(key)
+            limit = self.state.until[key]
+            request = ResumePlaceRequest(key=key, until=limit, resume_per_second=resume_per_second)
+            if workflow.patched(FAIR_RAMP_PATCH):
+                request = request.model_copy(update={"run_id": self.run_id, **share.model_dump()})
+                self.state.ramps[key] = limit
+        elif key in self.state.ramps and not self.is_throttled(key):
+            limit = self.state.ramps.pop(key)
+            request = ResumePlaceRequest(
+                key=key,
+                until=limit,
+                resume_per_second=resume_per_second,
+                run_id=self.run_id,
+                **share.model_dump(),
+            )
+        else:
             return
-        self.state.unplaced.remove(key)
-        limit = self.state.until[key]
-        request = ResumePlaceRequest(key=key, until=limit, resume_per_second=resume_per_second)
         try:
-            place = await call(
+            turn = await call(
                 reserve_resume_place,
                 request,
                 start_to_close=30,
-                summary=f"place in the ramp after {key}'s limit",
+                summary=f"turn in the ramp after {key}'s limit",
             )
         except ActivityError as err:
-            workflow.logger.warning("no place in the ramp after %s: %s", key, cause(err))
+            workflow.logger.warning("no turn in the ramp after %s: %s", key, cause(err))
+            self.state.ramps.pop(key, None)
             return
-        if place > self.state.until.get(key, limit):
-            self.state.until[key] = place
+        if turn > self.state.until.get(key, limit):
+            self.state.until[key] = turn
+            if request.run_id is not None:
+                self.state.ramps[key] = limit
 
     # --- the credentials' throttle workflows --------------------------------------------------------------
 

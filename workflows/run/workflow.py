@@ -63,7 +63,7 @@ from workflows.run.interrupts import (
     PhaseTimeout,
 )
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, later
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, later, tenant_priority
 from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause
 from workflows.run.pauses import Pauses
 from workflows.run.references import References
@@ -295,7 +295,7 @@ class RunWorkflow:
         for scope in sorted(self.route.resolution.scopes, key=lambda s: s.key):
             while scope.key not in self.gates.slots:
                 try:
-                    await self.gates.request(scope)
+                    await self.gates.request(scope, self.route.share())
                 except Interrupted as interrupted:
                     await self.pauses.hold_or_raise(interrupted, Phase.QUEUED)
 
@@ -333,6 +333,7 @@ class RunWorkflow:
                 ),
                 cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=f"{self.route.agent().name}: {self.route.model().name}, message {message_id}",
+                priority=tenant_priority(self.run_ref.namespace),
             )
             try:
                 result = await self.interrupts.interruptible(
@@ -415,7 +416,9 @@ class RunWorkflow:
         while True:
             key = self.route.credential_key()
             await self.throttles.take_place(
-                key, self.route.model().resume_per_second or DEFAULT_RESUME_PER_SECOND
+                key,
+                self.route.model().resume_per_second or DEFAULT_RESUME_PER_SECOND,
+                self.route.share(),
             )
             until = self.throttles.until(key)
             now = workflow.now()

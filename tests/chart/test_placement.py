@@ -1,0 +1,178 @@
+"""Sandbox placement on the installed chart, with the chart's allow-lists set as an operator allows a team's GPU
+pool (tests/chart/conftest.py: sandbox.allowedServiceAccounts, allowedTolerations, allowedPriorityClasses).
+
+A GPU node is simulated by kwok (testbed/kwok.py): labelled ksquad.io/pool=gpu, tainted ksquad.io/gpu, with four
+nvidia.com/gpu. The real kube-scheduler places the sandbox of a Run whose Agent asks for that node selector,
+toleration and one GPU onto it, and nowhere else (the real node has neither the label nor the GPUs); the pod runs
+as the allowed ServiceAccount, still without a token, at the allowed priority. A Run's own node selector overrides
+its Agent's and reaches the pod too. A placement outside the chart's lists is refused at admission, naming the
+chart value; a toleration of every taint is refused even by the worker's own policy."""
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from testbed.kwok import SimulatedNodes
+from tests.chart.conftest import GPU_ACCOUNT, GPU_PRIORITY, GPU_TAINT, NS, Release, wait_for
+
+API = "ksquad.io/v1alpha1"
+GPU_NODE = "kwok-gpu-0"
+GPU_PLACEMENT = {
+    "serviceAccountName": GPU_ACCOUNT,
+    "nodeSelector": {"ksquad.io/pool": "gpu"},
+    "tolerations": [{"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    "priorityClassName": GPU_PRIORITY,
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_node(release: Release) -> Iterator[str]:
+    nodes = SimulatedNodes(release.cluster)
+    nodes.start()
+    nodes.add(
+        GPU_NODE,
+        labels={"ksquad.io/pool": "gpu"},
+        taints=[{"key": GPU_TAINT, "value": "true", "effect": "NoSchedule"}],
+        capacity={"nvidia.com/gpu": "4"},
+    )
+    docs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": GPU_ACCOUNT, "namespace": NS}},
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": GPU_PRIORITY},
+            "value": 1000,
+            "preemptionPolicy": "Never",
+        },
+        {
+            "apiVersion": API,
+            "kind": "ModelEndpoint",
+            "metadata": {"name": "placement-model", "namespace": NS},
+            "spec": {"url": "http://model.invalid/v1", "model": "gpu-model"},
+        },
+        {
+            "apiVersion": API,
+            "kind": "Agent",
+            "metadata": {"name": "gpu-agent", "namespace": NS},
+            "spec": {"modelEndpointRef": "placement-model", "placement": GPU_PLACEMENT},
+        },
+    ]
+    release.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    try:
+        yield GPU_NODE
+    finally:
+        release.kubectl("delete", "runs", "-l", "test=placement", "-n", NS, "--wait=true", "--timeout=60s")
+        release.kubectl(
+            "delete",
+            "agent/gpu-agent",
+            "modelendpoint/placement-model",
+            "serviceaccount/" + GPU_ACCOUNT,
+            "-n",
+            NS,
+        )
+        release.kubectl("delete", "priorityclass", GPU_PRIORITY)
+        nodes.remove(GPU_NODE)
+
+
+def run(name: str, **spec: Any) -> str:
+    doc = {
+        "apiVersion": API,
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": NS, "labels": {"test": "placement"}},
+        "spec": {"agents": ["gpu-agent"], "retryPolicy": {"maxRetries": 0}, **spec},
+    }
+    return yaml.safe_dump(doc)
+
+
+def sandbox_pod(release: Release, run_name: str) -> dict[str, Any] | None:
+    pods = release.get("pods", "-n", NS, "-l", f"ksquad.io/run={run_name}")["items"]
+    return pods[0] if pods else None
+
+
+async def test_a_gpu_agents_sandbox_is_scheduled_onto_the_gpu_node_and_nowhere_else(
+    release: Release, gpu_node: str
+) -> None:
+    release.kubectl("apply", "-f", "-", input=run("placed-gpu"))
+
+    def scheduled() -> dict[str, Any] | None:
+        pod = sandbox_pod(release, "placed-gpu")
+        return pod if pod and pod["spec"].get("nodeName") else None
+
+    pod = await wait_for("the GPU sandbox to be scheduled", scheduled, timeout=90)
+    spec = pod["spec"]
+    assert spec["nodeName"] == gpu_node, f"scheduled onto {spec['nodeName']}"
+    assert spec["nodeSelector"] == {"ksquad.io/pool": "gpu"}
+    assert {"key": GPU_TAINT, "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    (agent,) = spec["containers"]
+    assert agent["resources"]["limits"]["nvidia.com/gpu"] == "1", "the GPU request passed through to the pod"
+    assert spec["serviceAccountName"] == GPU_ACCOUNT
+    assert spec["automountServiceAccountToken"] is False, "a placed sandbox still gets no token"
+    assert (spec["priorityClassName"], spec["priority"]) == (GPU_PRIORITY, 1000)
+    node = release.get("node", gpu_node)
+    assert node["metadata"]["labels"]["type"] == "kwok", (
+        "a simulated node: the scheduler chose it, nothing ran"
+    )
+
+
+async def test_a_runs_node_selector_overrides_its_agents_and_reaches_the_pod(
+    release: Release, gpu_node: str
+) -> None:
+    release.kubectl(
+        "apply", "-f", "-", input=run("placed-nowhere", placement={"nodeSelector": {"ksquad.io/pool": "tpu"}})
+    )
+
+    def unschedulable() -> dict[str, Any] | None:
+        pod = sandbox_pod(release, "placed-nowhere")
+        if pod is None:
+            return None
+        conditions = {c["type"]: c for c in pod.get("status", {}).get("conditions", [])}
+        scheduled = conditions.get("PodScheduled", {})
+        return pod if scheduled.get("reason") == "Unschedulable" else None
+
+    pod = await wait_for("the scheduler to find no node for the Run's selector", unschedulable, timeout=90)
+    assert pod["spec"]["nodeSelector"] == {"ksquad.io/pool": "tpu"}, "the Run's selector, over the Agent's"
+    assert "nodeName" not in pod["spec"]
+    assert pod["spec"]["serviceAccountName"] == GPU_ACCOUNT, "the Agent's fields the Run does not set stay"
+
+
+@pytest.mark.parametrize(
+    ("placement", "words"),
+    [
+        (
+            {"serviceAccountName": "ksquad-worker"},
+            "spec.placement.serviceAccountName ksquad-worker is not allowed here (chart value sandbox.allowedServiceAccounts: gpu-runner",
+        ),
+        (
+            {"tolerations": [{"operator": "Exists"}]},
+            "spec.placement.tolerations: (no key: every taint) not allowed here (chart value sandbox.allowedTolerations: ksquad.io/gpu)",
+        ),
+        (
+            {"priorityClassName": "system-node-critical"},
+            "spec.placement.priorityClassName system-node-critical is not allowed here (chart value sandbox.allowedPriorityClasses: ksquad-batch)",
+        ),
+    ],
+)
+def test_a_placement_outside_the_charts_lists_is_refused_at_admission(
+    release: Release, placement: dict[str, Any], words: str
+) -> None:
+    for kind, spec in (
+        ("Agent", {"modelEndpointRef": "placement-model"}),
+        ("Run", {"agents": ["gpu-agent"]}),
+    ):
+        doc = {
+            "apiVersion": API,
+            "kind": kind,
+            "metadata": {"name": "too-far", "namespace": NS},
+            "spec": {**spec, "placement": placement},
+        }
+        done = release.cluster.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False
+        )
+        assert done.returncode != 0, f"{kind} admitted: {done.stdout}"
+        assert "ksquad-allowed-sandboxes" in done.stderr and words in " ".join(done.stderr.split()), (
+            done.stderr
+        )
