@@ -5,8 +5,8 @@ kwok manages only the nodes labelled `type=kwok` (the real node's kubelet keeps 
 keeps their Lease, and plays their pods' lifecycle (Running and Ready with an address from its CIDR, no container
 ever started) with kwok's own "fast" stages, which the build copies beside the binary. The real kube-scheduler
 places pods onto them, so what a test sees there is the scheduling: a pod on a simulated node was put there by
-its node selector, tolerations and resources, and by nothing else. A simulated node carries a taint of its own
-(KWOK_TAINT) besides any the test asks for, so no pod of another test lands there by accident.
+its node selector, tolerations and resources, and by nothing else. A simulated node is always tainted (the test's
+taints, else KWOK_TAINT), so no pod of another test lands there by accident.
 """
 
 import json
@@ -88,7 +88,7 @@ class SimulatedNodes:
                 },
                 "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
             },
-            "spec": {"taints": [KWOK_TAINT, *(taints or [])]},
+            "spec": {"taints": taints or [KWOK_TAINT]},
             "status": {"allocatable": allocatable, "capacity": allocatable},
         }
         self.plane.kubectl("apply", "-f", "-", input=json.dumps(node))

@@ -70,6 +70,16 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
         if key == "const":
             out["enum"] = [value]
             continue
+        if key == "propertyNames":
+            # Not structural: a map's key constraints become a CEL rule over its keys.
+            out.setdefault("x-kubernetes-validations", []).append(_key_rule(value))
+            continue
+        if key == "patternProperties":
+            # Neither: one pattern's values are the map's values, and the pattern a rule over its keys.
+            ((pattern, values),) = value.items()
+            out["additionalProperties"] = _convert(values, defs)
+            out.setdefault("x-kubernetes-validations", []).append(_key_rule({"pattern": pattern}))
+            continue
         if key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             # JSON Schema 2020 (pydantic's gt/lt) puts the bound here; Kubernetes' OpenAPI v3 wants the
             # bound in minimum/maximum and a boolean here.
@@ -82,6 +92,19 @@ def _convert(node: Any, defs: dict[str, Any]) -> Any:
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
     return out
+
+
+def _key_rule(names: Schema) -> Schema:
+    checks = []
+    if "maxLength" in names:
+        checks.append(f"size(k) <= {names['maxLength']}")
+    if "pattern" in names:
+        checks.append(f"k.matches('{names['pattern']}')")
+    limits = " and ".join(
+        ([f"be at most {names['maxLength']} characters"] if "maxLength" in names else [])
+        + ([f"match {names['pattern']}"] if "pattern" in names else [])
+    )
+    return {"rule": f"self.all(k, {' && '.join(checks) or 'true'})", "message": f"each key must {limits}"}
 
 
 @dataclass

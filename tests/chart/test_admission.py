@@ -28,7 +28,7 @@ from kube import ApiError, Config, Kube, path
 from testbed.chart import CHART, KUBE_VERSION, render
 from tests.chart.conftest import HOME, NS, RELEASE, Release, wait_for
 from workflows.contract import CredentialRef, ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
-from workflows.spec import SandboxPolicy
+from workflows.spec import Placement, SandboxPolicy
 
 Job = dict[str, Any]
 RUN_API = "ksquad.io/v1alpha1"
@@ -166,7 +166,11 @@ async def test_a_warm_pool_pod_meets_restricted_and_the_workers_claim_of_it_is_a
     # The worker's own claim (activities.sandboxes) of the ReplicaSet's pod: one label patch, admitted.
     model = ModelRef(name="m", url="http://model.example/v1")
     run = RunIdentity(namespace=NS, name="claims", uid=str(uuid.uuid4()), attempt=1, fence=1)
-    contract = ExecutionContract(run=run, agent=ResolvedAgent(name="dev-1", model=model), model=model)
+    # Placed as the pool is (its node selector keeps it off the node): a pool serves runs placed as it is.
+    placed = ResolvedAgent(
+        name="dev-1", model=model, placement=Placement(node_selector={"ksquad.io/no-node": "true"})
+    )
+    contract = ExecutionContract(run=run, agent=placed, model=model)
     pools = SandboxSettings.model_validate(
         {**settings.model_dump(), "pools": [{"name": POOL, "namespace": NS}]}  # as the chart's values would
     )
@@ -320,16 +324,23 @@ ESCAPES: dict[str, tuple[Callable[[Job], Any], str]] = {
         lambda j: pod_security(j).update(supplementalGroups=[0]),
         f"{POD}.securityContext.supplementalGroups",
     ),
-    # Finding 4: placement
+    # Finding 4: placement (a node selector, affinity and the chart's allowed tolerations and priority classes
+    # are a sandbox's placement now: tests/chart/test_placement.py; these stay refused)
     "nodeName": (lambda j: spec(j).update(nodeName="node-1"), f"{POD}.nodeName"),
     "tolerations": (lambda j: spec(j).update(tolerations=[{"operator": "Exists"}]), f"{POD}.tolerations"),
+    "toleration of a control-plane taint": (
+        lambda j: spec(j).update(
+            tolerations=[{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]
+        ),
+        f"{POD}.tolerations",
+    ),
     "priorityClassName": (
         lambda j: spec(j).update(priorityClassName="system-node-critical"),
         f"{POD}.priorityClassName",
     ),
-    "nodeSelector": (
-        lambda j: spec(j).update(nodeSelector={"kubernetes.io/hostname": "node-1"}),
-        f"{POD}.nodeSelector",
+    "serviceAccountName not in the chart's list": (
+        lambda j: spec(j).update(serviceAccountName="ksquad-worker"),
+        f"{POD}.serviceAccountName",
     ),
     # Finding 4: the kubelet calls any host for a probe or a hook (and runs an exec probe in the container)
     "readinessProbe httpGet.host": (

@@ -8,13 +8,19 @@ as the allowed ServiceAccount, still without a token, at the allowed priority. A
 its Agent's and reaches the pod too. A placement outside the chart's lists is refused at admission, naming the
 chart value; a toleration of every taint is refused even by the worker's own policy."""
 
+import asyncio
 import json
+import select
+import subprocess
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import yaml
 
+from dev.binaries import find_binary
 from testbed.kwok import SimulatedNodes
 from tests.chart.conftest import GPU_ACCOUNT, GPU_PRIORITY, GPU_TAINT, NS, Release, wait_for
 
@@ -88,6 +94,56 @@ def run(name: str, **spec: Any) -> str:
     return yaml.safe_dump(doc)
 
 
+def diagnosis(release: Release, run_name: str) -> str:
+    """What a test that waited in vain saw: the Run's status, its Jobs and pods, the namespace's events, kwok's log."""
+    status = release.run(run_name).get("status", {})
+    jobs = release.cluster.kubectl(
+        "get", "jobs,pods", "-n", NS, "-l", f"ksquad.io/run={run_name}", "-o", "wide", check=False
+    )
+    events = release.cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False)
+    nodes = release.cluster.kubectl("get", "nodes", "-o", "wide", "--show-labels", check=False)
+    return (
+        f"status: {json.dumps(status)[:3000]}\n{jobs.stdout}{jobs.stderr}\n{events.stdout[-4000:]}\n{nodes.stdout}\n"
+        f"kwok: {release.cluster.tail('kwok')}"
+    )
+
+
+@contextmanager
+def pod_watch(release: Release, run_name: str) -> Iterator[subprocess.Popen[str]]:
+    """`kubectl get pods --watch -o json` on the Run's sandbox pods, as it streams."""
+    cmd = [str(find_binary("kubectl")), "--kubeconfig", str(release.cluster.admin_kubeconfig), "get", "pods"]
+    cmd += ["-n", NS, "-l", f"ksquad.io/run={run_name}", "--watch", "-o", "json"]
+    watch = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        yield watch
+    finally:
+        watch.kill()
+        watch.wait()
+
+
+def first_scheduled(watch: subprocess.Popen[str], timeout: float) -> dict[str, Any] | None:
+    """The first state of a pod the watch shows bound to a node, or None after `timeout`."""
+    assert watch.stdout is not None
+    decoder, buffer = json.JSONDecoder(), ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([watch.stdout], [], [], 1)
+        if not ready:
+            continue
+        line = watch.stdout.readline()
+        if not line:
+            return None
+        buffer += line
+        try:
+            pod, end = decoder.raw_decode(buffer.strip())
+        except ValueError:
+            continue
+        buffer = buffer.strip()[end:]
+        if pod.get("spec", {}).get("nodeName"):
+            return dict(pod)
+    return None
+
+
 def sandbox_pod(release: Release, run_name: str) -> dict[str, Any] | None:
     pods = release.get("pods", "-n", NS, "-l", f"ksquad.io/run={run_name}")["items"]
     return pods[0] if pods else None
@@ -96,13 +152,15 @@ def sandbox_pod(release: Release, run_name: str) -> dict[str, Any] | None:
 async def test_a_gpu_agents_sandbox_is_scheduled_onto_the_gpu_node_and_nowhere_else(
     release: Release, gpu_node: str
 ) -> None:
-    release.kubectl("apply", "-f", "-", input=run("placed-gpu"))
-
-    def scheduled() -> dict[str, Any] | None:
-        pod = sandbox_pod(release, "placed-gpu")
-        return pod if pod and pod["spec"].get("nodeName") else None
-
-    pod = await wait_for("the GPU sandbox to be scheduled", scheduled, timeout=90)
+    # kwok makes the pod Ready at an address nobody serves, so the worker fails the attempt and deletes the pod
+    # within a second: watch it from before the Run exists.
+    with pod_watch(release, "placed-gpu") as pods:
+        release.kubectl("apply", "-f", "-", input=run("placed-gpu"))
+        pod = await asyncio.to_thread(first_scheduled, pods, 90)
+    if pod is None:
+        raise AssertionError(
+            f"the GPU sandbox was not scheduled within 90s\n{diagnosis(release, 'placed-gpu')}"
+        )
     spec = pod["spec"]
     assert spec["nodeName"] == gpu_node, f"scheduled onto {spec['nodeName']}"
     assert spec["nodeSelector"] == {"ksquad.io/pool": "gpu"}
