@@ -66,10 +66,15 @@ class Toleration(KsquadModel):
     """A taint the sandbox pod tolerates (the pod's spec.tolerations[])."""
 
     key: QualifiedName | None = None
+    """The taint's key, one of the chart's sandbox.allowedTolerations (required where the chart sets that list)."""
     operator: Literal["Exists", "Equal"] = "Equal"
+    """Equal: the taint's value must be `value`; Exists: any value."""
     value: LabelValue | None = None
+    """The taint's value, with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect tolerated; empty: every effect."""
     toleration_seconds: int | None = Field(default=None, ge=0, le=86400)
+    """With effect NoExecute: how long the pod stays once the taint appears; empty: for good."""
 
 
 class SandboxResources(KsquadModel):
@@ -77,7 +82,9 @@ class SandboxResources(KsquadModel):
     memory, or an extended resource such as nvidia.com/gpu."""
 
     requests: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16)
+    """What the scheduler reserves on the node (cpu: "2", memory: 8Gi)."""
     limits: dict[QualifiedName, Quantity] = Field(default_factory=dict, max_length=16)
+    """The most the container may use; an extended resource (nvidia.com/gpu: "1") is asked for here."""
 
 
 class Placement(KsquadModel):
