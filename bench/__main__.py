@@ -45,7 +45,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "cancel": ([], ["--runs", "5"]),
     "paused": ([], ["--runs", "500"]),
     "paused@production": (["--temporal", "production"], ["--runs", "500", "--temporal", "production"]),
-    "fairness": ([], ["--burst", "200", "--heavy", "120", "--light", "60", "--weights-rate", "2"]),
+    "fairness": ([], ["--burst", "200", "--heavy", "120", "--light", "60", "--weights-rate", "1.5"]),
 }
 
 

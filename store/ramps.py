@@ -5,8 +5,10 @@ order, so a Team that queued a thousand runs on a shared credential does not hol
 Each run in a ramp has a virtual finish: its tenant's previous one (or the ramp's virtual clock, the latest
 finish released, for a tenant that had none waiting) plus 1/weight. A run's turn is the ramp's opening plus
 (runs ahead of it by finish) / resumePerSecond, recomputed when it wakes: a tenant that arrives later with a
-smaller finish moves it back. A released run's place never moves (every newcomer's finish is past the clock),
-so at most one run is released per slot, whoever arrives when: the ramp's rate holds."""
+smaller finish moves it back. On equal finishes the later arrival goes first, which only ever happens between
+Teams: so a Team's k-th run waits behind at most k-1 runs of each Team of the same weight, whoever queued first.
+A released run's place never moves (every newcomer's finish is past the clock, and the order is fixed by finish
+and arrival), so at most one run is released per slot, whoever arrives when: the ramp's rate holds."""
 
 from datetime import datetime, timedelta
 
@@ -72,7 +74,7 @@ class ResumeRamps(StoreBase):
             ahead = (
                 await c.execute(
                     sa.select(sa.func.count()).where(
-                        t.ramp == ramp, sa.or_(t.finish < finish, sa.and_(t.finish == finish, t.seq < seq))
+                        t.ramp == ramp, sa.or_(t.finish < finish, sa.and_(t.finish == finish, t.seq > seq))
                     )
                 )
             ).scalar_one()

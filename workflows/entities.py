@@ -288,18 +288,18 @@ class ConcurrencyGateWorkflow:
                 del self.state.tenant_finish[tenant]
         metrics.gate_sizes(self.state.scope, len(self.state.waiting), len(self.state.holders))
 
+    def _order(self, index: int) -> tuple[float, int]:
+        """Where the index-th waiting run stands: by virtual finish, the later arrival first on a tie (which only
+        happens between Teams: a Team's k-th run waits behind at most k-1 of each Team of the same weight)."""
+        return self.state.finish.get(self.state.waiting[index], 0.0), -index
+
     def _next_in_line(self) -> str:
-        return min(self.state.waiting, key=lambda run_id: self.state.finish.get(run_id, 0.0))
+        return self.state.waiting[min(range(len(self.state.waiting)), key=self._order)]
 
     def _position(self, run_id: str) -> int:
         """1 for the run admitted next."""
-        mine = self.state.finish.get(run_id, 0.0)
-        index = self.state.waiting.index(run_id)
-        return 1 + sum(
-            1
-            for i, other in enumerate(self.state.waiting)
-            if (self.state.finish.get(other, 0.0), i) < (mine, index)
-        )
+        mine = self._order(self.state.waiting.index(run_id))
+        return 1 + sum(1 for i in range(len(self.state.waiting)) if self._order(i) < mine)
 
     @workflow.query
     def state_query(self) -> GateState:

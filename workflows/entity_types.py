@@ -121,7 +121,7 @@ class GateState(KsquadModel):
     holders: list[str] = Field(default_factory=list)
     waiting: list[str] = Field(default_factory=list)  # in arrival order
     # Weighted fair queueing across tenants: each waiting run's virtual finish (its tenant's last, or the gate's
-    # virtual clock, plus 1/weight); the smallest is admitted next, the earliest arrival on a tie. A run
+    # virtual clock, plus 1/weight); the smallest is admitted next, the later arrival on a tie. A run
     # without one (queued before fair admission) counts as 0: first.
     finish: dict[str, float] = Field(default_factory=dict)
     tenant_finish: dict[str, float] = Field(default_factory=dict)

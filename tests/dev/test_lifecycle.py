@@ -352,7 +352,8 @@ async def test_a_small_team_on_a_limited_credential_resumes_beside_a_big_one_not
     dev: DevStack,
 ) -> None:
     # Team big's six runs pause on the credential's limit before Team small's two arrive. In pause order small
-    # would call seventh and eighth; the ramp goes round the Teams (store.ramps), so they call second and fourth.
+    # would call seventh and eighth; the ramp goes round the Teams (store.ramps), so they call first and third
+    # (each beside big's run of the same rank, the later arrival first).
     def team(name: str) -> dict[str, Any]:
         return {
             "apiVersion": API,
@@ -403,7 +404,7 @@ async def test_a_small_team_on_a_limited_credential_resumes_beside_a_big_one_not
         turns[name] = datetime.fromisoformat(events[last]["resumeAt"])
         assert datetime.fromisoformat(events[last + 1]["at"]) >= turns[name], f"{name} left Paused early"
     order = sorted(names, key=lambda n: turns[n])
-    assert order.index("small-0") == 1 and order.index("small-1") == 3, order
+    assert order.index("small-0") == 0 and order.index("small-1") == 2, order
     assert [n for n in order if n.startswith("big")] == sorted(big, key=lambda n: turns[n])
     opens = datetime.fromisoformat(limited["resumeAt"])
     slots = sorted((turns[n] - opens).total_seconds() for n in names)

@@ -2,7 +2,7 @@
 workflow), and its place in the ramp after each limit, so that the runs one limit paused do not all call the
 provider again in the same second. The instant a run may call again is `until[key]`, and only there."""
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -16,7 +16,7 @@ from workflows.entity_types import (
     ThrottleNotice,
     credential_workflow_id,
 )
-from workflows.run.options import call, entity_signal
+from workflows.run.options import RETRY_BOOKKEEPING, call, entity_signal
 from workflows.run.outcomes import cause
 from workflows.run.state import ThrottleState
 
@@ -80,13 +80,20 @@ class Throttles:
             )
         else:
             return
+        summary = f"turn in the ramp after {key}'s limit"
         try:
-            turn = await call(
-                reserve_resume_place,
-                request,
-                start_to_close=30,
-                summary=f"turn in the ramp after {key}'s limit",
-            )
+            if request.run_id is None:
+                turn = await call(reserve_resume_place, request, start_to_close=30, summary=summary)
+            else:
+                # One store statement, asked again as the turn comes: a local activity, so the server dispatches
+                # no task for it and the run calls its model the sooner.
+                turn = await workflow.execute_local_activity(
+                    reserve_resume_place,
+                    request,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RETRY_BOOKKEEPING,
+                    summary=summary,
+                )
         except ActivityError as err:
             workflow.logger.warning("no turn in the ramp after %s: %s", key, cause(err))
             self.state.ramps.pop(key, None)
