@@ -26,7 +26,7 @@ from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from workflows.activity_types import OutputsRequest, ResolveRequest, RunRef, Sandbox, SandboxRelease
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
-from workflows.spec import SandboxPolicy, parse_run_spec
+from workflows.spec import Placement, SandboxPolicy, parse_run_spec
 from workflows.status import Phase, RunStatus, StatusSnapshot
 
 RUN_API = "ksquad.io/v1alpha1"
@@ -64,10 +64,11 @@ def sandboxes(kube: Kube, pools: list[PoolRef] | None = None) -> KubernetesSandb
     )
 
 
-def contract(f: Fixture, name: str = "subject") -> ExecutionContract:
+def contract(f: Fixture, name: str = "subject", placement: Placement | None = None) -> ExecutionContract:
     model = ModelRef(name="m", url="http://model.example/v1")
     identity = RunIdentity(namespace=f.ns, name=name, uid=f.run_uid, attempt=1, fence=1)
-    return ExecutionContract(run=identity, agent=ResolvedAgent(name="subject", model=model), model=model)
+    agent = ResolvedAgent(name="subject", model=model, placement=placement)
+    return ExecutionContract(run=identity, agent=agent, model=model)
 
 
 # The bridge's own calls (crd_bridge): resolving a Run's references reads every ksquad.io kind and the
@@ -108,9 +109,9 @@ async def release(kube: Kube, f: Fixture, kind: Literal["cold", "warm"]) -> Any:
 
 
 async def claim_warm(kube: Kube, f: Fixture) -> Any:
-    bound = await sandboxes(kube, [PoolRef(name="rbac", namespace=f.ns)]).bind_warm(
-        contract(f), SandboxPolicy()
-    )
+    # Placed as the pool is (its node selector keeps its pod off the node): a pool serves runs placed so.
+    placed = contract(f, placement=Placement(node_selector={"never": "true"}))
+    bound = await sandboxes(kube, [PoolRef(name="rbac", namespace=f.ns)]).bind_warm(placed, SandboxPolicy())
     assert bound is not None, "the warm pod was there to claim"
     return bound
 
@@ -421,6 +422,8 @@ def rewarm(cluster: ControlPlane, ns: str) -> None:
         "app.kubernetes.io/component": "sandbox",
     }
     template = job("warm")["spec"]["template"]["spec"]  # locked down like a pool's pod
+    # Its agent container asks for what the worker's sandboxes do: a pool serves runs placed (and sized) as it is.
+    template["containers"][0].update(name="agent", resources=SandboxSettings().resources)
     pool = {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",

@@ -156,6 +156,15 @@ async def test_the_run_lifecycle_on_the_production_server(
         if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED and e.user_metadata.HasField("summary")
     ]
     assert any(str(s[0]).startswith("rate limited: resume at ") for s in summaries), summaries
+    # Its agent calls carry its namespace as their fairness key, which this server (matching.enableFairness, as
+    # testbed/temporal_server.py configures it) dispatches round.
+    keys = {
+        e.activity_task_scheduled_event_attributes.priority.fairness_key
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "invoke_agent"
+    }
+    assert keys == {NS}, keys
     for _ in range(50):
         done = await listed(f"KsquadPhase='Succeeded' AND KsquadNamespace='{NS}'")
         if {f"{NS}/succeeds", f"{NS}/pauses"} <= done:
