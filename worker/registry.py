@@ -7,7 +7,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker import UnsandboxedWorkflowRunner
 
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
@@ -34,19 +34,17 @@ RUN_WORKFLOWS: Sequence[type] = (
 # cancelling a run stops its agent within seconds.
 HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
-# The sandbox re-imports every module a workflow uses for each new workflow run, unless it passes through. The
-# whole deterministic core passes through, with pydantic: imported once per process. Sandboxed, rebuilding the
-# pydantic models cost ~75 ms on each run's first workflow task, and the Run workflow's own modules 380 KB of
-# every cached run and ~18 ms of CPU (through: 130 KB and ~7 ms; README, "Benchmarks"). A module passed through
-# is not restricted at run time, so tests/workflows/test_determinism.py is the guard instead: it fails on any
-# import, clock, I/O or module-level state in workflows/ that a replay could not repeat.
-PASSTHROUGH_MODULES = ("pydantic", "pydantic_core", "annotated_types", "workflows")
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES)
-)
+# Workflows run without Temporal's sandbox. With every module the workflows use passed through (re-importing them
+# for each new run cost ~75 ms and 380 KB of a cached run), the sandbox restricted nothing at run time, yet it
+# still cost a third of the worker's workflow CPU: each activation entered its import hooks, and each payload the
+# codec encrypted or decrypted asked the sandbox for its serialization context by compiling and running a code
+# string in it. tests/workflows/test_determinism.py is the guard instead: it fails on any import, clock, I/O or
+# module-level state in workflows/ that a replay could not repeat, and the replays of recorded histories
+# (test_replay.py) catch a change of commands.
+WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 
 
-# Each cached workflow keeps its sandbox and its state, ~130 KB: a worker
+# Each cached workflow keeps its state and its asyncio tasks: a worker
 # holding thousands of paused runs would grow without bound. Past this many, the least recently used is evicted
 # and replayed from its history when its timer fires (CPU at resume, instead of memory while paused).
 MAX_CACHED_WORKFLOWS = 300
