@@ -6,8 +6,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import Worker
-from temporalio.worker import UnsandboxedWorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
