@@ -92,6 +92,8 @@ class Call:
     run: str
     detail: dict[str, Any]
     at: datetime
+    # A local activity's clock is the machine's, not the time-skipping server's: its `at` is not comparable.
+    local: bool = False
 
 
 def agent(
@@ -192,7 +194,7 @@ class World:
 
     def record(self, name: Activity, run: str, **detail: Any) -> None:
         """Record a call at the server's clock (which the time-skipping server moves), and mark it entered."""
-        self.calls.append(Call(name.value, run, detail, server_now()))
+        self.calls.append(Call(name.value, run, detail, server_now(), activity.info().is_local))
         self._entered(name, run).set()
 
     def calls_of(self, name: Activity, run: str | None = None) -> list[Call]:

@@ -63,7 +63,7 @@ from workflows.run.interrupts import (
     PhaseTimeout,
 )
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, later, tenant_priority
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, call_local, later, tenant_priority
 from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause
 from workflows.run.pauses import Pauses
 from workflows.run.references import References
@@ -74,6 +74,11 @@ from workflows.signals import STATE_QUERY, RunSignal
 from workflows.status import PauseReason, Phase, RunStatus, UsageStatus, WorkflowRef
 
 _AGENT_ERRORS = {e.value for e in AgentError}
+# Outputs are published by a local activity (one short write: a ConfigMap, or nothing embedded); runs that
+# scheduled it as an activity before replay as they ran.
+LOCAL_PUBLISH_PATCH = "publish-outputs-local"
+# A new run's first status (Pending) is sent with its next change; runs that sent it alone replay as they ran.
+CREATED_STATUS_DEFERRED_PATCH = "created-status-deferred"
 
 
 @workflow.defn(name="RunWorkflow")
@@ -173,7 +178,15 @@ class RunWorkflow:
         info = workflow.info()
         self.status.workflow = WorkflowRef(id=info.workflow_id, run_id=info.run_id)
         if input.carry is None:
-            self.mirror.move(Phase.PENDING, reason="Created", message="resolving references")
+            # The first status goes with the next change: the bridge showed Pending as it started this workflow,
+            # and resolving the references is the bridge's own activity, so a status sent before the resolution
+            # could show nothing the bridge could not. One bridge activity saved on every run.
+            self.mirror.move(
+                Phase.PENDING,
+                reason="Created",
+                message="resolving references",
+                send=not workflow.patched(CREATED_STATUS_DEFERRED_PATCH),
+            )
         try:
             await self._lifecycle()
         except (asyncio.CancelledError, Interrupted) as err:
@@ -268,7 +281,10 @@ class RunWorkflow:
         outputs = OutputsRequest(
             run=self.run_ref, attempt=attempt, fence=fence, outputs=result.outputs, artifacts=result.artifacts
         )
-        published = await call(publish_outputs, outputs, summary="publish outputs")
+        if workflow.patched(LOCAL_PUBLISH_PATCH):
+            published = await call_local(publish_outputs, outputs, summary="publish outputs")
+        else:
+            published = await call(publish_outputs, outputs, summary="publish outputs")
         self.status.outputs = published.outputs
         self.status.artifacts = result.artifacts
         await self.held.release_sandbox(confirm=False)
