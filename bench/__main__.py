@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
         ["--temporal", "production"],
         ["--rates", "0.25,0.5", "--seconds", "20", "--replicas", "4", "--temporal", "production"],
     ),
+    "sandbox_claims": ([], ["--rates", "20:10,45:5,75:3", "--replicas", "60", "--nodes", "4"]),
     "bridge": ([], ["--runs", "40", "--rates", "2,6,12"]),
     "bridge@production": (
         ["--temporal", "production"],
@@ -208,6 +209,51 @@ ROWS: list[Row] = [
                 None,
             ),
         )
+    ),
+    *(
+        row
+        for rate, target, ok in (
+            ("45", "<= 50 / - / 200", lambda v: v[0] <= 50 and v[2] <= 200),
+            ("75", "<= - / - / 500", lambda v: v[2] <= 500),
+        )
+        for row in (
+            (
+                "sandbox_claims",
+                f"kwok: claim p50 / p90 / p99 (ms) at {rate}/s",
+                (lambda key: lambda d: _values(dig(d, key, "claim"), "p50_ms", "p90_ms", "p99_ms"))(
+                    f"{rate}_claims_per_second"
+                ),
+                target,
+                ok,
+            ),
+            (
+                "sandbox_claims",
+                f"kwok: double binds / conflicts / cold at {rate}/s",
+                (lambda key: lambda d: _values(dig(d, key), "double_binds", "conflicts", "cold_fallbacks"))(
+                    f"{rate}_claims_per_second"
+                ),
+                "0 / - / 0",
+                lambda v: v[0] == 0 and v[2] == 0,
+            ),
+        )
+    ),
+    (
+        "sandbox_claims",
+        "kwok: highest rate held (claims/s)",
+        lambda d: d.get("holds_at_most"),
+        ">= 45",
+        lambda v: v >= 45,
+    ),
+    (
+        "sandbox_claims",
+        "kwok: CPU ms a claim, claimer / API server, there",
+        lambda d: _values(
+            dig(d, _held_rate(d, "claims_per_second"), "cpu_ms_per_claim_by_process"),
+            "stack",
+            "kube-apiserver",
+        ),
+        "",
+        None,
     ),
     (
         "fairness",

@@ -7,16 +7,19 @@ requests are get, list, create, patch (merge, strategic, JSON, server-side apply
 that keep the API's status and message.
 """
 
+import asyncio
 import builtins
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 import httpx
 
 from kube.config import Config, ConfigError, Credentials, TokenFile
 
-__all__ = ["ApiError", "Config", "ConfigError", "Kube", "TokenFile", "Unreachable", "path"]
+__all__ = ["ApiError", "Config", "ConfigError", "Kube", "TokenFile", "Unreachable", "path", "reflect"]
+log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -84,8 +87,14 @@ class _Authorization(httpx.Auth):
 class Kube:
     """`async with Kube(Config.load()) as kube: await kube.get(path("v1", "pods", "ns", "x"))`."""
 
+    # Requests in flight at once (watches apart); more wait their turn here. httpx's pool scans every request it
+    # holds each time one ends: with hundreds waiting on a slow API server, that scan became most of a claiming
+    # worker's CPU, slowing it further (bench/sandbox_claims.py at 75 claims/s). client-go caps by rate instead.
+    MAX_IN_FLIGHT = 32
+
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
         self.config = config
+        self._in_flight = asyncio.Semaphore(self.MAX_IN_FLIGHT)
         self.http = httpx.AsyncClient(
             base_url=config.server,
             auth=_Authorization(config.credentials),
@@ -107,7 +116,8 @@ class Kube:
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Obj:
         try:
-            response = await self.http.request(method, url, extensions=self._extensions, **kwargs)
+            async with self._in_flight:
+                response = await self.http.request(method, url, extensions=self._extensions, **kwargs)
         except httpx.TransportError as err:
             raise Unreachable(f"{method} {url}: {type(err).__name__}: {err}") from None
         if response.status_code >= 400:
@@ -231,3 +241,48 @@ def _api_error(response: httpx.Response) -> ApiError:
         return ApiError(response.status_code, status.get("reason", ""), status.get("message", response.text))
     except (json.JSONDecodeError, ValueError, AttributeError):
         return ApiError(response.status_code, response.reason_phrase, response.text[:500])
+
+
+async def reflect(
+    kube: Kube,
+    url: str,
+    listed: Callable[[builtins.list[Obj]], None],
+    changed: Callable[[str, Obj], None],
+    lost: Callable[[], None] = lambda: None,
+    labels: str | None = None,
+    max_backoff: float = 10.0,
+) -> None:
+    """Keep a copy of what `url` (with `labels`) holds, as client-go's reflector does, until cancelled: list
+    (`listed` gets every object), then watch from the list's version (`changed` gets ADDED, MODIFIED or DELETED
+    and the object). A version the server no longer has (410 Gone) lists again; a failure calls `lost` (what
+    the copy holds may be stale from now on) and lists again after a capped backoff."""
+    backoff = 0.5
+    while True:
+        try:
+            items = await kube.list(url, labels=labels)
+            listed(items.get("items") or [])
+            version: str | None = items["metadata"]["resourceVersion"]
+            backoff = 0.5
+            while version is not None:
+                version = await _follow(kube, url, version, labels, changed)
+        except (Unreachable, ApiError) as err:
+            lost()
+            log.warning("watching %s: %s; again in %.1fs", url, err, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+
+
+async def _follow(
+    kube: Kube, url: str, version: str, labels: str | None, changed: Callable[[str, Obj], None]
+) -> str | None:
+    """Watch from `version`; the version to go on from, or None when the server no longer has it."""
+    async for event in kube.watch(url, resource_version=version, labels=labels):
+        kind, obj = event["type"], event["object"]
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                return None
+            raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""))
+        version = obj["metadata"]["resourceVersion"]
+        if kind != "BOOKMARK":
+            changed(kind, obj)
+    return version

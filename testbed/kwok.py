@@ -62,6 +62,10 @@ class SimulatedNodes:
                 "--cidr",
                 POD_CIDR,
                 "--node-port=0",  # no kubelet API of its own: nothing here asks a simulated node for logs or exec
+                # Its nodes' liveness is their Lease, as a kubelet's (kwok's stages write their status every 10-20
+                # minutes only). Without one kwok renews none, and 50 s after its start the node lifecycle
+                # controller marks every simulated node NotReady and their pods not Ready.
+                "--node-lease-duration-seconds=40",
             ],
         )
 

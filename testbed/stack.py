@@ -91,10 +91,7 @@ class Stack:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(list(docs)))
 
     def service_account_kubeconfig(self, name: str) -> Path:
-        token = self.kubectl(
-            "create", "token", name, "-n", chart.RELEASE_NAMESPACE, "--duration=2h"
-        ).stdout.strip()
-        return self.cluster.token_kubeconfig(f"{name}-{self.namespace}", token)
+        return service_account_kubeconfig(self.cluster, name, self.namespace)
 
     @property
     def seal_key(self) -> Path:
@@ -276,6 +273,23 @@ class Stack:
         ]
 
 
+def service_account_kubeconfig(cluster: ControlPlane, name: str, suffix: str) -> Path:
+    """A kubeconfig authenticating as the chart's ServiceAccount `name` (a token for two hours)."""
+    token = cluster.kubectl(
+        "create", "token", name, "-n", chart.RELEASE_NAMESPACE, "--duration=2h"
+    ).stdout.strip()
+    return cluster.token_kubeconfig(f"{name}-{suffix}", token)
+
+
+def apply_chart_rbac(cluster: ControlPlane, namespace: str, values: dict[str, Any]) -> None:
+    """`namespace` (made when missing) with the chart's ServiceAccounts, RBAC, network and admission policies
+    for it, rendered from `values` (their `namespaces` is set to it)."""
+    if cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0:
+        cluster.kubectl("create", "namespace", namespace)
+    cluster.wait_for_default_service_account(namespace)
+    chart.apply(cluster, chart.render({**values, "namespaces": [namespace]}), STACK_KINDS)
+
+
 async def build_stack(
     cluster: ControlPlane,
     dev_server: DevServer,
@@ -290,13 +304,10 @@ async def build_stack(
     `runtime_classes` (e.g. RUNC_FOR_GVISOR) is the chart value sandbox.runtimeClasses: the worker's mapping, and
     what the chart's admission policy lets it ask for."""
     ns = namespace or f"t-{uuid.uuid4().hex[:10]}"
-    if cluster.kubectl("get", "namespace", ns, check=False).returncode != 0:
-        cluster.kubectl("create", "namespace", ns)
-    cluster.wait_for_default_service_account(ns)
-    values: dict[str, Any] = {"namespaces": [ns]}
+    values: dict[str, Any] = {}
     if runtime_classes is not None:
         values["sandbox"] = {"runtimeClasses": runtime_classes}
-    chart.apply(cluster, chart.render(values), STACK_KINDS)
+    apply_chart_rbac(cluster, ns, values)
     stack = Stack(
         cluster,
         ns,

@@ -61,6 +61,7 @@ async def serve(settings: Settings, sandbox_settings: SandboxSettings) -> None:
         if sandbox_settings.backend == "kubernetes":
             kube = await stack.enter_async_context(Kube(Config.load()))
             backend = KubernetesSandboxes(kube, sandbox_settings, keys=keys)
+            stack.push_async_callback(backend.close)
         else:
             backend = LocalSandboxes(sandbox_settings, keys=keys)
         telemetry = Telemetry()

@@ -40,6 +40,7 @@ from activities.sandboxes.ownership import (
     placed_as,
     spec_difference,
 )
+from activities.sandboxes.warm import WarmPods
 from kube import ApiError, Kube, Obj, path
 from workflows.activity_types import (
     SANDBOX_MISCONFIGURED,
@@ -109,6 +110,11 @@ class KubernetesSandboxes:
         self.earlier: Callable[[], dict[str, Any]] = dict
         self.keys = keys or process_keys()
         self._pools: dict[tuple[str, str], tuple[float, Obj]] = {}  # (namespace, ReplicaSet) -> (read at, it)
+        # The pools' warm pods, watched from the first claim on (activities.sandboxes.warm).
+        self.warm_pods = WarmPods(kube, (p.namespace for p in settings.pools))
+
+    async def close(self) -> None:
+        await self.warm_pods.close()
 
     # --- acquire ------------------------------------------------------------------------------------------
 
@@ -134,20 +140,25 @@ class KubernetesSandboxes:
         ]
         needed = {e["valueFrom"]["secretKeyRef"]["name"] for e in credential_env(contract)}
         random.shuffle(pools)
+        self.warm_pods.start()
         for pool in pools:
             replica_set = await self._pool(pool)
             if replica_set is None or not self._serves(replica_set, contract, policy, needed):
                 continue
-            selector = {LABEL_STATE: "warm", LABEL_POOL: pool.name}
-            pods = (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
-            candidates = []
-            for pod in pods:
-                if pod_ready(pod) and await self._of_pool(pod, pool):
-                    candidates.append(pod)
+            pods = self.warm_pods.of_pool(ns, pool.name)
+            if pods is None:  # not watched yet, or the watch is down: ask the API server
+                selector = {LABEL_STATE: "warm", LABEL_POOL: pool.name}
+                pods = (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
+            candidates = [pod for pod in pods if pod_ready(pod)]
             # Concurrent claimers spread over the pool instead of racing for one pod.
             random.shuffle(candidates)
             for pod in candidates:
+                # Compared with the template only when it is next (comparing every pod of the pool on each
+                # claim was most of the claim's CPU).
+                if not await self._of_pool(pod, pool):
+                    continue
                 bound = await self._claim(pod, pool, contract)
+                self.warm_pods.taken(ns, pod["metadata"]["name"])  # bound now, or found taken or gone
                 if bound is not None:
                     log.info("%s: bound warm pod %s", contract.run.name, bound["metadata"]["name"])
                     return Sandbox(

@@ -284,6 +284,66 @@ async def test_a_warm_pod_touched_between_the_list_and_the_claim_is_still_claime
     assert pod["metadata"]["labels"]["ksquad.io/run"] == name
 
 
+async def test_claims_take_their_pod_from_the_watch_and_skip_one_another_worker_bound(
+    ksquad_cluster: ControlPlane, run_ns: str, kube: Kube, model: ModelEndpoint
+) -> None:
+    # A claim listed every warm pod of its pool: at agent-sandbox's rates that was most of the worker's CPU. Now
+    # the pools' warm pods are watched; a pod another worker bound leaves the copy when the watch says so.
+    pool = {
+        "name": "p1",
+        "namespace": run_ns,
+        "replicas": 3,
+        "runtimeClass": RUNC,
+        "credentials": ["model-key"],
+    }
+    apply_sandbox_parts(
+        ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
+    )
+    await ready_warm(kube, run_ns, 3)
+    pools = [PoolRef(name="p1", namespace=run_ns, runtime_class=RUNC)]
+    mine, other = (KubernetesSandboxes(kube, settings(pools=pools)) for _ in range(2))
+    listed: list[str] = []
+    list_pods = mine.kube.list
+
+    async def counted(url: str, **kwargs: Any) -> Any:
+        listed.append(url)
+        return await list_pods(url, **kwargs)
+
+    def claim_contract(name: str) -> ExecutionContract:
+        uid = create_run(ksquad_cluster, run_ns, name)
+        return contract(model, namespace=run_ns, name=name, uid=uid, work_item_ref=None)
+
+    try:
+        mine.warm_pods.start()
+        for _ in range(100):
+            if mine.warm_pods.of_pool(run_ns, "p1") is not None:
+                break
+            await asyncio.sleep(0.1)
+        copy = mine.warm_pods.of_pool(run_ns, "p1")
+        assert copy is not None and len(copy) == 3, "the watch listed the pool's pods"
+
+        taken = await other.bind_warm(claim_contract("elsewhere"), SandboxPolicy(runtime_class=RUNC))
+        assert taken is not None
+        for _ in range(100):
+            if taken.name not in {p["metadata"]["name"] for p in mine.warm_pods.of_pool(run_ns, "p1") or []}:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"{taken.name}, bound by another worker, is still warm in this one's copy")
+
+        mine.kube.list = counted  # type: ignore[method-assign, assignment]
+        for name in ("here-1", "here-2"):
+            bound = await mine.bind_warm(claim_contract(name), SandboxPolicy(runtime_class=RUNC))
+            assert bound is not None and bound.name != taken.name
+            pod = await kube.get(path("v1", "pods", run_ns, bound.name))
+            assert pod["metadata"]["labels"]["ksquad.io/run"] == name
+        assert not [u for u in listed if "/pods" in u], "no claim listed the pool's pods"
+    finally:
+        mine.kube.list = list_pods  # type: ignore[method-assign]
+        await mine.close()
+        await other.close()
+
+
 async def ready_warm(
     kube: Kube, namespace: str, count: int, within: float = 90, pool: str = "p1"
 ) -> list[Any]:

@@ -175,6 +175,9 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ("ksquad-worker", "batch", "jobs", "delete"): lambda k, f: release(k, f, "cold"),
     ("ksquad-worker", "", "pods", "list"): lambda k, f: release(k, f, "cold"),
     ("ksquad-worker", "", "pods", "get"): lambda k, f: release(k, f, "warm"),
+    ("ksquad-worker", "", "pods", "watch"): (  # WarmPods._reflect: the pools' warm pods, watched
+        lambda k, f: first_event(k, path("v1", "pods", f.ns))
+    ),
     ("ksquad-worker", "", "pods", "patch"): claim_warm,
     ("ksquad-worker", "apps", "replicasets", "get"): claim_warm,
     ("ksquad-worker", "", "pods", "delete"): lambda k, f: release(k, f, "warm"),
