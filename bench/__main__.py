@@ -35,6 +35,10 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
         ["--temporal", "production"],
         ["--runs", "40", "--rates", "2,6,12", "--temporal", "production"],
     ),
+    "bridge_scale@production": (
+        ["--temporal", "production"],
+        ["--populations", "100,1000", "--probe", "20", "--temporal", "production"],
+    ),
     "overhead": ([], ["--runs", "20", "--batch", "10", "--rounds", "2"]),
     "throughput": ([], ["--runs", "60"]),
     # the same two on Temporal's production server (PostgreSQL persistence and visibility), side by side
@@ -78,6 +82,13 @@ ROWS: list[Row] = [
                 lambda d: dig(d, "throughput_batches", "ksquad_share_of_bare"),
                 ">= 0.8",
                 lambda v: v >= 0.8,
+            ),
+            (
+                f"overhead{server}",
+                "a run's history: events / workflow tasks",
+                lambda d: _values(d.get("what_a_run_does"), "history_events", "workflow_tasks"),
+                "",
+                None,
             ),
             (
                 f"throughput{server}",
@@ -237,6 +248,54 @@ ROWS: list[Row] = [
             ),
         )
     ),
+    *(
+        row
+        for population in ("100", "1000", "10000")
+        for row in (
+            (
+                "bridge_scale@production",
+                f"{population} Runs: apply -> phase / mirrored p99 (ms)",
+                (
+                    lambda key: (
+                        lambda d: (
+                            dig(d, key, "probe", "create_to_phase", "p99_ms"),
+                            dig(d, key, "probe", "state_change_to_mirrored", "p99_ms"),
+                        )
+                    )
+                )(f"{population}_runs"),
+                "<= 500 / 500",
+                lambda v: v[0] <= 500 and v[1] <= 500,
+            ),
+            (
+                "bridge_scale@production",
+                f"{population} Runs: bridge RSS MB / CPU ms a reconcile",
+                (
+                    lambda key: (
+                        lambda d: (
+                            dig(d, key, "bridge_rss_mb"),
+                            dig(d, key, "bridge_cpu_ms_per_reconcile"),
+                        )
+                    )
+                )(f"{population}_runs"),
+                "",
+                None,
+            ),
+            (
+                "bridge_scale@production",
+                f"{population} Runs: restart, s to reconcile all / CPU ms a Run",
+                (
+                    lambda key: (
+                        lambda d: (
+                            dig(d, key, "restart", "seconds_to_reconcile_all"),
+                            dig(d, key, "restart", "cpu_ms_per_run"),
+                        )
+                    )
+                )(f"{population}_runs"),
+                "",
+                None,
+            ),
+        )
+    ),
     (
         "sandbox_claims",
         "kwok: highest rate held (claims/s)",
@@ -340,7 +399,7 @@ def run(name: str, args: list[str]) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'benchmark':<22} {'figure':<44} {'value':>16} {'target':>14}  ok"]
+    lines = [f"{'benchmark':<24} {'figure':<58} {'value':>18} {'target':>16}  ok"]
     for name, figure, read, target, ok in ROWS:
         doc = results.get(name)
         if doc is None:
@@ -349,10 +408,15 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         shown = (
             doc.get("error", "-")
             if value is None
-            else (" / ".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}")
+            else (
+                " / ".join("-" if v is None else f"{v:g}" for v in value)
+                if isinstance(value, tuple)
+                else f"{value:g}"
+            )
         )
-        verdict = "" if ok is None or value is None else ("yes" if ok(value) else "NO")
-        lines.append(f"{name:<22} {figure:<44} {shown:>16} {target:>14}  {verdict}")
+        unknown = value is None or (isinstance(value, tuple) and None in value)
+        verdict = "" if ok is None or unknown else ("yes" if ok(value) else "NO")
+        lines.append(f"{name:<24} {figure:<58} {shown:>18} {target:>16}  {verdict}")
     return "\n".join(lines)
 
 

@@ -79,6 +79,8 @@ class Stack:
     # More of the worker's sandbox settings (activities.sandboxes.manifests.SandboxSettings, e.g.
     # release_timeout_seconds): set before the worker starts.
     sandbox_settings: dict[str, Any] = field(default_factory=dict)
+    # Each running component's health port (/healthz, /readyz, /metrics).
+    ports: dict[str, int] = field(default_factory=dict)
 
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True
@@ -176,6 +178,7 @@ class Stack:
         )
         self.processes[component] = process
         port = env["KSQUAD_HEALTH_PORT"]
+        self.ports[component] = int(port)
         async with httpx.AsyncClient() as http:
             for _ in range(300):
                 if process.poll() is not None:

@@ -1,0 +1,192 @@
+"""The bridge as Runs grow: ksquad deployed as the chart deploys it (bench.bridge's stack: bridge and worker as
+their own processes with the chart's ServiceAccounts), with the namespace's Runs grown to each population in turn
+(100, 1,000, 10,000 by default): nine in ten finished (Succeeded through the whole workflow, an already-running
+agent and the scripted model), one in ten paused (its credential answered 429 with a Retry-After of two hours).
+
+    python -m testbed.isolate python -m bench.bridge_scale [--populations 100,1000,10000] [--probe 100] [--rate 4]
+        [--temporal dev|production]
+
+At each population:
+- probe: `--probe` new Runs created at `--rate` per second, watched to the end: create → status.phase and state
+  change → mirrored, p50/p99 (bench.bridge's figures; targets p99 <= 500 ms);
+- the bridge's resident memory, and its CPU per reconcile over the probe (its /metrics: ksquad_reconciles);
+- a restart: the bridge killed and started again, the seconds until it has reconciled every Run it lists again,
+  and its CPU for that per Run.
+A bridge whose cost per Run watched is flat shows the same CPU per reconcile and the same latencies at every
+population, and memory growing by a constant per Run.
+"""
+
+import argparse
+import asyncio
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent.scripted_model import build_app
+from bench.bridge import TERMINAL, create_at_rate, measure, start_plane, start_remote_agent
+from bench.stats import cpu_seconds, report
+from dev.devserver import DevServer, ExternalTemporal
+from kube import Config, Kube, path
+from testbed.agents import ModelEndpoint
+from testbed.asgi import serving
+from testbed.embedded import TemporalKind, rss_mb, temporal_of_kind
+from testbed.stack import RUN_API, Stack, build_stack
+
+LIMITED_MODEL = "limited-model"
+PAUSED_SHARE = 0.1
+GROW_RATE = 12.0  # Runs created per second while growing a population (the machine completes ~10 a second)
+
+
+async def limited_agent(stack: Stack, admin: Kube) -> list[dict[str, Any]]:
+    """A second Agent on the remote agent, whose ModelEndpoint names the model that always answers 429."""
+    remote = await admin.get(path(RUN_API, "agents", stack.namespace, "remote"))
+    endpoint = {
+        "apiVersion": RUN_API,
+        "kind": "ModelEndpoint",
+        "metadata": {"name": "limited"},
+        "spec": {"url": stack.model.url, "model": LIMITED_MODEL},
+    }
+    spec = {**remote["spec"], "modelEndpointRef": "limited"}
+    return [
+        endpoint,
+        {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": "remote-limited"}, "spec": spec},
+    ]
+
+
+async def reconciles(stack: Stack) -> float:
+    """The bridge's reconciler passes so far, every result."""
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://127.0.0.1:{stack.ports['bridge']}/metrics", timeout=5)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("ksquad_reconciles_total{")
+    )
+
+
+async def settled(admin: Kube, url: str, within: float) -> Counter[str]:
+    """Wait until every Run of the namespace is finished or paused; their phases."""
+    deadline = time.monotonic() + within
+    while True:
+        items = (await admin.list(url))["items"]
+        phases = Counter((r.get("status") or {}).get("phase", "") for r in items)
+        if all(phase in TERMINAL or phase == "Paused" for phase in phases.elements()):
+            return phases
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Runs not settled within {within:.0f}s: {dict(phases)}")
+        await asyncio.sleep(max(2.0, len(items) / 1000))  # a list of 10,000 Runs is work for the API server
+
+
+async def grow(stack: Stack, admin: Kube, population: int) -> dict[str, Any]:
+    url = path(RUN_API, "runs", stack.namespace)
+    present = len((await admin.list(url, metadata_only=True))["items"])
+    bodies = {}
+    for i in range(present, population):
+        agent = "remote-limited" if i % round(1 / PAUSED_SHARE) == 0 else "remote"
+        bodies[f"bg-{i:05d}"] = {"spec": {"agents": [agent]}}
+    t0 = time.perf_counter()
+    await create_at_rate(admin, url, bodies, GROW_RATE, time.perf_counter)
+    phases = await settled(admin, url, within=600 + population)
+    return {"created": len(bodies), "seconds": round(time.perf_counter() - t0, 1), "phases": dict(phases)}
+
+
+async def restart(stack: Stack, admin: Kube) -> dict[str, Any]:
+    """The bridge killed and started again: how long until it has reconciled every Run it lists."""
+    url = path(RUN_API, "runs", stack.namespace)
+    runs = len((await admin.list(url, metadata_only=True))["items"])
+    stack.kill("bridge")
+    t0 = time.perf_counter()
+    await stack.start("bridge")
+    pid = stack.processes["bridge"].pid
+    while await reconciles(stack) < runs:
+        if time.perf_counter() - t0 > 600 + runs:
+            raise RuntimeError(
+                f"the bridge reconciled {await reconciles(stack)} of {runs} Runs after restart"
+            )
+        await asyncio.sleep(0.5)
+    seconds = time.perf_counter() - t0
+    cpu = cpu_seconds(pid)
+    return {
+        "runs": runs,
+        "seconds_to_reconcile_all": round(seconds, 1),
+        "cpu_ms_per_run": round(cpu * 1000 / runs, 2),
+        "rss_mb_after": round(rss_mb(pid), 1),
+    }
+
+
+async def at_population(
+    stack: Stack, admin: Kube, population: int, probe: int, rate: float
+) -> dict[str, Any]:
+    grown = await grow(stack, admin, population)
+    pid = stack.processes["bridge"].pid
+    cpu_before, passes_before = cpu_seconds(pid), await reconciles(stack)
+    probed = await measure(stack, admin, f"probe{population}", probe, rate)
+    passes = await reconciles(stack) - passes_before
+    cpu = cpu_seconds(pid) - cpu_before
+    return {
+        "grown": grown,
+        "bridge_rss_mb": round(rss_mb(pid), 1),
+        "probe": probed,
+        "bridge_cpu_ms_per_reconcile": round(cpu * 1000 / max(1.0, passes), 2),
+        "reconciles_during_probe": passes,
+        "restart": await restart(stack, admin),
+    }
+
+
+async def main(populations: list[int], probe: int, rate: float, temporal: TemporalKind) -> dict[str, Any]:
+    plane, state = start_plane()
+    state.load(
+        {"models": {"dev-model": [{"text": "done"}], LIMITED_MODEL: [{"error": 429, "retry_after": "7200"}]}}
+    )
+    results: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            async with (
+                temporal_of_kind(temporal, Path(tmp)) as address,
+                serving(build_app(state)) as model_url,
+                DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
+                Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
+            ):
+                stack = await build_stack(
+                    plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
+                )
+                agent = start_remote_agent(stack)
+                try:
+                    stack.apply(*await limited_agent(stack, admin))
+                    for population in sorted(populations):
+                        results[f"{population}_runs"] = await at_population(
+                            stack, admin, population, probe, rate
+                        )
+                finally:
+                    agent.terminate()
+                    agent.wait(10)
+                    stack.stop()
+    finally:
+        plane.stop()
+    return {
+        "temporal": temporal,
+        "paused_share": PAUSED_SHARE,
+        "probe_runs": probe,
+        "probe_rate": rate,
+        "targets_ms": {"create_to_phase": {"p50": 100, "p99": 500}, "state_change_to_mirrored": {"p99": 500}},
+        **results,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--populations", default="100,1000,10000", help="Runs in the namespace, one measurement each"
+    )
+    parser.add_argument("--probe", type=int, default=100, help="Runs created and measured at each population")
+    parser.add_argument("--rate", type=float, default=4.0, help="the probe's creations per second")
+    parser.add_argument("--temporal", choices=["dev", "production"], default="dev")
+    args = parser.parse_args()
+    pops = [int(p) for p in args.populations.split(",")]
+    report("bridge_scale", asyncio.run(main(pops, args.probe, args.rate, args.temporal)))
