@@ -83,7 +83,7 @@ async def settled(admin: Kube, url: str, within: float) -> Counter[str]:
 
 async def grow(stack: Stack, admin: Kube, population: int) -> dict[str, Any]:
     url = path(RUN_API, "runs", stack.namespace)
-    present = len((await admin.list(url, metadata_only=True))["items"])
+    present = len((await admin.list(url, metadata_only=True))["items"] or [])
     bodies = {}
     for i in range(present, population):
         agent = "remote-limited" if i % round(1 / PAUSED_SHARE) == 0 else "remote"
@@ -97,7 +97,7 @@ async def grow(stack: Stack, admin: Kube, population: int) -> dict[str, Any]:
 async def restart(stack: Stack, admin: Kube) -> dict[str, Any]:
     """The bridge killed and started again: how long until it has reconciled every Run it lists."""
     url = path(RUN_API, "runs", stack.namespace)
-    runs = len((await admin.list(url, metadata_only=True))["items"])
+    runs = len((await admin.list(url, metadata_only=True))["items"] or [])
     stack.kill("bridge")
     t0 = time.perf_counter()
     await stack.start("bridge")
