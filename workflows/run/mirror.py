@@ -54,10 +54,7 @@ class StatusMirror:
         message: str,
         pause_reason: PauseReason | None = None,
         resume_at: datetime | None = None,
-        send: bool = True,
     ) -> None:
-        """Change the phase. With `send` False the status is kept (and in the search attributes) but sent only
-        with the next change."""
         now = workflow.now()
         left, since = self.status.phase, self._phase_since
         self.status = transition(
@@ -77,7 +74,7 @@ class StatusMirror:
         self._unsent_events.append(
             PhaseEvent(revision=self.status.revision, phase=phase, reason=reason, message=message, at=now)
         )
-        self._publish(send)
+        self._publish()
 
     def condition(self, kind: ConditionType, ok: bool, reason: str, message: str) -> None:
         """Set a condition; it is sent with the next phase change."""
@@ -96,11 +93,11 @@ class StatusMirror:
                 "status revision %d not mirrored yet; the bridge reconciles it", self.status.revision
             )
 
-    def _publish(self, send: bool = True) -> None:
+    def _publish(self) -> None:
         if self.status.revision <= self._mirrored_revision:
             return
         self._upsert_search_attributes()
-        if send and (self._task is None or self._task.done()):
+        if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._send())
 
     async def _send(self) -> None:

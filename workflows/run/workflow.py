@@ -77,8 +77,6 @@ _AGENT_ERRORS = {e.value for e in AgentError}
 # Outputs are published by a local activity (one short write: a ConfigMap, or nothing embedded); runs that
 # scheduled it as an activity before replay as they ran.
 LOCAL_PUBLISH_PATCH = "publish-outputs-local"
-# A new run's first status (Pending) is sent with its next change; runs that sent it alone replay as they ran.
-CREATED_STATUS_DEFERRED_PATCH = "created-status-deferred"
 
 
 @workflow.defn(name="RunWorkflow")
@@ -178,15 +176,7 @@ class RunWorkflow:
         info = workflow.info()
         self.status.workflow = WorkflowRef(id=info.workflow_id, run_id=info.run_id)
         if input.carry is None:
-            # The first status goes with the next change: the bridge showed Pending as it started this workflow,
-            # and resolving the references is the bridge's own activity, so a status sent before the resolution
-            # could show nothing the bridge could not. One bridge activity saved on every run.
-            self.mirror.move(
-                Phase.PENDING,
-                reason="Created",
-                message="resolving references",
-                send=not workflow.patched(CREATED_STATUS_DEFERRED_PATCH),
-            )
+            self.mirror.move(Phase.PENDING, reason="Created", message="resolving references")
         try:
             await self._lifecycle()
         except (asyncio.CancelledError, Interrupted) as err:
