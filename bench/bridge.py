@@ -19,13 +19,14 @@ machine cannot sustain shows as queueing in the latencies.
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,54 +49,62 @@ STATUS_P99_MS = 500
 T = TypeVar("T")
 
 
+@contextlib.asynccontextmanager
+async def remote_stack(
+    plane: ControlPlane, state: ScriptedModel, temporal: TemporalKind, root: Path
+) -> AsyncIterator[tuple[Stack, Kube]]:
+    """Temporal of `temporal`'s kind, the scripted model, ksquad as the chart deploys it on `plane`, and the agent
+    server as a long-lived process behind the Agent `remote` (start_remote_agent); all stopped after."""
+    async with (
+        temporal_of_kind(temporal, root) as address,
+        serving(build_app(state)) as model_url,
+        DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
+        Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
+    ):
+        stack = await build_stack(plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, root)
+        agent = start_remote_agent(stack)
+        try:
+            yield stack, admin
+        finally:
+            agent.terminate()
+            agent.wait(10)
+            stack.stop()
+
+
 async def main(runs: int, rates: list[float], temporal: TemporalKind = "dev") -> None:
     plane, state = start_plane()
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            async with (
-                temporal_of_kind(temporal, Path(tmp)) as address,
-                serving(build_app(state)) as model_url,
-                DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
-                Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
-            ):
-                stack = await build_stack(
-                    plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
-                )
+            async with remote_stack(plane, state, temporal, Path(tmp)) as (stack, admin):
                 pids = {
                     "worker": stack.processes["worker"].pid,
                     "bridge": stack.processes["bridge"].pid,
                     "kube-apiserver": plane.processes["kube-apiserver"].pid,
                     "etcd": plane.processes["etcd"].pid,
                 }
-                agent = start_remote_agent(stack)
-                try:
-                    for rate in rates:
-                        before, busy = {name: cpu_seconds(pid) for name, pid in pids.items()}, machine_ticks()
-                        roles = cpu_by_role()
-                        phase = await measure(stack, admin, f"r{rate:g}".replace(".", "-"), runs, rate)
-                        phase["machine_busy"] = round(busy_fraction(busy, machine_ticks()), 2)
-                        after = cpu_by_role()
-                        phase["cpu_seconds"] = {
-                            **{name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()},
-                            # Temporal (and its PostgreSQL) by role: the dev server, or the production server
-                            **{
-                                role: round(after[role] - roles.get(role, 0.0), 2)
-                                for role in ("temporal", "postgresql")
-                                if role in after
-                            },
-                        }
-                        results[f"{rate:g}_runs_per_second"] = phase
-                        if phase["phases"].get("Succeeded") != runs:
-                            print(
-                                f"bridge log:\n{stack.log('bridge')[-4000:]}\n"
-                                f"worker log:\n{stack.log('worker')[-4000:]}",
-                                file=sys.stderr,
-                            )
-                finally:
-                    agent.terminate()
-                    agent.wait(10)
-                    stack.stop()
+                for rate in rates:
+                    before, busy = {name: cpu_seconds(pid) for name, pid in pids.items()}, machine_ticks()
+                    roles = cpu_by_role()
+                    phase = await measure(stack, admin, f"r{rate:g}".replace(".", "-"), runs, rate)
+                    phase["machine_busy"] = round(busy_fraction(busy, machine_ticks()), 2)
+                    after = cpu_by_role()
+                    phase["cpu_seconds"] = {
+                        **{name: round(cpu_seconds(pid) - before[name], 2) for name, pid in pids.items()},
+                        # Temporal (and its PostgreSQL) by role: the dev server, or the production server
+                        **{
+                            role: round(after[role] - roles.get(role, 0.0), 2)
+                            for role in ("temporal", "postgresql")
+                            if role in after
+                        },
+                    }
+                    results[f"{rate:g}_runs_per_second"] = phase
+                    if phase["phases"].get("Succeeded") != runs:
+                        print(
+                            f"bridge log:\n{stack.log('bridge')[-4000:]}\n"
+                            f"worker log:\n{stack.log('worker')[-4000:]}",
+                            file=sys.stderr,
+                        )
     finally:
         plane.stop()
     report(

@@ -26,15 +26,11 @@ from typing import Any
 
 import httpx
 
-from agent.scripted_model import build_app
-from bench.bridge import TERMINAL, create_at_rate, measure, start_plane, start_remote_agent
+from bench.bridge import TERMINAL, create_at_rate, measure, remote_stack, start_plane
 from bench.stats import cpu_seconds, report
-from dev.devserver import DevServer, ExternalTemporal
-from kube import Config, Kube, path
-from testbed.agents import ModelEndpoint
-from testbed.asgi import serving
-from testbed.embedded import TemporalKind, rss_mb, temporal_of_kind
-from testbed.stack import RUN_API, Stack, build_stack
+from kube import Kube, path
+from testbed.embedded import TemporalKind, rss_mb
+from testbed.stack import RUN_API, Stack
 
 LIMITED_MODEL = "limited-model"
 PAUSED_SHARE = 0.1
@@ -145,26 +141,10 @@ async def main(populations: list[int], probe: int, rate: float, temporal: Tempor
     results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            async with (
-                temporal_of_kind(temporal, Path(tmp)) as address,
-                serving(build_app(state)) as model_url,
-                DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
-                Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
-            ):
-                stack = await build_stack(
-                    plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
-                )
-                agent = start_remote_agent(stack)
-                try:
-                    stack.apply(*await limited_agent(stack, admin))
-                    for population in sorted(populations):
-                        results[f"{population}_runs"] = await at_population(
-                            stack, admin, population, probe, rate
-                        )
-                finally:
-                    agent.terminate()
-                    agent.wait(10)
-                    stack.stop()
+            async with remote_stack(plane, state, temporal, Path(tmp)) as (stack, admin):
+                stack.apply(*await limited_agent(stack, admin))
+                for population in sorted(populations):
+                    results[f"{population}_runs"] = await at_population(stack, admin, population, probe, rate)
     finally:
         plane.stop()
     return {

@@ -31,7 +31,7 @@ from crd_bridge.resources import (
     TRIGGERED_BY_ANNOTATION,
 )
 from crd_bridge.settings import BridgeSettings
-from kube import ApiError, Kube, Unreachable
+from kube import ApiError, Kube, reflect
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
@@ -58,7 +58,6 @@ class RunReconciler:
         self.pending: dict[str, dict[str, Any]] = {}  # key -> the newest object seen
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.busy: set[str] = set()
-        self.relists = 0
 
     # --- watching -----------------------------------------------------------------------------------------
 
@@ -76,36 +75,16 @@ class RunReconciler:
                 worker.cancel()
 
     async def _watch(self, url: str) -> None:
-        backoff = 0.5
-        while True:
-            try:
-                listed = await self.kube.list(url)
-                for item in listed.get("items") or []:
-                    self.bridge.saw(item)
-                    self.enqueue(item)
-                version = listed["metadata"]["resourceVersion"]
-                backoff = 0.5
-                while version is not None:
-                    version = await self._follow(url, version)
-                self.relists += 1  # the version expired (410 Gone): list again
-            except (Unreachable, ApiError) as err:
-                log.warning("watching runs: %s; again in %.1fs", err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+        def listed(runs: list[dict[str, Any]]) -> None:
+            for run in runs:
+                self.bridge.saw(run)
+                self.enqueue(run)
 
-    async def _follow(self, url: str, version: str) -> str | None:
-        """Watch from `version`; return the version to go on from, None when it is gone."""
-        async for event in self.kube.watch(url, resource_version=version):
-            kind, obj = event["type"], event["object"]
-            if kind == "ERROR":
-                if obj.get("code") == 410:
-                    return None
-                raise ApiError(int(obj.get("code", 500)), obj.get("reason", ""), obj.get("message", ""))
-            version = obj["metadata"]["resourceVersion"]
-            if kind != "BOOKMARK":
-                self.bridge.saw(obj, deleted=kind == "DELETED")
-                self.enqueue(obj)
-        return version
+        def changed(kind: str, run: dict[str, Any]) -> None:
+            self.bridge.saw(run, deleted=kind == "DELETED")
+            self.enqueue(run)
+
+        await reflect(self.kube, url, listed, changed)
 
     def enqueue(self, run: dict[str, Any]) -> None:
         key = f"{run['metadata']['namespace']}/{run['metadata']['name']}"
