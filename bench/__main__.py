@@ -1,10 +1,13 @@
 """`make bench` (`python -m bench`): every benchmark, each in its own process (each starts its own servers),
 into `bench/results/<date>.json`, then a short table of the headline figures against DESIGN.md's targets.
 
-    python -m bench [--quick] [--only overhead,paused]
+    python -m bench [--quick] [--only overhead,paused] [--resume bench/results/<date>.json]
 
-`--quick` runs each with small counts (minutes, not the hour and a half of the full set: the paused-scale run
-of 10,000 Runs alone takes more than an hour); the report says which counts were used.
+`--quick` runs each with small counts (minutes, not the four hours of the full set: each paused-scale run of
+10,000 Runs takes about an hour, and so does growing the bridge's namespace to 10,000 Runs); the report says
+which counts were used. The results file is written again after each benchmark, with the commit measured, so
+a full run stopped part way keeps what it measured; `--resume` continues it, at the same commit and with a clean
+tree only (a figure is of one commit), running the benchmarks it has no result for or whose run failed.
 """
 
 import argparse
@@ -16,6 +19,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.stats import commit_of
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -426,17 +431,34 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run of every benchmark")
     parser.add_argument("--only", help="comma-separated benchmark names")
+    parser.add_argument("--resume", type=Path, help="a results file of this commit to continue")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(BENCHMARKS)
-    results: dict[str, dict[str, Any]] = {}
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"unknown benchmarks {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
+    commit = commit_of(Path(__file__).parents[1])
+    if args.resume:
+        doc = json.loads(args.resume.read_text())
+        if doc.get("commit") != commit or commit.endswith("-dirty") or doc.get("quick") != args.quick:
+            parser.error(
+                f"{args.resume} measured {doc.get('commit')} (quick: {doc.get('quick')}); this is {commit} "
+                f"(quick: {args.quick}): a run continues only at its own commit, with a clean tree"
+            )
+        out, stamp, results = args.resume, doc["at"], doc["results"]
+    else:
+        RESULTS.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
+        out, results = RESULTS / f"{stamp}{'-quick' if args.quick else ''}.json", {}
     for name in names:
+        if name in results and "error" not in results[name]:
+            print(f"bench.{name}: measured already", file=sys.stderr, flush=True)
+            continue
         full, quick = BENCHMARKS[name]
         print(f"bench.{name} ...", file=sys.stderr, flush=True)
         results[name] = run(name, quick if args.quick else full)
-    RESULTS.mkdir(exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H%M%SZ")
-    out = RESULTS / f"{stamp}{'-quick' if args.quick else ''}.json"
-    out.write_text(json.dumps({"at": stamp, "quick": args.quick, "results": results}, indent=2) + "\n")
+        document = {"at": stamp, "commit": commit, "quick": args.quick, "results": results}
+        out.write_text(json.dumps(document, indent=2) + "\n")
     print(table(results))
     print(f"\nfull results: {out}")
 

@@ -161,13 +161,14 @@ def holding_range(results: dict[str, Any], held: Callable[[dict[str, Any]], bool
 async def create_at_rate(
     kube: Kube, url: str, bodies: dict[str, dict[str, Any]], rate: float, stamp: Callable[[], T]
 ) -> dict[str, T]:
-    """Create the Runs of `bodies` (name -> object) one after another at `rate` per second; when each request
-    went out, by `stamp`."""
+    """Create the Runs of `bodies` (name -> object, its metadata beside the name) one after another at `rate` per
+    second; when each request went out, by `stamp`."""
     created: dict[str, T] = {}
     started = time.perf_counter()
     for i, (name, body) in enumerate(bodies.items()):
         created[name] = stamp()
-        await kube.create(url, {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": name}, **body})
+        metadata = {"name": name, **body.get("metadata", {})}
+        await kube.create(url, {"apiVersion": RUN_API, "kind": "Run", **body, "metadata": metadata})
         await asyncio.sleep(max(0.0, started + (i + 1) / rate - time.perf_counter()))
     return created
 

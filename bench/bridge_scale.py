@@ -18,6 +18,7 @@ population, and memory growing by a constant per Run.
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -29,25 +30,48 @@ import httpx
 from bench.bridge import TERMINAL, create_at_rate, measure, remote_stack, start_plane
 from bench.stats import cpu_seconds, report
 from kube import Kube, path
+from testbed.agents import MODEL_KEY
 from testbed.embedded import TemporalKind, rss_mb
 from testbed.stack import RUN_API, Stack
 
 LIMITED_MODEL = "limited-model"
+LIMITED_SECRET = "limited-model-key"
 PAUSED_SHARE = 0.1
-GROW_RATE = 12.0  # Runs created per second while growing a population (the machine completes ~10 a second)
+# Growing goes at the stack's own pace: a chunk of Runs is created (at most GROW_RATE a second), then waited for
+# until each is finished or paused, then the next. Creating at a fixed rate outran the stack (it starts ~3 whole
+# runs a second here), and a backlog of thousands of Pending Runs measures the backlog, not the population.
+GROW_RATE = 12.0
+GROW_CHUNK = 250
+CHUNK_LABEL = "bench.ksquad.io/chunk"
 
 
 async def limited_agent(stack: Stack, admin: Kube) -> list[dict[str, Any]]:
-    """A second Agent on the remote agent, whose ModelEndpoint names the model that always answers 429."""
+    """A second Agent on the remote agent, whose ModelEndpoint names the model that always answers 429, with a
+    credential of its own: throttling is per credential, and a limit on the first Agent's would pause every Run."""
     remote = await admin.get(path(RUN_API, "agents", stack.namespace, "remote"))
+    secret = await admin.get(path("v1", "secrets", stack.namespace, "model-key"))
+    mounted = (
+        stack.root / "remote-secrets" / stack.namespace / LIMITED_SECRET / "apiKey"
+    )  # the remote agent's copy
+    mounted.parent.mkdir(parents=True, exist_ok=True)
+    mounted.write_text(MODEL_KEY)
     endpoint = {
         "apiVersion": RUN_API,
         "kind": "ModelEndpoint",
         "metadata": {"name": "limited"},
         "spec": {"url": stack.model.url, "model": LIMITED_MODEL},
     }
-    spec = {**remote["spec"], "modelEndpointRef": "limited"}
+    spec = {**remote["spec"], "modelEndpointRef": "limited", "credentialSecretRef": {"name": LIMITED_SECRET}}
     return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": LIMITED_SECRET,
+                **{k: secret["metadata"][k] for k in ("labels", "annotations")},
+            },
+            "stringData": {"apiKey": MODEL_KEY},
+        },
         endpoint,
         {"apiVersion": RUN_API, "kind": "Agent", "metadata": {"name": "remote-limited"}, "spec": spec},
     ]
@@ -64,30 +88,44 @@ async def reconciles(stack: Stack) -> float:
     )
 
 
-async def settled(admin: Kube, url: str, within: float) -> Counter[str]:
-    """Wait until every Run of the namespace is finished or paused; their phases."""
+async def settled(admin: Kube, url: str, labels: str, within: float) -> Counter[str]:
+    """Wait until every Run `labels` selects is finished or paused; their phases."""
     deadline = time.monotonic() + within
     while True:
-        items = (await admin.list(url))["items"]
+        items = (await admin.list(url, labels=labels))["items"]
         phases = Counter((r.get("status") or {}).get("phase", "") for r in items)
         if all(phase in TERMINAL or phase == "Paused" for phase in phases.elements()):
             return phases
         if time.monotonic() > deadline:
-            raise RuntimeError(f"Runs not settled within {within:.0f}s: {dict(phases)}")
-        await asyncio.sleep(max(2.0, len(items) / 1000))  # a list of 10,000 Runs is work for the API server
+            raise RuntimeError(f"Runs ({labels}) not settled within {within:.0f}s: {dict(phases)}")
+        await asyncio.sleep(2.0)
 
 
 async def grow(stack: Stack, admin: Kube, population: int) -> dict[str, Any]:
     url = path(RUN_API, "runs", stack.namespace)
     present = len((await admin.list(url, metadata_only=True))["items"] or [])
-    bodies = {}
-    for i in range(present, population):
-        agent = "remote-limited" if i % round(1 / PAUSED_SHARE) == 0 else "remote"
-        bodies[f"bg-{i:05d}"] = {"spec": {"agents": [agent]}}
     t0 = time.perf_counter()
-    await create_at_rate(admin, url, bodies, GROW_RATE, time.perf_counter)
-    phases = await settled(admin, url, within=600 + population)
-    return {"created": len(bodies), "seconds": round(time.perf_counter() - t0, 1), "phases": dict(phases)}
+    phases: Counter[str] = Counter()
+    for start in range(present, population, GROW_CHUNK):
+        chunk = f"{population}-{start}"
+        bodies = {}
+        for i in range(start, min(population, start + GROW_CHUNK)):
+            agent = "remote-limited" if i % round(1 / PAUSED_SHARE) == 0 else "remote"
+            bodies[f"bg-{i:05d}"] = {
+                "metadata": {"labels": {CHUNK_LABEL: chunk}},
+                "spec": {"agents": [agent]},
+            }
+        await create_at_rate(admin, url, bodies, GROW_RATE, time.perf_counter)
+        phases += await settled(admin, url, f"{CHUNK_LABEL}={chunk}", within=600)
+        print(f"bridge_scale: {start + len(bodies)} of {population} Runs", file=sys.stderr, flush=True)
+    seconds = time.perf_counter() - t0
+    created = population - present
+    return {
+        "created": created,
+        "seconds": round(seconds, 1),
+        "runs_per_second": round(created / seconds, 2) if created else None,
+        "phases": dict(phases),
+    }
 
 
 async def restart(stack: Stack, admin: Kube) -> dict[str, Any]:

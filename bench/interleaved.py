@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from bench.stats import report
+from bench.stats import commit_of, report
 
 ROOT = Path(__file__).parents[1]
 FIGURES = [
@@ -30,12 +30,6 @@ FIGURES = [
     "1_worker.cpu_ms_per_run.postgresql",
     "1_worker.runs_per_second",
 ]
-
-
-def commit_of(tree: Path) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def run_in(tree: Path, benchmark: str, arguments: list[str]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,6 +36,17 @@ def report(name: str, results: dict[str, Any]) -> None:
         **results,
     }
     print(json.dumps(doc, indent=2))
+
+
+def commit_of(tree: Path) -> str:
+    """The commit checked out in `tree`, with "-dirty" when its tracked files have changes."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=tree, capture_output=True, text=True
+    ).stdout.strip()
+    return f"{commit}-dirty" if changed else commit
 
 
 def _cpus() -> int:
