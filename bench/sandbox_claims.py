@@ -100,11 +100,11 @@ def worker_settings(docs: list[dict[str, Any]]) -> SandboxSettings:
     return SandboxSettings.model_validate(yaml.safe_load(config["data"]["sandbox.yaml"]))
 
 
-async def make_runs(admin: Kube, prefix: str, count: int) -> list[RunIdentity]:
+async def make_runs(admin: Kube, prefix: str, count: int, namespace: str = NAMESPACE) -> list[RunIdentity]:
     """The Runs the claims are for, made before the clock starts: a claimed pod is owned by its Run (a pod whose
     owner does not exist would be collected by the garbage collector, work no real claim causes). No bridge runs:
     they are objects only."""
-    url = path(RUN_API, "runs", NAMESPACE)
+    url = path(RUN_API, "runs", namespace)
     gate = asyncio.Semaphore(16)
 
     async def make(i: int) -> RunIdentity:
@@ -112,7 +112,7 @@ async def make_runs(admin: Kube, prefix: str, count: int) -> list[RunIdentity]:
         body = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": name}, "spec": {"agents": ["a"]}}
         async with gate:
             made = await admin.create(url, body)
-        return RunIdentity(namespace=NAMESPACE, name=name, uid=made["metadata"]["uid"], attempt=1, fence=1)
+        return RunIdentity(namespace=namespace, name=name, uid=made["metadata"]["uid"], attempt=1, fence=1)
 
     return list(await asyncio.gather(*(make(i) for i in range(count))))
 

@@ -2,7 +2,8 @@
 
     python -m testbed.isolate python -m bench.sandboxes [--runs N]     (make bench runs it so)
 
-Warm: one guarded label patch on a ready pool pod (plus the list that finds it). Cold: create a Job, wait for
+Warm: one guarded label patch on a ready pod of the chart's pool, as the worker's ServiceAccount (the pool's
+ReplicaSet read, the pod taken from the worker's watch of the pool). Cold: create a Job, wait for
 its pod to be scheduled, started and ready. Both measured in the same run on the same control plane; the
 pool is refilled between warm claims so each finds a ready pod. Prints JSON with p50, p99 and cold/warm.
 """
@@ -14,25 +15,26 @@ import time
 
 import yaml
 
-from activities.sandboxes import KubernetesSandboxes, PoolRef, SandboxSettings, pod_ready
+from activities.sandboxes import KubernetesSandboxes, pod_ready
+from bench.bridge import CRDS
+from bench.sandbox_claims import make_runs, worker_settings
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
+from testbed import chart
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
+from testbed.stack import apply_chart_rbac, service_account_kubeconfig
 from workflows.activity_types import RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy
 
 NS = "bench"
+POOL = "b"
 
 
-def contract(i: int) -> ExecutionContract:
+def contract(run: RunIdentity) -> ExecutionContract:
     model = ModelRef(name="m", url="http://127.0.0.1:9/v1")
-    return ExecutionContract(
-        run=RunIdentity(namespace=NS, name=f"b{i}", uid=f"uid-b{i}", attempt=1, fence=1),
-        agent=ResolvedAgent(name="a", model=model),
-        model=model,
-    )
+    return ExecutionContract(run=run, agent=ResolvedAgent(name="a", model=model), model=model)
 
 
 async def main(runs: int) -> None:
@@ -40,81 +42,50 @@ async def main(runs: int) -> None:
     plane.start()
     plane.start_node()
     try:
-        plane.kubectl("create", "namespace", NS)
-        plane.wait_for_default_service_account(NS)
-        plane.kubectl("create", "serviceaccount", "ksquad-sandbox", "-n", NS)
         plane.add_runtime_classes()
-        pool = {
-            "apiVersion": "apps/v1",
-            "kind": "ReplicaSet",
-            "metadata": {
-                "name": "ksquad-pool-b",
-                "namespace": NS,
-            },  # a pool the worker knows (settings.pools)
-            "spec": {
-                "replicas": 3,
-                "selector": {"matchLabels": {"ksquad.io/state": "warm", "ksquad.io/pool": "b"}},
-                "template": {
-                    "metadata": {
-                        "labels": {
-                            "ksquad.io/state": "warm",
-                            "ksquad.io/pool": "b",
-                            "ksquad.io/runtime-class": "gvisor",
-                        }
-                    },
-                    "spec": {
-                        "runtimeClassName": "gvisor",  # what the label says, and the Run asks for
-                        "containers": [
-                            {
-                                "name": "agent",
-                                "image": AGENT_IMAGE,
-                                "command": ["ksquad-agent"],
-                                "args": ["--host", "$(POD_IP)", "--port", "8080"],
-                                "env": [
-                                    {
-                                        "name": "POD_IP",
-                                        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
-                                    }
-                                ],
-                                "readinessProbe": {
-                                    "httpGet": {"path": "/readyz", "port": 8080},
-                                    "periodSeconds": 1,
-                                },
-                            }
-                        ],
-                    },
-                },
-            },
+        plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+        # The chart's pool and RBAC: claims are checked against the pool's template, and the worker claims as
+        # its ServiceAccount.
+        values = {
+            "sandbox": {"image": AGENT_IMAGE},
+            "pools": [{"name": POOL, "namespace": NS, "replicas": 3}],
         }
-        plane.kubectl("apply", "-f", "-", input=yaml.safe_dump(pool))
-        async with Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as kube:
-            sandboxes = KubernetesSandboxes(
-                kube,
-                SandboxSettings(
-                    image=AGENT_IMAGE,
-                    poll_seconds=0.05,
-                    run_as_user=65532,
-                    pools=[PoolRef(name="b", namespace=NS)],
-                ),
-            )
+        apply_chart_rbac(plane, NS, values)
+        docs = chart.render({**values, "namespaces": [NS]})
+        plane.kubectl(
+            "apply", "-f", "-", input=yaml.safe_dump_all([d for d in docs if d["kind"] == "ReplicaSet"])
+        )
+        worker = service_account_kubeconfig(plane, "ksquad-worker", NS)
+        async with (
+            Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
+            Kube(Config.from_kubeconfig(worker)) as kube,
+        ):
+            owners = await make_runs(admin, "b", 2 * runs, NS)  # a sandbox is owned by its Run
+            sandboxes = KubernetesSandboxes(kube, worker_settings(docs))
             warm, cold = [], []
-            for i in range(runs):
-                await wait_warm(kube, 3)
-                c = contract(i)
-                t0 = time.perf_counter()
-                bound = await sandboxes.bind_warm(c, SandboxPolicy())
-                warm.append((time.perf_counter() - t0) * 1000)
-                assert bound is not None
-                t0 = time.perf_counter()
-                made = await sandboxes.start_cold(
-                    SandboxRequest(
-                        contract=contract(runs + i), policy=SandboxPolicy(class_="batch"), timeout_seconds=60
+            try:
+                for i in range(runs):
+                    await wait_warm(admin, 3)
+                    warm_owner, cold_owner = owners[2 * i], owners[2 * i + 1]
+                    t0 = time.perf_counter()
+                    bound = await sandboxes.bind_warm(contract(warm_owner), SandboxPolicy())
+                    warm.append((time.perf_counter() - t0) * 1000)
+                    assert bound is not None, f"no warm pod bound for claim {i}"
+                    t0 = time.perf_counter()
+                    made = await sandboxes.start_cold(
+                        SandboxRequest(
+                            contract=contract(cold_owner),
+                            policy=SandboxPolicy(class_="batch"),
+                            timeout_seconds=60,
+                        )
                     )
-                )
-                cold.append((time.perf_counter() - t0) * 1000)
-                for sandbox, owner in ((bound, c), (made, contract(runs + i))):
-                    run = RunRef(namespace=NS, name=owner.run.name, uid=owner.run.uid)
-                    await sandboxes.release(SandboxRelease(run=run, sandbox=sandbox, confirm=False))
+                    cold.append((time.perf_counter() - t0) * 1000)
+                    for sandbox, owner in ((bound, warm_owner), (made, cold_owner)):
+                        run = RunRef(namespace=NS, name=owner.name, uid=owner.uid)
+                        await sandboxes.release(SandboxRelease(run=run, sandbox=sandbox, confirm=False))
+            finally:
+                await sandboxes.close()
     finally:
         plane.stop()
     w, c_ = percentiles(warm), percentiles(cold)
