@@ -6,8 +6,9 @@ into `bench/results/<date>.json`, then a short table of the headline figures aga
 `--quick` runs each with small counts (minutes, not the four hours of the full set: each paused-scale run of
 10,000 Runs takes about an hour, and so does growing the bridge's namespace to 10,000 Runs); the report says
 which counts were used. The results file is written again after each benchmark, with the commit measured, so
-a full run stopped part way keeps what it measured; `--resume` continues it, at the same commit and with a clean
-tree only (a figure is of one commit), running the benchmarks it has no result for or whose run failed.
+a full run stopped part way keeps what it measured; `--resume` continues it (the benchmarks it has no result for, or
+whose run failed), from a clean tree whose product is the one measured (only bench/ and the docs may differ);
+each benchmark's result names its commit.
 """
 
 import argparse
@@ -22,7 +23,10 @@ from typing import Any
 
 from bench.stats import commit_of
 
-RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "bench" / "results"
+# What may differ between the commits of one run's benchmarks (--resume): not the product.
+SAME_PRODUCT = ("bench", "docs", "README.md")
 
 # name -> (full arguments, quick arguments)
 BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
@@ -425,6 +429,27 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def resume_refusal(measured: str, commit: str, same_counts: bool) -> str | None:
+    """Why a run measured at `measured` may not be continued at `commit` (None: it may). A figure is of one
+    product: the two commits may differ only in the benchmarks and the docs, each with a clean tree."""
+    if not same_counts:
+        return "it was measured with other counts (--quick or not)"
+    if measured.endswith("-dirty") or commit.endswith("-dirty"):
+        return f"measured at {measured}, this tree is {commit}: a run continues only from clean trees"
+    changed = subprocess.run(
+        ["git", "diff", "--name-only", measured, commit, "--", ".", *(f":!{p}" for p in SAME_PRODUCT)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if changed.returncode != 0:
+        return f"cannot compare {measured} with {commit}: {changed.stderr.strip()}"
+    if changed.stdout.strip():
+        files = ", ".join(changed.stdout.split()[:5])
+        return f"the product changed between {measured} and {commit} ({files}): start a new run"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -437,14 +462,12 @@ def main() -> None:
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmarks {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
-    commit = commit_of(Path(__file__).parents[1])
+    commit = commit_of(ROOT)
     if args.resume:
         doc = json.loads(args.resume.read_text())
-        if doc.get("commit") != commit or commit.endswith("-dirty") or doc.get("quick") != args.quick:
-            parser.error(
-                f"{args.resume} measured {doc.get('commit')} (quick: {doc.get('quick')}); this is {commit} "
-                f"(quick: {args.quick}): a run continues only at its own commit, with a clean tree"
-            )
+        refusal = resume_refusal(doc.get("commit", ""), commit, doc.get("quick") == args.quick)
+        if refusal:
+            parser.error(f"{args.resume}: {refusal}")
         out, stamp, results = args.resume, doc["at"], doc["results"]
     else:
         RESULTS.mkdir(exist_ok=True)
@@ -456,7 +479,7 @@ def main() -> None:
             continue
         full, quick = BENCHMARKS[name]
         print(f"bench.{name} ...", file=sys.stderr, flush=True)
-        results[name] = run(name, quick if args.quick else full)
+        results[name] = {**run(name, quick if args.quick else full), "commit": commit}
         document = {"at": stamp, "commit": commit, "quick": args.quick, "results": results}
         out.write_text(json.dumps(document, indent=2) + "\n")
     print(table(results))
