@@ -8,6 +8,8 @@
     GET  /runs/{namespace}/{name}/artifacts/{artifact}   an artifact's content, as the agent made it
     *    /items/{namespace}[/{id}[/events|/comments|/state]]   work items and their entries (api/items.py)
     GET  /usage?by=credential|namespace|person|model[&namespace=NS][&since=T][&until=T]   model usage (api/usage.py)
+    *    /console/...                         the console for people (api/console/app.py), as each person
+    GET|POST /console/signin                  a token sign-in, for a console with no authenticating proxy in front
 
 Who may call what:
 - the codec: the shared codec token (`Authorization: Bearer <token>`, or the cookie set by /codec/login), or a
@@ -20,7 +22,9 @@ Who may call what:
   group ksquad.io in the item's namespace (the chart's aggregated roles grant them beside Runs); a person writes
   as that user;
 - usage: a bearer token the API server accepts, whose user may `list` Runs in the namespace asked (cluster-wide
-  when none is).
+  when none is);
+- the console: the person's own token, from an authenticating proxy (`Authorization: Bearer`) or the token
+  sign-in's sealed cookie; the API server answers its Run reads and writes as that person (api/console/cluster.py).
 Answers: 401 without credentials (or with ones the API server refuses), 403 when RBAC says no, 404 for a Run
 that does not exist, 503 when the store or the API server does not answer. Health and metrics are on their own
 port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /metrics.
@@ -34,6 +38,11 @@ Settings, from the environment (the chart sets them):
   KSQUAD_API_LISTEN_PORT       the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
   KSQUAD_API_TLS_CERT_FILE, KSQUAD_API_TLS_KEY_FILE   serve HTTPS (the UI sends its access token only to https)
   KSQUAD_ITEM_TOKEN_KEY_FILE   the key the worker signs attempts' work item tokens with (none: agents get 401)
+  KSQUAD_CONSOLE_KEY_FILE      the console's key: its forms' CSRF tokens and the token sign-in's cookie (the same
+                               on every replica; the chart makes it). Unset: the console answers 503
+  KSQUAD_NAMESPACES            the Run namespaces ksquad serves, comma-separated (the console offers them)
+  KSQUAD_TEMPORAL_UI_URL       the Temporal UI's address, for the console's links to a run's workflow
+  KSQUAD_TEMPORAL_NAMESPACE    the Temporal namespace of the workflows (default: default)
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
 
@@ -60,6 +69,9 @@ from starlette.routing import Mount, Route
 
 from agent.callers import ITEM_KEY_ENV, read_key
 from api.codec import codec_app
+from api.console import pages
+from api.console.app import SECURITY_HEADERS, Session, console_routes, form_of, same_origin
+from api.console.cluster import SESSION_SECONDS, ClusterConsole, SessionSeal
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
@@ -75,6 +87,7 @@ log = logging.getLogger("ksquad.api")
 RUN_API = "ksquad.io/v1alpha1"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 CODEC_COOKIE = "ksquad-codec"
+CONSOLE_COOKIE = "ksquad-console"
 MAX_STREAMS_PER_USER = 32  # a console's tabs and a few CLIs; past it, 429 (each stream holds a store poller)
 RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
 
@@ -95,6 +108,10 @@ class ApiSettings:
     item_token_key: bytes | None = (
         None  # the worker's: attempts' tokens for their work item (None: none accepted)
     )
+    console_key: bytes | None = None
+    namespaces: list[str] = field(default_factory=list)
+    temporal_ui_url: str | None = None
+    temporal_namespace: str = "default"
 
     @classmethod
     def from_env(cls) -> "ApiSettings":
@@ -114,6 +131,12 @@ class ApiSettings:
             tls_key_file=env.get("KSQUAD_API_TLS_KEY_FILE") or None,
             kubeconfig=env.get("KUBECONFIG") or None,
             item_token_key=read_key(env[ITEM_KEY_ENV]) if env.get(ITEM_KEY_ENV) else None,
+            console_key=read_key(env["KSQUAD_CONSOLE_KEY_FILE"])
+            if env.get("KSQUAD_CONSOLE_KEY_FILE")
+            else None,
+            namespaces=[n.strip() for n in env.get("KSQUAD_NAMESPACES", "").split(",") if n.strip()],
+            temporal_ui_url=env.get("KSQUAD_TEMPORAL_UI_URL") or None,
+            temporal_namespace=env.get("KSQUAD_TEMPORAL_NAMESPACE") or "default",
         )
 
 
@@ -351,9 +374,12 @@ def cluster_api(
             return caller.refusal
         return await may(caller, Access("list", "runs", namespace=namespace or ""))
 
+    console = console_app(store, kube, auth, settings, kubernetes_user)
+
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
         routes=[
+            *console,
             *(
                 Route(r.path, counted("items", r.endpoint), methods=r.methods)
                 for r in item_routes(store, with_item_tokens(store, settings.item_token_key, people))
@@ -364,6 +390,116 @@ def cluster_api(
             Mount("/codec", codec_routes),
         ],
     )
+
+
+def console_app(
+    store: Store,
+    kube: Kube,
+    auth: KubernetesAuth,
+    settings: ApiSettings,
+    kubernetes_user: Callable[[Request], Awaitable["Caller"]],
+) -> list[Route]:
+    """The console's routes, each person's calls made with their own token (api/console/cluster.py)."""
+    if settings.console_key is None:
+
+        async def no_console(request: Request) -> Response:
+            return error(503, "the console has no key (KSQUAD_CONSOLE_KEY_FILE; the chart makes one)")
+
+        return [Route("/console{rest:path}", no_console, methods=["GET", "POST"])]
+    seal = SessionSeal(settings.console_key)
+    csrf_key = hmac.new(settings.console_key, b"ksquad-console-csrf", hashlib.sha256).digest()
+    https = bool(settings.tls_cert_file)
+
+    def token_of(request: Request) -> tuple[str | None, str]:
+        """The person's token and how it came: from the proxy (Authorization), or the sign-in's cookie."""
+        token = bearer(request)
+        if token:
+            return token, "your Kubernetes identity, from the proxy"
+        opened = seal.open(request.cookies.get(CONSOLE_COOKIE, ""))
+        return opened, "your Kubernetes identity, signed in with a token"
+
+    async def console_session(request: Request) -> Session | Response:
+        token, how = token_of(request)
+        if token is None:
+            return RedirectResponse("/console/signin", status_code=303)
+        try:
+            user = await auth.user(token)
+        except (ApiError, Unreachable) as err:
+            return HTMLResponse(
+                str(
+                    pages.refusal_page(503, f"the Kubernetes API server did not review the token: {err}", [])
+                ),
+                status_code=503,
+                headers=SECURITY_HEADERS,
+            )
+        if user is None:
+            answer = HTMLResponse(
+                str(pages.signin_page("the Kubernetes API server does not accept this token (expired?)")),
+                status_code=401,
+                headers=SECURITY_HEADERS,
+            )
+            answer.delete_cookie(CONSOLE_COOKIE, path="/console")
+            return answer
+        backend = ClusterConsole(
+            kube.acting_as(token),
+            auth,
+            user,
+            store,
+            settings.namespaces,
+            settings.temporal_ui_url,
+            settings.temporal_namespace,
+            how,
+        )
+        return Session(backend, hashlib.sha256(token.encode()).hexdigest())
+
+    async def signin_form(request: Request) -> Response:
+        return HTMLResponse(str(pages.signin_page()), headers=SECURITY_HEADERS)
+
+    async def signin(request: Request) -> Response:
+        if not same_origin(request):
+            return error(403, "sign in from the console's own page")
+        form = await form_of(request)
+        if isinstance(form, Response):
+            return form
+        token = form.get("token", "").strip()
+        try:
+            user = await auth.user(token) if token else None
+        except (ApiError, Unreachable) as err:
+            return error(503, f"the Kubernetes API server did not review the token: {err}")
+        if user is None:
+            return HTMLResponse(
+                str(pages.signin_page("the Kubernetes API server does not accept this token")),
+                status_code=401,
+                headers=SECURITY_HEADERS,
+            )
+        response = RedirectResponse("/console/", status_code=303)
+        secure = https or request.headers.get("x-forwarded-proto", "").lower() == "https"
+        response.set_cookie(
+            CONSOLE_COOKIE,
+            seal.seal(token),
+            path="/console",
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+            max_age=SESSION_SECONDS,
+        )
+        return response
+
+    async def signout(request: Request) -> Response:
+        response = HTMLResponse(str(pages.signin_page("Signed out.")), headers=SECURITY_HEADERS)
+        response.delete_cookie(CONSOLE_COOKIE, path="/console")
+        return response
+
+    return [
+        Route("/console", lambda _: RedirectResponse("/console/", status_code=307)),
+        Route("/console/signin", signin_form),
+        Route("/console/signin", signin, methods=["POST"]),
+        Route("/console/signout", signout),
+        *(
+            Route(r.path, counted("console", r.endpoint), methods=r.methods)
+            for r in console_routes(console_session, csrf_key)
+        ),
+    ]
 
 
 def counted(

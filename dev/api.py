@@ -42,16 +42,19 @@ from typing import Any
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from temporalio.service import RPCError
 
 from agent.callers import ITEM_TOKEN_PREFIX
 from api.codec import codec_app
+from api.console.app import Session, console_routes
+from api.console.pages import signin_needed_page
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.streams import parse_cursor, stream_events
 from api.usage import usage_routes
+from dev.console import EmbeddedConsole
 from dev.embedded import EmbeddedRuns, RunRefuses, UnknownRun
 from store import Author, Store, StoreError
 from temporal_client.codec import EncryptionCodec
@@ -62,6 +65,7 @@ from workflows.status import Phase
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 4 << 20  # an apply of a thousand Runs is about half a megabyte
 UI_PREFIX = "/ui"  # the dev server's UI is started with this public path, and proxied here
+CONSOLE_PREFIX = "/console"
 SESSION_COOKIE = "ksquad-dev-session"
 # Not forwarded either way: they describe one connection, not the request (RFC 9110, 7.6.1).
 HOP_BY_HOP = frozenset(
@@ -114,6 +118,7 @@ def api_app(
     codec: EncryptionCodec | None = None,
     ui_upstream: str | None = None,
     item_key: bytes | None = None,
+    temporal_namespace: str = "default",
 ) -> "Guard":
     """The API, behind its Guard: `token` for every caller, `hosts` the Host values it answers to, and the
     Temporal UI of `ui_upstream` (the dev server's, started with the public path /ui) served at /ui/. The local
@@ -214,13 +219,15 @@ def api_app(
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
+    default_page = f"{UI_PREFIX}/" if ui_upstream is not None else f"{CONSOLE_PREFIX}/"
+
     async def signin(request: Request) -> Response:
         if not hmac.compare_digest(request.query_params.get("token", "").encode(), token.encode()):
             return error(401, "that is not the token in .ksquad/api.token: use the link `ksquad dev` printed")
-        after = request.query_params.get("next", "")  # a page of the UI, never another site
-        response = RedirectResponse(
-            after if after.startswith(f"{UI_PREFIX}/") else f"{UI_PREFIX}/", status_code=303
-        )
+        after = request.query_params.get("next", "")  # a page of the UI or the console, never another site
+        own_page = after.startswith((f"{UI_PREFIX}/", f"{CONSOLE_PREFIX}/")) and not after.startswith("//")
+        default = f"{CONSOLE_PREFIX}/" if request.url.path.startswith(CONSOLE_PREFIX) else default_page
+        response = RedirectResponse(after if own_page else default, status_code=303)
         response.set_cookie(SESSION_COOKIE, session_value(token), httponly=True, samesite="strict", path="/")
         return response
 
@@ -253,8 +260,25 @@ def api_app(
         response.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer]
         return response
 
+    console = EmbeddedConsole(runs, store, UI_PREFIX if ui_upstream else None, temporal_namespace)
+
+    async def console_session(request: Request) -> Session | Response:
+        """The Guard let the developer in (the session cookie, or the token itself)."""
+        return Session(console, request.cookies.get(SESSION_COOKIE) or "bearer")
+
+    async def signout(request: Request) -> Response:
+        response = HTMLResponse(str(signin_needed_page("Signed out.")))
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
     routes = [
         Route("/healthz", healthz),
+        Route(f"{CONSOLE_PREFIX}/signin", signin),
+        Route(f"{CONSOLE_PREFIX}/signout", signout),
+        Route(CONSOLE_PREFIX, lambda _: RedirectResponse(f"{CONSOLE_PREFIX}/", status_code=307)),
+        *console_routes(
+            console_session, hmac.new(token.encode(), b"ksquad-console-csrf", hashlib.sha256).digest()
+        ),
         Route("/apply", apply, methods=["POST"]),
         Route("/runs", list_runs),
         Route("/runs/{namespace}/{name}", get_run),
@@ -340,11 +364,14 @@ class Guard:
         if origin is not None and origin not in self.own_origins:
             return error(403, f"requests from pages of {origin} are refused")
         path = request.url.path
-        if path == f"{UI_PREFIX}/signin":
-            return None  # it checks the token it is given
-        in_session = path.startswith((f"{UI_PREFIX}/", "/codec/")) and hmac.compare_digest(
-            request.cookies.get(SESSION_COOKIE, "").encode(), self.session.encode()
-        )
+        if path in (f"{UI_PREFIX}/signin", f"{CONSOLE_PREFIX}/signin", f"{CONSOLE_PREFIX}/signout"):
+            return None  # it checks the token it is given; signing out needs nothing
+        if path.startswith(f"{CONSOLE_PREFIX}/static/") or path == CONSOLE_PREFIX:
+            return None  # the console's style sheet and script: the same for everyone
+        console = path.startswith(f"{CONSOLE_PREFIX}/")
+        in_session = path.startswith(
+            (f"{UI_PREFIX}/", "/codec/", f"{CONSOLE_PREFIX}/")
+        ) and hmac.compare_digest(request.cookies.get(SESSION_COOKIE, "").encode(), self.session.encode())
         # An attempt's item token (agent.callers.item_token) goes on to the item routes, which check it.
         item_token = path.startswith("/items/") and request.headers.get("authorization", "").startswith(
             f"Bearer {ITEM_TOKEN_PREFIX}"
@@ -352,9 +379,11 @@ class Guard:
         if not in_session and not item_token and not bearer_matches(request, self.token):
             if path.startswith(f"{UI_PREFIX}/"):
                 return error(401, "sign in first with the link `ksquad dev` printed (/ui/signin?token=...)")
+            if console:
+                return HTMLResponse(str(signin_needed_page()), status_code=401)
             return error(401, "send Authorization: Bearer <the token in .ksquad/api.token>")
-        if path.startswith(f"{UI_PREFIX}/"):
-            return None  # the UI's own requests, as it sends them
+        if path.startswith(f"{UI_PREFIX}/") or console:
+            return None  # the UI's own requests, as it sends them; the console checks its forms' CSRF tokens
         kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         sends_body = request.method in ("POST", "PUT", "PATCH") or int(
             request.headers.get("content-length") or 0

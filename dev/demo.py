@@ -153,9 +153,11 @@ async def run_demo(dev: DevStack) -> int:
     ok &= item.state == "done"
     async with httpx.AsyncClient(follow_redirects=True) as http:  # signed in, as the developer's browser is
         ui_status = (await http.get(dev.ui_signin_url or dev.ui_url, timeout=10)).status_code
-    ok &= ui_status == 200
+        console_status = (await http.get(dev.console_signin_url, timeout=10)).status_code
+    ok &= ui_status == 200 and console_status == 200
+    print(f"\nConsole (HTTP {console_status}): sign in with {dev.console_signin_url}")
     print(
-        f"\nTemporal UI (HTTP {ui_status}): sign in with {dev.ui_signin_url}, then the runs are at "
+        f"Temporal UI (HTTP {ui_status}): sign in with {dev.ui_signin_url}, then the runs are at "
         f"{dev.ui_url}namespaces/default/workflows?query=KsquadNamespace%3D%22{namespace}%22"
     )
     print(

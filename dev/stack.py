@@ -123,6 +123,12 @@ class DevStack:
         token = (self.state_dir / TOKEN_FILE).read_text().strip()
         return f"{self.api_url}{UI_PREFIX}/signin?token={token}"
 
+    @property
+    def console_signin_url(self) -> str:
+        """The link that signs the developer's browser in to the console: it holds the API's token."""
+        token = (self.state_dir / TOKEN_FILE).read_text().strip()
+        return f"{self.api_url}/console/signin?token={token}"
+
     def info(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
@@ -131,6 +137,8 @@ class DevStack:
             "temporal": self.server.target,
             "model": self.model_url,
             "uiSignIn": self.ui_signin_url,
+            "console": f"{self.api_url}/console/",
+            "consoleSignIn": self.console_signin_url,
             "temporalUi": self.server.ui_url,  # the dev server's own UI (it decodes nothing: no session there)
             "codecEndpoint": f"{self.api_url}/codec",
             "codecKeyFile": str(self.state_dir / "codec.key"),
@@ -249,7 +257,9 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
         runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
-        app = api_app(runs, store, token, loopback_names(api_port), codec, server.ui_url, item_key)
+        app = api_app(
+            runs, store, token, loopback_names(api_port), codec, server.ui_url, item_key, server.namespace
+        )
         api_reservation.close()
         await stack.enter_async_context(http_server(app, api_port))
         dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)
@@ -269,6 +279,7 @@ async def serve(options: DevOptions) -> int:
         resumed = await dev.runs.resume_unfinished()
         print(f"ksquad dev is up in {time.monotonic() - t0:.1f}s (state in {dev.state_dir}/)")
         for label, value in (
+            ("console", dev.console_signin_url),
             ("Temporal UI", dev.ui_signin_url or dev.ui_url),
             ("Temporal", dev.server.target),
             ("API", dev.api_url),

@@ -9,6 +9,7 @@ that keep the API's status and message.
 
 import asyncio
 import builtins
+import copy
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -18,7 +19,17 @@ import httpx
 
 from kube.config import Config, ConfigError, Credentials, TokenFile
 
-__all__ = ["ApiError", "Config", "ConfigError", "Kube", "TokenFile", "Unreachable", "path", "reflect"]
+__all__ = [
+    "ApiError",
+    "BearerToken",
+    "Config",
+    "ConfigError",
+    "Kube",
+    "TokenFile",
+    "Unreachable",
+    "path",
+    "reflect",
+]
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
@@ -84,6 +95,19 @@ class _Authorization(httpx.Auth):
             yield request
 
 
+class BearerToken:
+    """A fixed bearer token (a person's, as their browser sent it): nothing to load again after a 401."""
+
+    def __init__(self, token: str) -> None:
+        self._header = f"Bearer {token}"
+
+    async def authorization(self) -> str | None:
+        return self._header
+
+    async def refreshed(self) -> bool:
+        return False
+
+
 class Kube:
     """`async with Kube(Config.load()) as kube: await kube.get(path("v1", "pods", "ns", "x"))`."""
 
@@ -104,6 +128,16 @@ class Kube:
         )
         # The name the server's certificate is checked against, when it is not the server's host.
         self._extensions = {"sni_hostname": config.tls_server_name} if config.tls_server_name else {}
+        self._auth: httpx.Auth | None = None  # another credential than the config's (acting_as)
+        self._borrowed = False
+
+    def acting_as(self, token: str) -> "Kube":
+        """This client's connections, with every request carrying `token` (a person's own credential) instead
+        of this client's: the API server answers and authorises as that person. Closing it closes nothing."""
+        other = copy.copy(self)
+        other._auth = _Authorization(BearerToken(token))
+        other._borrowed = True
+        return other
 
     async def __aenter__(self) -> "Kube":
         return self
@@ -112,12 +146,19 @@ class Kube:
         await self.close()
 
     async def close(self) -> None:
-        await self.http.aclose()
+        if not self._borrowed:
+            await self.http.aclose()
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Obj:
         try:
             async with self._in_flight:
-                response = await self.http.request(method, url, extensions=self._extensions, **kwargs)
+                response = await self.http.request(
+                    method,
+                    url,
+                    extensions=self._extensions,
+                    auth=self._auth or httpx.USE_CLIENT_DEFAULT,
+                    **kwargs,
+                )
         except httpx.TransportError as err:
             raise Unreachable(f"{method} {url}: {type(err).__name__}: {err}") from None
         if response.status_code >= 400:
@@ -223,6 +264,7 @@ class Kube:
                 headers=headers,
                 timeout=httpx.Timeout(30.0, read=timeout_seconds + 30),
                 extensions=self._extensions,
+                auth=self._auth or httpx.USE_CLIENT_DEFAULT,
             ) as response:
                 if response.status_code >= 400:
                     await response.aread()

@@ -1,0 +1,464 @@
+"""The console's routes, mounted at /console by both APIs: the embedded stack's (dev.api) and the cluster's
+(api.cluster). Each request is first given to the API's `Identify`, which answers with the signed-in person's
+`Session` (their Backend) or with the response to send instead (to the sign-in page, or a refusal).
+
+    GET  /console/                              runs, filtered by namespace, phase, Team, Agent and person
+    GET  /console/runs.frag?...                 the runs table alone (the page refreshes it)
+    GET  /console/runs/{ns}/{name}              a run: timeline, countdown, progress, artifacts, usage, actions
+    GET  /console/runs/{ns}/{name}/events       its events (server-sent; Last-Event-ID resumes)
+    GET  /console/runs/{ns}/{name}/artifacts/{artifact}   an artifact, as text or as a download, never as a page
+    POST /console/runs/{ns}/{name}/{cancel|pause|resume|input}
+    GET  /console/items?namespace=NS            work items; /console/items/{ns}/{id} an item's thread
+    POST /console/items/{ns}/{id}/comments      a comment, as the signed-in person
+    GET  /console/start?namespace=NS, POST /console/start   start a Run from an Agent or a Team
+    GET  /console/static/{file}                 the style sheet and the script (no asset is fetched elsewhere)
+
+Every page is rendered on the server with everything escaped (api.console.html), under a Content-Security-Policy
+that allows this origin's script and style only (no inline script, no other host, no framing). Every POST carries
+the form's CSRF token (an HMAC of the sign-in, under the console's key) and, when the browser says where it came
+from (Origin, Sec-Fetch-Site), comes from this origin.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from api.console import pages
+from api.console.backend import Backend, Refused
+from api.console.html import Html
+from api.streams import parse_cursor, stream_events
+from store import ItemNotFound, StoreError
+from workflows.signals import RunSignal
+from workflows.status import not_waiting_for_input
+
+log = logging.getLogger("ksquad.console")
+STATIC = Path(__file__).parent / "static"
+STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript"}
+MAX_FORM_BYTES = 256 << 10
+POLL_RUN_SECONDS = 5.0
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+# An artifact is shown as text, or downloaded; never rendered by the browser as a page of this origin.
+ARTIFACT_HEADERS = {
+    "Content-Security-Policy": "sandbox; default-src 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+TEXT_TYPES = re.compile(r"^(text/[\w.+-]+|application/(json|yaml|x-yaml|[\w.+-]+\+json|[\w.+-]+\+xml|xml))$")
+NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a Kubernetes object name (DNS subdomain)
+INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass
+class Session:
+    """A signed-in person: their backend, and what identifies the sign-in (its CSRF tokens derive from it)."""
+
+    backend: Backend
+    key: str
+
+
+# The API's part: who sent this request (a Session), or what to answer instead (to the sign-in page, a 401).
+Identify = Callable[[Request], Awaitable["Session | Response"]]
+
+
+def page(body: Html, status: int = 200) -> HTMLResponse:
+    return HTMLResponse(str(body), status_code=status, headers=SECURITY_HEADERS)
+
+
+def refused(err: Refused) -> HTMLResponse:
+    return page(pages.refusal_page(err.status, err.message, err.problems), err.status)
+
+
+def csrf_token(key: bytes, session: Session) -> str:
+    return hmac.new(key, f"console-csrf:{session.key}".encode(), hashlib.sha256).hexdigest()
+
+
+def same_origin(request: Request) -> bool:
+    """What the browser says of where a POST comes from, when it says it: this origin only."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+
+
+async def form_of(request: Request) -> dict[str, str] | Response:
+    """The POSTed form (application/x-www-form-urlencoded, at most MAX_FORM_BYTES), first value of each field."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        return page(
+            pages.refusal_page(415, f"send the console's forms as they are (got {kind or 'none'})", []), 415
+        )
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            return page(pages.refusal_page(413, f"the form is larger than {MAX_FORM_BYTES} bytes", []), 413)
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+    except UnicodeDecodeError:
+        return page(pages.refusal_page(400, "the form is not UTF-8", []), 400)
+    return {k: v[0] for k, v in fields.items()}
+
+
+def parse_inputs(text: str) -> dict[str, str]:
+    """`name=value` lines (blank lines skipped); Refused (422) naming the line that is not."""
+    inputs: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, sep, value = line.partition("=")
+        name = name.strip()
+        if not sep or not INPUT_NAME.match(name):
+            raise Refused(
+                422,
+                f"inputs, line {number}: write name=value, the name of letters, digits, '_', '-' or '.' "
+                f"(got {line[:80]!r})",
+                [f"spec.inputs: line {number}"],
+            )
+        inputs[name] = value.strip()
+    return inputs
+
+
+def run_refusals(run: dict[str, Any], may_patch: str | None) -> dict[str, str | None]:
+    """Why each action cannot be taken now (None: it can): the person's rights first, then the run's state."""
+    status = run.get("status") if isinstance(run.get("status"), dict) else {}
+    assert isinstance(status, dict)
+    phase = str(status.get("phase") or "Pending")
+    paused_by_hand = phase == "Paused" and status.get("pauseReason") == "Manual"
+    ended = f"the run has ended ({phase})" if phase in pages.TERMINAL else None
+    return {
+        "cancel": may_patch or ended or ("it is being cancelled" if phase == "Cancelling" else None),
+        "pause": may_patch
+        or ended
+        or ("it is paused already" if phase == "Paused" else None)
+        or ("it is being cancelled" if phase == "Cancelling" else None),
+        "resume": may_patch
+        or ended
+        or (None if paused_by_hand else "only a run paused by hand resumes by hand"),
+        "input": may_patch or not_waiting_for_input(status),
+    }
+
+
+def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
+    """The routes above, each behind `identify`."""
+
+    Handler = Callable[[Request, Session], Awaitable[Response]]
+
+    def signed_in(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def wrapped(request: Request) -> Response:
+            session = await identify(request)
+            if isinstance(session, Response):
+                return session
+            try:
+                return await handler(request, session)
+            except Refused as err:
+                return refused(err)
+            except ItemNotFound as err:
+                return refused(Refused(404, str(err)))
+            except StoreError as err:
+                return refused(Refused(503, f"the store does not answer: {err}"))
+
+        return wrapped
+
+    def posted(handler: Callable[[Request, Session, dict[str, str]], Awaitable[Response]]) -> Handler:
+        async def wrapped(request: Request, session: Session) -> Response:
+            if not same_origin(request):
+                return refused(Refused(403, "a console form is accepted only from the console's own pages"))
+            form = await form_of(request)
+            if isinstance(form, Response):
+                return form
+            if not hmac.compare_digest(form.get("csrf", "").encode(), csrf_token(csrf_key, session).encode()):
+                return refused(
+                    Refused(403, "this form is stale or was not made by the console for you: reload the page")
+                )
+            return await handler(request, session, form)
+
+        return wrapped
+
+    def shell(session: Session, title: str, body: Html, request: Request, problem: str = "") -> Response:
+        viewer = session.backend.viewer
+        return page(
+            pages.layout(title, viewer.name, viewer.how, body, request.query_params.get("done", ""), problem)
+        )
+
+    def chosen(request: Request) -> dict[str, str]:
+        return {k: request.query_params.get(k, "") for k in ("phase", "team", "agent", "person")}
+
+    async def listed_runs(session: Session, request: Request) -> list[dict[str, Any]]:
+        namespace = request.query_params.get("namespace") or None
+        runs = await session.backend.runs(namespace)
+        wanted = chosen(request)
+        found = [r for r in runs if pages.matches(r, wanted)]
+        return sorted(
+            found, key=lambda r: str(r.get("metadata", {}).get("creationTimestamp", "")), reverse=True
+        )
+
+    async def runs_page(request: Request, session: Session) -> Response:
+        namespace = request.query_params.get("namespace", "")
+        runs = await listed_runs(session, request)
+        query = {"namespace": namespace, **chosen(request)}
+        body = pages.runs_page(
+            runs,
+            namespace,
+            await session.backend.namespaces(),
+            chosen(request),
+            pages.url("runs.frag", **query),
+        )
+        return shell(session, "Runs", body, request)
+
+    async def runs_fragment(request: Request, session: Session) -> Response:
+        return page(pages.runs_table(await listed_runs(session, request)))
+
+    async def run_page(request: Request, session: Session) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        backend = session.backend
+        run = await backend.run(namespace, name)
+        uid = str(run.get("metadata", {}).get("uid", ""))
+        events = await backend.store.events(uid) if uid else []
+        phases = [e for e in events if e.kind == "phase"]
+        progress = [e for e in events if e.kind != "phase"]
+        may_patch = await backend.may("patch", "runs", namespace, name)
+        workflow = (run.get("status") or {}).get("workflow") or {}
+        body = pages.run_page(
+            run,
+            phases,
+            progress,
+            run_refusals(run, may_patch),
+            csrf_token(csrf_key, session),
+            backend.temporal_url(str(workflow.get("id") or f"{namespace}/{name}")),
+            events[-1].seq if events else 0,
+        )
+        return shell(session, f"Run {namespace}/{name}", body, request)
+
+    async def run_events(request: Request, session: Session) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        backend = session.backend
+        run = await backend.run(namespace, name)
+        uid = str(run["metadata"]["uid"])
+        try:
+            after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
+        except ValueError as err:
+            raise Refused(422, str(err)) from None
+        looked = 0.0
+
+        async def ended(last_phase: str | None) -> dict[str, Any] | None:
+            nonlocal looked
+            if last_phase in pages.TERMINAL:
+                return {"phase": last_phase}
+            now = asyncio.get_running_loop().time()
+            if now - looked < POLL_RUN_SECONDS:
+                return None
+            looked = now
+            try:
+                current = await backend.run(namespace, name)
+            except Refused as err:
+                return {"reason": "deleted"} if err.status == 404 else None
+            if current.get("metadata", {}).get("uid") != uid:
+                return {"reason": "deleted"}
+            return None
+
+        return StreamingResponse(
+            stream_events(backend.store, uid, after, request.is_disconnected, ended),
+            media_type="text/event-stream",
+            headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
+        )
+
+    async def artifact(request: Request, session: Session) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        wanted = request.path_params["artifact"]
+        run = await session.backend.run(namespace, name)
+        found = await session.backend.store.artifact(str(run["metadata"]["uid"]), wanted)
+        if found is None:
+            raise Refused(404, f"run {namespace}/{name} has no artifact {wanted!r}")
+        media_type, content = found
+        kind = (media_type or "").split(";")[0].strip().lower()
+        if TEXT_TYPES.match(kind) or not kind:
+            try:
+                text = content.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                return Response(text, media_type="text/plain; charset=utf-8", headers=ARTIFACT_HEADERS)
+        filename = re.sub(r"[^A-Za-z0-9._-]", "_", wanted.rsplit("/", 1)[-1]) or "artifact"
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={**ARTIFACT_HEADERS, "Content-Disposition": f'attachment; filename="{filename}"'},
+        )
+
+    async def act(request: Request, session: Session, form: dict[str, str]) -> Response:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        action = request.path_params["action"]
+        if action not in ("cancel", "pause", "resume", "input"):
+            raise Refused(404, f"no action {action!r}: cancel, pause, resume or input")
+        backend = session.backend
+        run = await backend.run(namespace, name)
+        why = run_refusals(run, await backend.may("patch", "runs", namespace, name))[action]
+        if why:
+            raise Refused(409 if "may not" not in why else 403, f"cannot {action} {namespace}/{name}: {why}")
+        text = form.get("text", "") if action == "input" else form.get("reason", "")
+        if action == "input" and not text.strip():
+            raise Refused(422, "the answer is empty: write what the agent asked for", ["text: required"])
+        await backend.signal(namespace, name, RunSignal(action), text)
+        done = {
+            "cancel": "Cancel sent",
+            "pause": "Pause sent",
+            "resume": "Resume sent",
+            "input": "Answer sent",
+        }
+        return RedirectResponse(pages.url("runs", namespace, name, done=done[action]), status_code=303)
+
+    async def items_page(request: Request, session: Session) -> Response:
+        backend = session.backend
+        namespaces = await backend.namespaces()
+        namespace = request.query_params.get("namespace") or (namespaces[0] if len(namespaces) == 1 else "")
+        items = []
+        if namespace:
+            why = await backend.may("list", "workitems", namespace)
+            if why:
+                raise Refused(403, why)
+            items = await backend.store.items(namespace, limit=500)
+        return shell(session, "Work items", pages.items_page(namespace, namespaces, items), request)
+
+    async def item_page(request: Request, session: Session) -> Response:
+        namespace, item_id = request.path_params["namespace"], request.path_params["item"]
+        backend = session.backend
+        why = await backend.may("get", "workitems", namespace, item_id)
+        if why:
+            raise Refused(403, why)
+        item = await backend.store.item(namespace, item_id)
+        entries = await backend.store.item_events(namespace, item_id, 0, limit=1000)
+        try:
+            runs = [
+                r
+                for r in await backend.runs(namespace)
+                if (r.get("spec") or {}).get("workItemRef") == item_id
+            ]
+        except Refused:
+            runs = []  # who may read the item but not the namespace's Runs sees the thread alone
+        body = pages.item_page(
+            item,
+            entries,
+            runs,
+            csrf_token(csrf_key, session),
+            await backend.may("update", "workitems", namespace, item_id),
+        )
+        return shell(session, f"Item {namespace}/{item_id}", body, request)
+
+    async def comment(request: Request, session: Session, form: dict[str, str]) -> Response:
+        namespace, item_id = request.path_params["namespace"], request.path_params["item"]
+        backend = session.backend
+        why = await backend.may("update", "workitems", namespace, item_id)
+        if why:
+            raise Refused(403, why)
+        text = form.get("body", "")
+        if not text.strip():
+            raise Refused(422, "the comment is empty", ["body: required"])
+        await backend.store.comment(namespace, item_id, text, backend.author(), None, None)
+        return RedirectResponse(pages.url("items", namespace, item_id, done="Comment added"), status_code=303)
+
+    async def start_form(
+        request: Request, session: Session, values: dict[str, str] | None = None, problem: str = ""
+    ) -> Response:
+        backend = session.backend
+        namespaces = await backend.namespaces()
+        namespace = (
+            (values or {}).get("namespace")
+            or request.query_params.get("namespace")
+            or (namespaces[0] if len(namespaces) == 1 else "")
+        )
+        agents: list[str] = []
+        teams: list[str] = []
+        refusal = None
+        if namespace:
+            refusal = await backend.may("create", "runs", namespace)
+            agents = sorted(str(a["metadata"]["name"]) for a in await backend.objects("agents", namespace))
+            teams = sorted(str(t["metadata"]["name"]) for t in await backend.objects("teams", namespace))
+        body = pages.start_page(
+            namespace, namespaces, agents, teams, csrf_token(csrf_key, session), values or {}, refusal
+        )
+        return shell(session, "Start a run", body, request, problem)
+
+    async def start_page(request: Request, session: Session) -> Response:
+        return await start_form(request, session)
+
+    async def start(request: Request, session: Session, form: dict[str, str]) -> Response:
+        namespace = form.get("namespace", "")
+        kind, _, target = form.get("target", "").partition(":")
+        try:
+            if not NAME.match(namespace):
+                raise Refused(422, f"namespace {namespace!r} is not a namespace name", ["metadata.namespace"])
+            if kind not in ("agent", "team") or not target:
+                raise Refused(422, "choose an Agent or a Team to start the run with", ["spec.agents"])
+            name = form.get("name", "").strip() or f"{target}-{secrets.token_hex(3)}"[:63]
+            if not NAME.match(name):
+                raise Refused(
+                    422,
+                    f"run name {name!r}: lower-case letters, digits, '-' and '.', starting and ending with a "
+                    "letter or digit",
+                    ["metadata.name"],
+                )
+            spec: dict[str, Any] = {"agents": [target]} if kind == "agent" else {"teamRef": target}
+            inputs = parse_inputs(form.get("inputs", ""))
+            if inputs:
+                spec["inputs"] = inputs
+            if form.get("workItemRef", "").strip():
+                spec["workItemRef"] = form["workItemRef"].strip()
+            manifest = {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Run",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec,
+            }
+            await session.backend.create_run(manifest)
+        except Refused as err:
+            detail = f"{err.message}" + (f" ({'; '.join(err.problems)})" if err.problems else "")
+            return await start_form(request, session, form, problem=detail)
+        return RedirectResponse(pages.url("runs", namespace, name, done="Run created"), status_code=303)
+
+    async def static(request: Request) -> Response:
+        name = request.path_params["file"]
+        if name not in STATIC_TYPES:
+            return Response("not found", status_code=404, media_type="text/plain")
+        return FileResponse(
+            STATIC / name,
+            media_type=STATIC_TYPES[name],
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-cache"},
+        )
+
+    return [
+        Route("/console/static/{file}", static),
+        Route("/console/", signed_in(runs_page)),
+        Route("/console/runs.frag", signed_in(runs_fragment)),
+        Route("/console/runs/{namespace}/{name}", signed_in(run_page)),
+        Route("/console/runs/{namespace}/{name}/events", signed_in(run_events)),
+        Route("/console/runs/{namespace}/{name}/artifacts/{artifact:path}", signed_in(artifact)),
+        Route("/console/runs/{namespace}/{name}/{action}", signed_in(posted(act)), methods=["POST"]),
+        Route("/console/items", signed_in(items_page)),
+        Route("/console/items/{namespace}/{item}", signed_in(item_page)),
+        Route("/console/items/{namespace}/{item}/comments", signed_in(posted(comment)), methods=["POST"]),
+        Route("/console/start", signed_in(start_page)),
+        Route("/console/start", signed_in(posted(start)), methods=["POST"]),
+    ]

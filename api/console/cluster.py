@@ -1,0 +1,166 @@
+"""The console on a cluster: a person's reads and actions go to the API server with their own bearer token
+(`Kube.acting_as`), so it filters and authorises them as that person, never as ksquad-api's ServiceAccount. What
+lives in the store instead (a run's events and artifacts, work items, usage) is read only after the API server
+says the person may (a SubjectAccessReview: `get` the Run; `get`, `list` or `update` workitems).
+
+Who the person is comes from their token: sent by an authenticating proxy in front of ksquad-api
+(`Authorization: Bearer`, as oauth2-proxy or Pinniped send it), or pasted once on the sign-in page and kept in a
+cookie sealed with the console's key (AES-GCM; HttpOnly, SameSite=Strict, Secure over HTTPS; 12 hours)."""
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import time
+from collections.abc import Awaitable
+from urllib.parse import quote
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from api.console.backend import Obj, Refused, Viewer
+from api.kubernetes_auth import Access, KubernetesAuth, User
+from crd_bridge.resources import CANCEL_ANNOTATION, INPUT_ANNOTATION, PAUSE_ANNOTATION
+from kube import ApiError, Kube, Unreachable, path
+from store import Author, Store
+from workflows.signals import RunSignal
+
+RUN_API = "ksquad.io/v1alpha1"
+SESSION_SECONDS = 12 * 3600
+SEAL_CONTEXT = b"ksquad-console-session-v1"
+
+
+class SessionSeal:
+    """The token sign-in's cookie: the person's token, sealed with the console's key and dated."""
+
+    def __init__(self, key: bytes) -> None:
+        self.aead = AESGCM(hashlib.sha256(b"ksquad-console-cookie:" + key).digest())
+
+    def seal(self, token: str, now: float | None = None) -> str:
+        nonce = os.urandom(12)
+        body = json.dumps({"token": token, "until": int((now or time.time()) + SESSION_SECONDS)}).encode()
+        return base64.urlsafe_b64encode(nonce + self.aead.encrypt(nonce, body, SEAL_CONTEXT)).decode()
+
+    def open(self, cookie: str, now: float | None = None) -> str | None:
+        """The token in a cookie this console sealed and that has not expired; None for anything else."""
+        try:
+            raw = base64.urlsafe_b64decode(cookie.encode())
+            body = json.loads(self.aead.decrypt(raw[:12], raw[12:], SEAL_CONTEXT))
+        except (ValueError, InvalidTag, binascii.Error):
+            return None
+        if not isinstance(body, dict) or int(body.get("until", 0)) < (now or time.time()):
+            return None
+        token = body.get("token")
+        return token if isinstance(token, str) and token else None
+
+
+class ClusterConsole:
+    def __init__(
+        self,
+        kube: Kube,
+        auth: KubernetesAuth,
+        user: User,
+        store: Store,
+        namespaces: list[str],
+        temporal_ui: str | None = None,
+        temporal_namespace: str = "default",
+        how: str = "your Kubernetes identity",
+    ) -> None:
+        self.kube = kube  # acting as the person
+        self.auth = auth
+        self.user = user
+        self.store = store
+        self.viewer = Viewer(user.name, how)
+        self._namespaces = namespaces
+        self.temporal_ui = temporal_ui.rstrip("/") if temporal_ui else None
+        self.temporal_namespace = temporal_namespace
+
+    async def _call(self, what: str, call: Awaitable[Obj]) -> Obj:
+        try:
+            result = await call
+        except ApiError as err:
+            raise Refused(err.status, f"{what}: {err.message}") from None
+        except Unreachable as err:
+            raise Refused(503, f"{what}: the Kubernetes API server does not answer: {err}") from None
+        return result
+
+    async def namespaces(self) -> list[str]:
+        return list(self._namespaces)
+
+    async def runs(self, namespace: str | None) -> list[Obj]:
+        if namespace:
+            listed = await self._call(
+                f"listing Runs in {namespace}", self.kube.list(path(RUN_API, "runs", namespace))
+            )
+            return list(listed.get("items") or [])
+        try:
+            return list((await self.kube.list(path(RUN_API, "runs"))).get("items") or [])
+        except ApiError as err:
+            if err.status != 403:
+                raise Refused(err.status, f"listing Runs: {err.message}") from None
+        # Not cluster-wide: the namespaces ksquad serves, each as far as the person may read it.
+        runs: list[Obj] = []
+        for ns in self._namespaces:
+            try:
+                runs += (await self.kube.list(path(RUN_API, "runs", ns))).get("items") or []
+            except ApiError as err:
+                if err.status != 403:
+                    raise Refused(err.status, f"listing Runs in {ns}: {err.message}") from None
+        return runs
+
+    async def run(self, namespace: str, name: str) -> Obj:
+        return await self._call(
+            f"run {namespace}/{name}", self.kube.get(path(RUN_API, "runs", namespace, name))
+        )
+
+    async def objects(self, plural: str, namespace: str) -> list[Obj]:
+        try:
+            return list((await self.kube.list(path(RUN_API, plural, namespace))).get("items") or [])
+        except ApiError as err:
+            if err.status == 403:
+                return []  # the form says what the person may not start
+            raise Refused(err.status, f"listing {plural} in {namespace}: {err.message}") from None
+
+    async def create_run(self, manifest: Obj) -> Obj:
+        meta = manifest["metadata"]
+        return await self._call(
+            f"creating Run {meta['namespace']}/{meta['name']}",
+            self.kube.create(path(RUN_API, "runs", meta["namespace"]), manifest),
+        )
+
+    async def signal(self, namespace: str, name: str, action: RunSignal, text: str) -> None:
+        """The bridge forwards these annotations as the workflow's signals (as `ksquad runs` does)."""
+        by_action: dict[RunSignal, dict[str, str | None]] = {
+            RunSignal.CANCEL: {CANCEL_ANNOTATION: text or "the console: cancel"},
+            RunSignal.PAUSE: {PAUSE_ANNOTATION: text or "the console: pause"},
+            RunSignal.RESUME: {PAUSE_ANNOTATION: None},
+            RunSignal.INPUT: {INPUT_ANNOTATION: text},
+        }
+        annotations = by_action[action]
+        await self._call(
+            f"{action} {namespace}/{name}",
+            self.kube.patch(
+                path(RUN_API, "runs", namespace, name), {"metadata": {"annotations": annotations}}
+            ),
+        )
+
+    async def may(self, verb: str, resource: str, namespace: str, name: str = "") -> str | None:
+        access = Access(verb, resource, namespace=namespace, name=name)
+        try:
+            if await self.auth.allowed(self.user, access):
+                return None
+        except (PermissionError, ApiError, Unreachable) as err:
+            return f"the API server could not say whether {self.user.name} may {verb} {resource}: {err}"
+        target = f" {name}" if name else ""
+        return f"{self.user.name} may not {verb} {resource}.ksquad.io{target} in namespace {namespace}"
+
+    def author(self) -> Author:
+        return Author(user=self.user.name)
+
+    def temporal_url(self, workflow_id: str) -> str | None:
+        if not self.temporal_ui:
+            return None
+        return (
+            f"{self.temporal_ui}/namespaces/{self.temporal_namespace}/workflows/{quote(workflow_id, safe='')}"
+        )
