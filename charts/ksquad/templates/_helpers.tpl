@@ -151,6 +151,10 @@ capabilities:
 {{- end }}
 {{- end -}}
 
+{{- define "ksquad.consoleKeySecretName" -}}
+{{- .Values.api.console.keySecret.name | default (printf "%s-console-key" .Release.Name) -}}
+{{- end -}}
+
 {{- /* Where attempts reach ksquad-api for their work items: api.itemsUrl, or the Service's cluster address. */ -}}
 {{- define "ksquad.itemsUrl" -}}
 {{- if .Values.api.itemsUrl -}}
