@@ -107,10 +107,8 @@ async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
     await tab.click("[data-testid=add-comment]")
     await wait_for_text(tab, log, "Comment added")
     entries = await release.store.item_events(NS, ITEM, 0)
-    assert [(e.author.user, e.body) for e in entries if e.kind == "comment"][0] == (
-        alice_user,
-        "alice was here",
-    )
+    comments = [(e.author.user, e.body) for e in entries if e.kind == "comment"]
+    assert comments == [(alice_user, "alice was here")], comments
 
     model.script(MODEL, {"delay": 600, "text": "never"})
     start_run(release, "to-cancel", "a long task")
