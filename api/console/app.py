@@ -47,6 +47,9 @@ log = logging.getLogger("ksquad.console")
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript"}
 MAX_FORM_BYTES = 256 << 10
+MAX_RUNS_SHOWN = (
+    200  # the newest; more is a filter's job (the page fetches its table again every few seconds)
+)
 POLL_RUN_SECONDS = 5.0
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -215,12 +218,19 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             found, key=lambda r: str(r.get("metadata", {}).get("creationTimestamp", "")), reverse=True
         )
 
+    def shown(runs: list[dict[str, Any]]) -> Html:
+        """The newest MAX_RUNS_SHOWN, and a line saying how many more the filters match."""
+        table = pages.runs_table(runs[:MAX_RUNS_SHOWN])
+        if len(runs) <= MAX_RUNS_SHOWN:
+            return table
+        return Html(table + pages.more_runs(len(runs), MAX_RUNS_SHOWN))
+
     async def runs_page(request: Request, session: Session) -> Response:
         namespace = request.query_params.get("namespace", "")
         runs = await listed_runs(session, request)
         query = {"namespace": namespace, **chosen(request)}
         body = pages.runs_page(
-            runs,
+            shown(runs),
             namespace,
             await session.backend.namespaces(),
             chosen(request),
@@ -229,7 +239,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
         return shell(session, "Runs", body, request)
 
     async def runs_fragment(request: Request, session: Session) -> Response:
-        return page(pages.runs_table(await listed_runs(session, request)))
+        return page(shown(await listed_runs(session, request)))
 
     async def run_page(request: Request, session: Session) -> Response:
         namespace, name = request.path_params["namespace"], request.path_params["name"]
@@ -315,9 +325,12 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             raise Refused(404, f"no action {action!r}: cancel, pause, resume or input")
         backend = session.backend
         run = await backend.run(namespace, name)
-        why = run_refusals(run, await backend.may("patch", "runs", namespace, name))[action]
+        rights = await backend.may("patch", "runs", namespace, name)
+        if rights:
+            raise Refused(403, f"cannot {action} {namespace}/{name}: {rights}")
+        why = run_refusals(run, None)[action]
         if why:
-            raise Refused(409 if "may not" not in why else 403, f"cannot {action} {namespace}/{name}: {why}")
+            raise Refused(409, f"cannot {action} {namespace}/{name}: {why}")
         text = form.get("text", "") if action == "input" else form.get("reason", "")
         if action == "input" and not text.strip():
             raise Refused(422, "the answer is empty: write what the agent asked for", ["text: required"])

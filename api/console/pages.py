@@ -229,13 +229,17 @@ def runs_table(runs: Iterable[Obj]) -> Html:
     return Html(el("table", {"class": "runs"}, head, el("tbody", {}, rows)) + (empty or ""))
 
 
+def more_runs(matching: int, shown: int) -> Html:
+    return el("p", {"class": "empty"}, f"The newest {shown} of {matching} matching runs: narrow the filters.")
+
+
 def runs_page(
-    runs: list[Obj], namespace: str, namespaces: list[str], chosen: Mapping[str, str], fragment_url: str
+    table: Html, namespace: str, namespaces: list[str], chosen: Mapping[str, str], fragment_url: str
 ) -> Html:
     return Html(
         el("h1", {}, "Runs")
         + runs_filters(namespace, namespaces, chosen)
-        + el("div", {"id": "runs", "data-refresh": fragment_url, "aria-live": "polite"}, runs_table(runs))
+        + el("div", {"id": "runs", "data-refresh": fragment_url, "aria-live": "polite"}, table)
     )
 
 
