@@ -75,7 +75,7 @@ from api.console.cluster import SESSION_SECONDS, ClusterConsole, SessionSeal
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
-from api.streams import parse_cursor, stream_events
+from api.streams import RunLook, parse_cursor, run_ending, stream_events
 from api.usage import usage_routes
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
 from kube.probes import Probes, Readiness
@@ -85,11 +85,9 @@ from temporal_client.telemetry import Telemetry
 
 log = logging.getLogger("ksquad.api")
 RUN_API = "ksquad.io/v1alpha1"
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 CODEC_COOKIE = "ksquad-codec"
 CONSOLE_COOKIE = "ksquad-console"
 MAX_STREAMS_PER_USER = 32  # a console's tabs and a few CLIs; past it, 429 (each stream holds a store poller)
-RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
 
 REQUESTS = Counter("ksquad_api_requests", "requests to ksquad-api, by route and status", ["route", "code"])
 STREAMS = Gauge("ksquad_api_event_streams", "event streams open now")
@@ -285,38 +283,24 @@ def cluster_api(
         except ValueError as err:
             return error(422, str(err))
         meta = run["metadata"]
-        uid, url = meta["uid"], path(RUN_API, "runs", meta["namespace"], meta["name"])
-        last_check, terminal_since = 0.0, None
+        url = path(RUN_API, "runs", meta["namespace"], meta["name"])
 
-        async def ended(last_phase: str | None) -> dict[str, Any] | None:
-            """The end once the run's last phase was sent (the bridge logs it just after the status); a Run
-            gone, or terminal for a while with no such entry (a bridge without a store), ends it too."""
-            nonlocal last_check, terminal_since
-            if last_phase in TERMINAL_PHASES:
-                return {"phase": last_phase}
-            now = asyncio.get_running_loop().time()
-            if now - last_check < RUN_CHECK_SECONDS:
-                return None
-            last_check = now
+        async def look() -> RunLook | None:
             try:
                 current = await kube.get(url)
             except ApiError as err:
-                return {"reason": "deleted"} if err.status == 404 else None
+                return RunLook(None, "") if err.status == 404 else None
             except Unreachable:
                 return None  # look again later; the stream goes on
-            if current["metadata"]["uid"] != uid:
-                return {"reason": "deleted"}
-            if _phase(current) in TERMINAL_PHASES:
-                terminal_since = terminal_since or now
-                if now - terminal_since >= RUN_CHECK_SECONDS:
-                    return {"phase": _phase(current)}
-            return None
+            return RunLook(current["metadata"]["uid"], _phase(current))
+
+        ended = run_ending(meta["uid"], look)
 
         async def body() -> Any:
             STREAMS.inc()
             open_streams[who] = open_streams.get(who, 0) + 1
             try:
-                async for chunk in stream_events(store, uid, after, request.is_disconnected, ended):
+                async for chunk in stream_events(store, meta["uid"], after, request.is_disconnected, ended):
                     yield chunk
             finally:
                 STREAMS.dec()

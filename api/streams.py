@@ -6,16 +6,55 @@ and every event was sent, or when the Run is gone."""
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from store import Event, Store
 
 POLL_SECONDS = 0.2
 KEEPALIVE_SECONDS = 15.0
+RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 # What ends a stream, given the phase of the last phase event sent (None before one): None while the run goes
 # on, else the `end` event's data ({"phase": ...} or {"reason": ...}).
 Ending = Callable[[str | None], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class RunLook:
+    """What a look at a stream's Run found: its uid (None: it is gone) and phase."""
+
+    uid: str | None
+    phase: str
+
+
+def run_ending(uid: str, look: Callable[[], Awaitable[RunLook | None]]) -> Ending:
+    """The end of Run `uid`'s stream: once its last phase was sent (the bridge logs it just after the status);
+    or the Run gone (another uid, or none); or terminal for a while with no such entry (a bridge without a
+    store). `look` reads the Run, at most every RUN_CHECK_SECONDS; None when it could not (looked again later)."""
+    last_look, terminal_since = 0.0, 0.0
+
+    async def ended(last_phase: str | None) -> dict[str, Any] | None:
+        nonlocal last_look, terminal_since
+        if last_phase in TERMINAL_PHASES:
+            return {"phase": last_phase}
+        now = asyncio.get_running_loop().time()
+        if now - last_look < RUN_CHECK_SECONDS:
+            return None
+        last_look = now
+        seen = await look()
+        if seen is None:
+            return None
+        if seen.uid != uid:
+            return {"reason": "deleted"}
+        if seen.phase in TERMINAL_PHASES:
+            terminal_since = terminal_since or now
+            if now - terminal_since >= RUN_CHECK_SECONDS:
+                return {"phase": seen.phase}
+        return None
+
+    return ended
 
 
 def sse(event_id: int | None, event: str, data: Any) -> bytes:

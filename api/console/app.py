@@ -19,7 +19,6 @@ the form's CSRF token (an HMAC of the sign-in, under the console's key) and, whe
 from (Origin, Sec-Fetch-Site), comes from this origin.
 """
 
-import asyncio
 import hashlib
 import hmac
 import logging
@@ -38,7 +37,7 @@ from starlette.routing import Route
 from api.console import pages
 from api.console.backend import Backend, Refused
 from api.console.html import Html
-from api.streams import parse_cursor, stream_events
+from api.streams import RunLook, parse_cursor, run_ending, stream_events
 from store import ItemNotFound, StoreError
 from workflows.signals import RunSignal
 from workflows.status import not_waiting_for_input
@@ -50,7 +49,6 @@ MAX_FORM_BYTES = 256 << 10
 MAX_RUNS_SHOWN = (
     200  # the newest; more is a filter's job (the page fetches its table again every few seconds)
 )
-POLL_RUN_SECONDS = 5.0
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -271,26 +269,18 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
             raise Refused(422, str(err)) from None
-        looked = 0.0
 
-        async def ended(last_phase: str | None) -> dict[str, Any] | None:
-            nonlocal looked
-            if last_phase in pages.TERMINAL:
-                return {"phase": last_phase}
-            now = asyncio.get_running_loop().time()
-            if now - looked < POLL_RUN_SECONDS:
-                return None
-            looked = now
+        async def look() -> RunLook | None:
             try:
                 current = await backend.run(namespace, name)
             except Refused as err:
-                return {"reason": "deleted"} if err.status == 404 else None
-            if current.get("metadata", {}).get("uid") != uid:
-                return {"reason": "deleted"}
-            return None
+                return RunLook(None, "") if err.status == 404 else None
+            status = current.get("status")
+            phase = str(status.get("phase") or "") if isinstance(status, dict) else ""
+            return RunLook(str(current.get("metadata", {}).get("uid", "")), phase)
 
         return StreamingResponse(
-            stream_events(backend.store, uid, after, request.is_disconnected, ended),
+            stream_events(backend.store, uid, after, request.is_disconnected, run_ending(uid, look)),
             media_type="text/event-stream",
             headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
         )

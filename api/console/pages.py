@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from api.console.html import Html, el, path
+from api.streams import TERMINAL_PHASES
 from store import Event, ItemEvent, WorkItem
 
 Obj = dict[str, Any]
@@ -19,12 +20,33 @@ PHASES = (
     "Failed",
     "Cancelled",
 )
-TERMINAL = frozenset({"Succeeded", "Failed", "Cancelled"})
+TERMINAL = TERMINAL_PHASES
 BASE = "console"  # where the console is mounted
 
 
 def url(*segments: str, **query: str) -> str:
     return path(BASE, *segments, query=query)
+
+
+def document(title: str, body: Html, header: Html | None = None, script: bool = True) -> Html:
+    """A whole page: this origin's style sheet and (for signed-in pages) its script, nothing else."""
+    return Html(
+        "<!doctype html>"
+        + el(
+            "html",
+            {"lang": "en"},
+            el(
+                "head",
+                {},
+                el("meta", {"charset": "utf-8"}),
+                el("meta", {"name": "viewport", "content": "width=device-width, initial-scale=1"}),
+                el("title", {}, f"{title} · ksquad"),
+                el("link", {"rel": "stylesheet", "href": url("static", "console.css")}),
+                el("script", {"src": url("static", "console.js"), "defer": True}) if script else None,
+            ),
+            el("body", {}, el("header", {}, header) if header else None, el("main", {}, body)),
+        )
+    )
 
 
 def layout(title: str, viewer: str, how: str, body: Html, flash: str = "", problem: str = "") -> Html:
@@ -44,46 +66,16 @@ def layout(title: str, viewer: str, how: str, body: Html, flash: str = "", probl
             el("a", {"href": url("signout")}, "Sign out"),
         ),
     )
-    notes = [
-        el("p", {"class": "flash", "role": "status"}, flash) if flash else None,
-        el("p", {"class": "problem", "role": "alert"}, problem) if problem else None,
-    ]
-    return Html(
-        "<!doctype html>"
-        + el(
-            "html",
-            {"lang": "en"},
-            el(
-                "head",
-                {},
-                el("meta", {"charset": "utf-8"}),
-                el("meta", {"name": "viewport", "content": "width=device-width, initial-scale=1"}),
-                el("title", {}, f"{title} · ksquad"),
-                el("link", {"rel": "stylesheet", "href": url("static", "console.css")}),
-                el("script", {"src": url("static", "console.js"), "defer": True}),
-            ),
-            el("body", {}, el("header", {}, nav), el("main", {}, notes, body)),
-        )
+    notes = Html(
+        (el("p", {"class": "flash", "role": "status"}, flash) if flash else "")
+        + (el("p", {"class": "problem", "role": "alert"}, problem) if problem else "")
     )
+    return document(title, Html(notes + body), nav)
 
 
 def bare_page(title: str, body: Html) -> Html:
     """A page for who is not signed in (the sign-in form, a refusal)."""
-    return Html(
-        "<!doctype html>"
-        + el(
-            "html",
-            {"lang": "en"},
-            el(
-                "head",
-                {},
-                el("meta", {"charset": "utf-8"}),
-                el("title", {}, f"{title} · ksquad"),
-                el("link", {"rel": "stylesheet", "href": url("static", "console.css")}),
-            ),
-            el("body", {}, el("main", {}, body)),
-        )
-    )
+    return document(title, body, script=False)
 
 
 def phase_badge(phase: str, reason: str = "") -> Html:
