@@ -24,6 +24,9 @@ origin proves nothing about who is asking, and the codec decrypts the history an
     POST   /codec/encode, /codec/decode    Temporal's remote codec protocol, for the UI (see `codec_app`)
     GET    /ui/signin?token=TOKEN[&next=/ui/...]   the session cookie for the UI, then to the UI
     *      /ui/...                         the Temporal UI (with the session cookie)
+    GET    /console/signin?token=TOKEN     the same session cookie, then to the console
+    *      /console/...                    the console (api/console/app.py): with the session cookie; its forms
+                                           carry their CSRF token instead of a JSON body
 
 Errors are JSON `{"error": "...", "problems": [...]}`: 400 for a body that is not JSON, not of the shape the
 route takes, or an unknown action, 401 without the token (or, for /ui/ and /codec/, the session cookie), 403 for
