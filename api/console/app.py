@@ -38,7 +38,7 @@ from api.console import pages
 from api.console.backend import Backend, Refused
 from api.console.html import Html
 from api.streams import RunLook, parse_cursor, run_ending, stream_events
-from store import ItemNotFound, StoreError
+from store import InvalidItemWrite, ItemNotFound, StoreError
 from workflows.signals import RunSignal
 from workflows.status import not_waiting_for_input
 
@@ -46,6 +46,14 @@ log = logging.getLogger("ksquad.console")
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript"}
 MAX_FORM_BYTES = 256 << 10
+DONE = {
+    "cancel": "Cancel sent",
+    "pause": "Pause sent",
+    "resume": "Resume sent",
+    "input": "Answer sent",
+    "comment": "Comment added",
+    "created": "Run created",
+}
 MAX_RUNS_SHOWN = (
     200  # the newest; more is a filter's job (the page fetches its table again every few seconds)
 )
@@ -101,7 +109,11 @@ def same_origin(request: Request) -> bool:
     if site is not None and site not in ("same-origin", "none"):
         return False
     origin = request.headers.get("origin")
-    return origin is None or urlsplit(origin).netloc == request.headers.get("host")
+    if origin is None:
+        return True
+    # the host the browser asked for: this server's, or the proxy's in front of it that says so
+    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")} - {None}
+    return urlsplit(origin).netloc in hosts
 
 
 async def form_of(request: Request) -> dict[str, str] | Response:
@@ -178,6 +190,8 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
                 return refused(err)
             except ItemNotFound as err:
                 return refused(Refused(404, str(err)))
+            except InvalidItemWrite as err:
+                return refused(Refused(422, str(err), [f"{err.field}: {err}"]))
             except StoreError as err:
                 return refused(Refused(503, f"the store does not answer: {err}"))
 
@@ -200,9 +214,9 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
 
     def shell(session: Session, title: str, body: Html, request: Request, problem: str = "") -> Response:
         viewer = session.backend.viewer
-        return page(
-            pages.layout(title, viewer.name, viewer.how, body, request.query_params.get("done", ""), problem)
-        )
+        # what the last action did, by its code: a link cannot put words of its own on the page
+        flash = DONE.get(request.query_params.get("done", ""), "")
+        return page(pages.layout(title, viewer.name, viewer.how, body, flash, problem))
 
     def chosen(request: Request) -> dict[str, str]:
         return {k: request.query_params.get(k, "") for k in ("phase", "team", "agent", "person")}
@@ -325,13 +339,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
         if action == "input" and not text.strip():
             raise Refused(422, "the answer is empty: write what the agent asked for", ["text: required"])
         await backend.signal(namespace, name, RunSignal(action), text)
-        done = {
-            "cancel": "Cancel sent",
-            "pause": "Pause sent",
-            "resume": "Resume sent",
-            "input": "Answer sent",
-        }
-        return RedirectResponse(pages.url("runs", namespace, name, done=done[action]), status_code=303)
+        return RedirectResponse(pages.url("runs", namespace, name, done=action), status_code=303)
 
     async def items_page(request: Request, session: Session) -> Response:
         backend = session.backend
@@ -380,7 +388,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
         if not text.strip():
             raise Refused(422, "the comment is empty", ["body: required"])
         await backend.store.comment(namespace, item_id, text, backend.author(), None, None)
-        return RedirectResponse(pages.url("items", namespace, item_id, done="Comment added"), status_code=303)
+        return RedirectResponse(pages.url("items", namespace, item_id, done="comment"), status_code=303)
 
     async def start_form(
         request: Request, session: Session, values: dict[str, str] | None = None, problem: str = ""
@@ -439,7 +447,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
         except Refused as err:
             detail = f"{err.message}" + (f" ({'; '.join(err.problems)})" if err.problems else "")
             return await start_form(request, session, form, problem=detail)
-        return RedirectResponse(pages.url("runs", namespace, name, done="Run created"), status_code=303)
+        return RedirectResponse(pages.url("runs", namespace, name, done="created"), status_code=303)
 
     async def static(request: Request) -> Response:
         name = request.path_params["file"]
