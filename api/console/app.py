@@ -54,9 +54,8 @@ DONE = {
     "comment": "Comment added",
     "created": "Run created",
 }
-MAX_RUNS_SHOWN = (
-    200  # the newest; more is a filter's job (the page fetches its table again every few seconds)
-)
+# The newest runs shown; more is a filter's job (the page fetches its table again every few seconds).
+MAX_RUNS_SHOWN = 200
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
