@@ -1,0 +1,219 @@
+"""The console of ksquad-api (api.cluster) on loopback against the real API server and a real store, without a
+browser: who a person is (the proxy's bearer token, or the token sign-in's sealed cookie), and that what they read
+and do reaches the API server as them (its audit log names them), so RBAC, not the console, decides; what they may
+not do the page refuses with the reason, and a request forged in their session changes nothing."""
+
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from api.cluster import CONSOLE_COOKIE, ApiSettings, cluster_api
+from api.console.app import Session, csrf_token
+from api.kubernetes_auth import KubernetesAuth
+from kube import Config, Kube
+from store import Store
+from testbed.asgi import serving
+from testbed.controlplane import ControlPlane
+
+KEY = os.urandom(32)
+
+
+@pytest.fixture
+async def api(ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path) -> AsyncIterator[str]:
+    settings = ApiSettings(
+        database_url=f"sqlite:///{tmp_path / 'store.db'}", console_key=KEY, namespaces=[namespace]
+    )
+    store = await Store.open(settings.database_url)
+    async with (
+        Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube,
+        serving(cluster_api(store, kube, KubernetesAuth(kube), settings, None)) as url,
+    ):
+        yield url
+    await store.close()
+
+
+def person(cluster: ControlPlane, namespace: str, run_verbs: str, item_verbs: str) -> tuple[str, str]:
+    """A ServiceAccount standing for a person: `run_verbs` on Runs, read on Agents and Teams, `item_verbs` on work
+    items. Its user name and token."""
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "serviceaccount", name, "-n", namespace)
+    for role, verbs, resources in (
+        (f"{name}-runs", run_verbs, "runs.ksquad.io"),
+        (f"{name}-agents", "get,list", "agents.ksquad.io,teams.ksquad.io"),
+        (f"{name}-items", item_verbs, "workitems.ksquad.io"),
+    ):
+        cluster.kubectl("create", "role", role, f"--verb={verbs}", f"--resource={resources}", "-n", namespace)
+        cluster.kubectl(
+            "create",
+            "rolebinding",
+            role,
+            f"--role={role}",
+            f"--serviceaccount={namespace}:{name}",
+            "-n",
+            namespace,
+        )
+    token = cluster.kubectl("create", "token", name, "-n", namespace).stdout.strip()
+    return f"system:serviceaccount:{namespace}:{name}", token
+
+
+def apply(cluster: ControlPlane, *docs: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+
+def form_token(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, f"no form on the page: {html[:2000]}"
+    return found.group(1)
+
+
+def audited(cluster: ControlPlane, verb: str, name: str) -> set[str]:
+    """Who the API server says made `verb` on Run `name`."""
+    users = set()
+    for line in cluster.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if ref.get("resource") == "runs" and event.get("verb") == verb and ref.get("name") == name:
+            users.add(event["user"]["username"])
+    return users
+
+
+async def test_a_person_behind_the_proxy_reads_and_acts_as_themselves(
+    ksquad_cluster: ControlPlane, namespace: str, api: str
+) -> None:
+    cluster = ksquad_cluster
+    editor, token = person(cluster, namespace, "get,list,watch,create,patch", "get,list,update")
+    apply(
+        cluster,
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Agent",
+            "metadata": {"name": "fixer", "namespace": namespace},
+            "spec": {"model": "m"},
+        },
+    )
+    elsewhere = f"t-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", elsewhere)
+    apply(
+        cluster,
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": "not-yours", "namespace": elsewhere},
+            "spec": {"agents": ["a"]},
+        },
+    )
+    proxy = {"Authorization": f"Bearer {token}"}  # what the authenticating proxy adds to each request
+    async with httpx.AsyncClient(base_url=api, headers=proxy, timeout=30) as http:
+        start = await http.get(f"/console/start?namespace={namespace}")
+        assert (
+            start.status_code == 200 and f'Signed in as <strong data-testid="viewer">{editor}' in start.text
+        )
+        assert "agent:fixer" in start.text
+        made = await http.post(
+            "/console/start",
+            data={
+                "csrf": form_token(start.text),
+                "namespace": namespace,
+                "target": "agent:fixer",
+                "name": "from-console",
+                "inputs": "task=fix it",
+            },
+        )
+        assert made.status_code == 303, made.text
+        assert made.headers["location"] == f"/console/runs/{namespace}/from-console?done=created"
+        run = json.loads(cluster.kubectl("get", "run", "from-console", "-n", namespace, "-o", "json").stdout)
+        assert run["spec"] == {"agents": ["fixer"], "inputs": {"task": "fix it"}}
+        assert audited(cluster, "create", "from-console") == {editor}, "created by the person, not ksquad-api"
+
+        listed = await http.get("/console/")
+        assert "from-console" in listed.text and "not-yours" not in listed.text, (
+            "only what RBAC lets them list"
+        )
+
+        page = await http.get(f"/console/runs/{namespace}/from-console")
+        cancelled = await http.post(
+            f"/console/runs/{namespace}/from-console/cancel",
+            data={"csrf": form_token(page.text), "reason": "changed my mind"},
+        )
+        assert cancelled.status_code == 303, cancelled.text
+        run = json.loads(cluster.kubectl("get", "run", "from-console", "-n", namespace, "-o", "json").stdout)
+        assert run["metadata"]["annotations"]["ksquad.io/cancel-requested"] == "changed my mind"
+        assert audited(cluster, "patch", "from-console") == {editor}
+
+
+async def test_a_reader_sees_and_is_refused_with_the_reason_and_a_forged_request_changes_nothing(
+    ksquad_cluster: ControlPlane, namespace: str, api: str
+) -> None:
+    cluster = ksquad_cluster
+    viewer, token = person(cluster, namespace, "get,list,watch", "get,list")
+    apply(
+        cluster,
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": "watched", "namespace": namespace},
+            "spec": {"agents": ["a"]},
+        },
+    )
+    async with httpx.AsyncClient(base_url=api, timeout=30) as http:
+        signed = await http.post("/console/signin", data={"token": token})
+        assert signed.status_code == 303, signed.text
+        cookie = signed.cookies[CONSOLE_COOKIE]
+        assert token not in cookie
+        page = await http.get(f"/console/runs/{namespace}/watched")
+        assert page.status_code == 200, page.text
+        assert f"{viewer} may not patch runs.ksquad.io watched in namespace {namespace}" in page.text
+        assert 'name="csrf"' not in page.text, "no form for what they may not do"
+        start = await http.get(f"/console/start?namespace={namespace}")
+        assert f"{viewer} may not create runs.ksquad.io in namespace {namespace}" in start.text
+
+        # forged: a well-made form token for this very session (it is never shown them); the API server refuses
+        forged = csrf_token(KEY, Session(None, hashlib.sha256(token.encode()).hexdigest()))  # type: ignore[arg-type]
+        cancel = await http.post(f"/console/runs/{namespace}/watched/cancel", data={"csrf": forged})
+        assert cancel.status_code == 403 and "may not patch" in cancel.text, cancel.text
+        create = await http.post(
+            "/console/start",
+            data={"csrf": forged, "namespace": namespace, "target": "agent:a", "name": "by-viewer"},
+        )
+        assert "forbidden" in create.text.lower(), create.text
+    assert cluster.kubectl("get", "run", "by-viewer", "-n", namespace, check=False).returncode != 0
+    run = json.loads(cluster.kubectl("get", "run", "watched", "-n", namespace, "-o", "json").stdout)
+    assert "ksquad.io/cancel-requested" not in (run["metadata"].get("annotations") or {})
+
+
+async def test_a_sign_in_cookie_that_was_altered_or_a_token_the_cluster_refuses_signs_in_no_one(
+    api: str,
+) -> None:
+    async with httpx.AsyncClient(base_url=api, timeout=30) as http:
+        refused = await http.post("/console/signin", data={"token": "not-a-token"})
+        assert refused.status_code == 401 and "does not accept this token" in refused.text
+        http.cookies.set(CONSOLE_COOKIE, "A" * 80, path="/console")
+        bounced = await http.get("/console/")
+        assert bounced.status_code == 303 and bounced.headers["location"] == "/console/signin"
+        headers = (await http.get("/console/signin")).headers
+        assert "script-src 'self'" in headers["content-security-policy"]
+        assert headers["x-frame-options"] == "DENY"
+
+
+async def test_without_a_console_key_the_console_says_so(
+    ksquad_cluster: ControlPlane, tmp_path: Path
+) -> None:
+    settings = ApiSettings(database_url=f"sqlite:///{tmp_path / 'store.db'}")
+    store = await Store.open(settings.database_url)
+    async with (
+        Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube,
+        serving(cluster_api(store, kube, KubernetesAuth(kube), settings, None)) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        answer = await http.get("/console/")
+    await store.close()
+    assert answer.status_code == 503 and "KSQUAD_CONSOLE_KEY_FILE" in answer.json()["error"]
