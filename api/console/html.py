@@ -17,9 +17,16 @@ URL_ATTRIBUTES = frozenset({"href", "src", "action", "formaction"})
 
 
 class Html(str):
-    """Markup made by this module: placed as it is."""
+    """Markup made by this module: placed as it is. Joined with a plain string (`+`, either side), the string
+    is escaped: text never becomes markup by being added to some."""
 
     __slots__ = ()
+
+    def __add__(self, other: object) -> "Html":
+        return Html(str.__add__(self, render(other)))
+
+    def __radd__(self, other: object) -> "Html":
+        return Html(str.__add__(render(other), self))
 
 
 def escape(value: object) -> Html:

@@ -4,7 +4,7 @@ Pages work without script; console.js only keeps them live (the runs table, a ru
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from api.console.html import Html, el, path
+from api.console.html import Html, el, escape, path
 from api.streams import TERMINAL_PHASES
 from store import Event, ItemEvent, WorkItem
 
@@ -31,7 +31,7 @@ def url(*segments: str, **query: str) -> str:
 def document(title: str, body: Html, header: Html | None = None, script: bool = True) -> Html:
     """A whole page: this origin's style sheet and (for signed-in pages) its script, nothing else."""
     return Html(
-        "<!doctype html>"
+        Html("<!doctype html>")
         + el(
             "html",
             {"lang": "en"},
@@ -448,31 +448,45 @@ def items_page(namespace: str, namespaces: list[str], items: list[WorkItem]) -> 
     )
 
 
+def entry_view(entry: ItemEvent) -> Html:
+    """One entry of an item's thread: who wrote it (a person, or a Run's attempt for the person who started it),
+    when, and what: a comment's text, a state change, an artifact with a link to its content."""
+    author, data = entry.author, _dict(entry.data)
+    who = (
+        Html(
+            el("strong", {}, author.run)
+            + f" (agent, attempt {author.attempt}, for {author.user or 'nobody'})"
+        )
+        if author.run
+        else Html(el("strong", {}, author.user or "someone") + " (person)")
+    )
+    if entry.kind == "artifact":
+        namespace, _, run = (author.run or "").partition("/")
+        name = str(data.get("name") or "")
+        what: Html = Html(
+            "published "
+            + el("a", {"href": url("runs", namespace, run, "artifacts", name)}, name)
+            + escape(f" ({data.get('mediaType') or 'unknown type'}, {data.get('size') or '?'} bytes)")
+        )
+    elif entry.kind == "state":
+        what = Html(
+            escape(f"set the state to {data.get('state', '?')}")
+            + (el("div", {"class": "body"}, entry.body) if entry.body else "")
+        )
+    else:
+        what = el("div", {"class": "body"}, entry.body)
+    return el(
+        "li",
+        {"class": f"entry entry-{entry.kind}"},
+        el("p", {"class": "meta"}, who, f" · {entry.kind} · ", when(entry.at.isoformat())),
+        what,
+    )
+
+
 def item_page(
     item: WorkItem, entries: list[ItemEvent], runs: list[Obj], csrf: str, refusal: str | None
 ) -> Html:
-    thread = el(
-        "ol",
-        {"class": "thread", "data-testid": "thread"},
-        [
-            el(
-                "li",
-                {"class": f"entry entry-{e.kind}"},
-                el(
-                    "p",
-                    {"class": "meta"},
-                    el("strong", {}, e.author.user or e.author.run or "someone"),
-                    f" ({'agent, attempt ' + str(e.author.attempt) if e.author.run else 'person'})"
-                    if e.author
-                    else "",
-                    f" · {e.kind} · ",
-                    when(e.at.isoformat()),
-                ),
-                el("div", {"class": "body"}, e.body),
-            )
-            for e in entries
-        ],
-    )
+    thread = el("ol", {"class": "thread", "data-testid": "thread"}, [entry_view(e) for e in entries])
     form = (
         el(
             "form",

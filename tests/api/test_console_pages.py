@@ -2,6 +2,7 @@
 browser tests in tests/dev/test_console.py show nothing runs; these show why, field by field), its sealed sign-in
 cookie, the inputs a person types, and which actions a run's state allows."""
 
+import html
 import re
 from datetime import UTC, datetime
 
@@ -28,6 +29,10 @@ def test_text_and_attribute_values_are_escaped_and_only_made_markup_is_placed_as
     assert tags(made) == ["a", "b"]
     assert "&lt;script&gt;" in made and "&quot;" in made
     assert el("p", {}, Html("<em>mine</em>")) == "<p><em>mine</em></p>"
+    # text added to markup, on either side, stays text (an agent's entry was once shown so)
+    assert el("b", {}, "x") + HOSTILE == "<b>x</b>" + html.escape(HOSTILE)
+    assert HOSTILE + el("b", {}, "x") == html.escape(HOSTILE) + "<b>x</b>"
+    assert isinstance(el("b", {}, "x") + "y", Html)
 
 
 @pytest.mark.parametrize(
