@@ -10,7 +10,7 @@ function refreshTables() {
     const again = async () => {
       try {
         const answer = await fetch(source, { credentials: "same-origin", headers: { Accept: "text/html" } });
-        if (answer.ok) {
+        if (answer.ok && !answer.redirected) {
           box.innerHTML = await answer.text(); // the server's escaped rendering of the same table
           showTimes(box);
         }
