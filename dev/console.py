@@ -16,7 +16,7 @@ class EmbeddedConsole:
     def __init__(
         self, runs: EmbeddedRuns, store: Store, ui_prefix: str | None, temporal_namespace: str
     ) -> None:
-        self.runs_ = runs
+        self.embedded = runs
         self.store = store
         self.viewer = Viewer(runs.user, "the developer, with the API's token")
         self.ui_prefix = ui_prefix
@@ -24,30 +24,30 @@ class EmbeddedConsole:
 
     async def namespaces(self) -> list[str]:
         seen = {
-            o.namespace for kind in ("Run", "Agent", "Team") for o in await self.runs_.objects.of_kind(kind)
+            o.namespace for kind in ("Run", "Agent", "Team") for o in await self.embedded.objects.of_kind(kind)
         }
         return sorted(seen | {"default"})
 
     async def runs(self, namespace: str | None) -> list[Obj]:
-        return [r.manifest() for r in await self.runs_.objects.of_kind("Run", namespace)]
+        return [r.manifest() for r in await self.embedded.objects.of_kind("Run", namespace)]
 
     async def run(self, namespace: str, name: str) -> Obj:
         try:
-            return (await self.runs_.get(namespace, name)).manifest()
+            return (await self.embedded.get(namespace, name)).manifest()
         except UnknownRun as err:
             raise Refused(404, str(err)) from None
 
     async def objects(self, plural: str, namespace: str) -> list[Obj]:
-        return [o.manifest() for o in await self.runs_.objects.of_kind(KINDS[plural], namespace)]
+        return [o.manifest() for o in await self.embedded.objects.of_kind(KINDS[plural], namespace)]
 
     async def create_run(self, manifest: Obj) -> Obj:
         meta = manifest["metadata"]
-        if await self.runs_.objects.get("Run", meta["namespace"], meta["name"]) is not None:
+        if await self.embedded.objects.get("Run", meta["namespace"], meta["name"]) is not None:
             raise Refused(
                 409, f"a Run {meta['namespace']}/{meta['name']} exists already: name this one otherwise"
             )
         try:
-            await self.runs_.apply([manifest])
+            await self.embedded.apply([manifest])
         except InvalidObject as err:
             raise Refused(422, str(err), err.problems) from None
         return await self.run(meta["namespace"], meta["name"])
@@ -61,7 +61,7 @@ class EmbeddedConsole:
             else (text or f"the console: {action}",)
         )
         try:
-            await self.runs_.signal(namespace, name, action, *args)
+            await self.embedded.signal(namespace, name, action, *args)
         except UnknownRun as err:
             raise Refused(404, str(err)) from None
         except RunRefuses as err:
@@ -71,7 +71,7 @@ class EmbeddedConsole:
         return None  # the API's token holder is the developer: everything is theirs
 
     def author(self) -> Author:
-        return Author(user=self.runs_.user)
+        return Author(user=self.embedded.user)
 
     def temporal_url(self, workflow_id: str) -> str | None:
         if self.ui_prefix is None:
