@@ -138,6 +138,9 @@ def apply_pools(stack: Stack, replicas: int) -> None:
     pools = [doc for doc in chart.render(values) if doc["kind"] == "ReplicaSet"]
     stack.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(pools))
     stack.pools = [{"name": f"p{i}", "namespace": stack.namespace} for i in range(POOLS)]
+    # The worker places a run's sandbox as the pools were rendered (the chart gives both the same values): a
+    # pool whose pods ask for other resources serves no claim, and every run would go cold.
+    stack.sandbox_settings = {**stack.sandbox_settings, "resources": POD_RESOURCES}
 
 
 async def machine_busy_over(seconds: float) -> float:
