@@ -98,8 +98,9 @@ def refused(err: Refused) -> HTMLResponse:
     return page(pages.refusal_page(err.status, err.message, err.problems), err.status)
 
 
-def csrf_token(key: bytes, session: Session) -> str:
-    return hmac.new(key, f"console-csrf:{session.key}".encode(), hashlib.sha256).hexdigest()
+def csrf_token(key: bytes, sign_in: str) -> str:
+    """The forms' token for one sign-in (`Session.key`): an HMAC under the console's key."""
+    return hmac.new(key, f"console-csrf:{sign_in}".encode(), hashlib.sha256).hexdigest()
 
 
 def same_origin(request: Request) -> bool:
@@ -203,7 +204,9 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             form = await form_of(request)
             if isinstance(form, Response):
                 return form
-            if not hmac.compare_digest(form.get("csrf", "").encode(), csrf_token(csrf_key, session).encode()):
+            if not hmac.compare_digest(
+                form.get("csrf", "").encode(), csrf_token(csrf_key, session.key).encode()
+            ):
                 return refused(
                     Refused(403, "this form is stale or was not made by the console for you: reload the page")
                 )
@@ -267,7 +270,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             phases,
             progress,
             run_refusals(run, may_patch),
-            csrf_token(csrf_key, session),
+            csrf_token(csrf_key, session.key),
             backend.temporal_url(str(workflow.get("id") or f"{namespace}/{name}")),
             events[-1].seq if events else 0,
         )
@@ -372,7 +375,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             item,
             entries,
             runs,
-            csrf_token(csrf_key, session),
+            csrf_token(csrf_key, session.key),
             await backend.may("update", "workitems", namespace, item_id),
         )
         return shell(session, f"Item {namespace}/{item_id}", body, request)
@@ -407,7 +410,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             agents = sorted(str(a["metadata"]["name"]) for a in await backend.objects("agents", namespace))
             teams = sorted(str(t["metadata"]["name"]) for t in await backend.objects("teams", namespace))
         body = pages.start_page(
-            namespace, namespaces, agents, teams, csrf_token(csrf_key, session), values or {}, refusal
+            namespace, namespaces, agents, teams, csrf_token(csrf_key, session.key), values or {}, refusal
         )
         return shell(session, "Start a run", body, request, problem)
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from api.cluster import CONSOLE_COOKIE, ApiSettings, cluster_api
-from api.console.app import Session, csrf_token
+from api.console.app import csrf_token
 from api.kubernetes_auth import KubernetesAuth
 from kube import Config, Kube
 from store import Store
@@ -177,7 +177,7 @@ async def test_a_reader_sees_and_is_refused_with_the_reason_and_a_forged_request
         assert f"{viewer} may not create runs.ksquad.io in namespace {namespace}" in start.text
 
         # forged: a well-made form token for this very session (it is never shown them); the API server refuses
-        forged = csrf_token(KEY, Session(None, hashlib.sha256(token.encode()).hexdigest()))  # type: ignore[arg-type]
+        forged = csrf_token(KEY, hashlib.sha256(token.encode()).hexdigest())
         cancel = await http.post(f"/console/runs/{namespace}/watched/cancel", data={"csrf": forged})
         assert cancel.status_code == 403 and "may not patch" in cancel.text, cancel.text
         create = await http.post(
