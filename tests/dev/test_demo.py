@@ -21,7 +21,10 @@ async def test_the_demo_ends_with_each_run_as_expected_and_the_ui_answering(tmp_
     )
     assert rows["migrate-ledger"][:2] == ["Cancelled", "Cancelled"]
     assert re.search(r"summarize-incident +phase +Paused \(RateLimited\)", result.out)
-    # the UI answers the signed-in browser, through the API (dev.api)
+    # the console and the UI answer the signed-in browser, through the API (dev.api)
+    assert re.search(
+        r"Console \(HTTP 200\): sign in with http://127\.0\.0\.1:\d+/console/signin\?token=", result.out
+    )
     assert re.search(
         r"Temporal UI \(HTTP 200\): sign in with http://127\.0\.0\.1:\d+/ui/signin\?token=", result.out
     )
