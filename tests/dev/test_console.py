@@ -146,9 +146,9 @@ async def test_an_agents_question_is_answered_from_the_page(
     await phase_shown(tab, log, "Succeeded")
     assert dev.scripted is not None
     answered = [c for c in dev.scripted.calls if c.model == "asks"][-1]
-    assert any("test_payment_retry, it reads the clock" in text for text in answered.context), (
-        answered.context
-    )
+    said = answered.tool_results + answered.context  # the answer comes back as the question tool's result
+    assert any("test_payment_retry, it reads the clock" in text for text in said), said
+    await wait_for_text(tab, log, "fixed the test you named")
 
 
 async def test_a_run_is_cancelled_from_the_page(page: tuple[Page, PageLog], dev: DevStack) -> None:
@@ -209,7 +209,7 @@ async def test_a_run_started_from_the_console_carries_the_person(
     assert person in await tab.inner_text(".facts")
     entries = await dev.store.item_events(NS, "PAY-11", 0)
     assert {e.author.user for e in entries if e.author.run} == {person}, "the agent wrote for the person"
-    usage = await dev.store.usage("person", since=datetime.now(UTC) - timedelta(hours=1), namespace=NS)
+    usage = await dev.store.usage("triggered_by", since=datetime.now(UTC) - timedelta(hours=1), namespace=NS)
     assert any(row.key == person and row.calls >= 1 for row in usage), usage
     # a bad input line is refused with the field named, and nothing is created
     await tab.goto(f"{dev.api_url}/console/start?namespace={NS}")
@@ -286,7 +286,8 @@ async def test_a_form_without_its_token_or_from_another_origin_changes_nothing(d
             headers={"Origin": "http://attacker.invalid"},
         )
         assert elsewhere.status_code == 403, elsewhere.text
-        nobody = await http.get(f"/console/runs/{NS}/kept")
+    async with httpx.AsyncClient(base_url=dev.api_url) as stranger:  # no session cookie
+        nobody = await stranger.get(f"/console/runs/{NS}/kept")
         assert nobody.status_code == 401 and "Sign in" in nobody.text
     status = (await dev.runs.get(NS, "kept")).status or {}
     assert status.get("phase") not in ("Cancelling", "Cancelled"), status
