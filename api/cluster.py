@@ -70,7 +70,7 @@ from starlette.routing import Mount, Route
 from agent.callers import ITEM_KEY_ENV, read_key
 from api.codec import codec_app
 from api.console import pages
-from api.console.app import SECURITY_HEADERS, Session, console_routes, form_of, same_origin
+from api.console.app import SECURITY_HEADERS, Session, console_routes, csrf_key_of, form_of, same_origin
 from api.console.cluster import SESSION_SECONDS, ClusterConsole, SessionSeal
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
@@ -391,7 +391,7 @@ def console_app(
 
         return [Route("/console{rest:path}", no_console, methods=["GET", "POST"])]
     seal = SessionSeal(settings.console_key)
-    csrf_key = hmac.new(settings.console_key, b"ksquad-console-csrf", hashlib.sha256).digest()
+    csrf_key = csrf_key_of(settings.console_key)
     https = bool(settings.tls_cert_file)
 
     def token_of(request: Request) -> tuple[str | None, str]:

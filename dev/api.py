@@ -51,7 +51,7 @@ from temporalio.service import RPCError
 
 from agent.callers import ITEM_TOKEN_PREFIX
 from api.codec import codec_app
-from api.console.app import Session, console_routes
+from api.console.app import Session, console_routes, csrf_key_of
 from api.console.pages import signin_needed_page
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
@@ -279,9 +279,7 @@ def api_app(
         Route(f"{CONSOLE_PREFIX}/signin", signin),
         Route(f"{CONSOLE_PREFIX}/signout", signout),
         Route(CONSOLE_PREFIX, lambda _: RedirectResponse(f"{CONSOLE_PREFIX}/", status_code=307)),
-        *console_routes(
-            console_session, hmac.new(token.encode(), b"ksquad-console-csrf", hashlib.sha256).digest()
-        ),
+        *console_routes(console_session, csrf_key_of(token.encode())),
         Route("/apply", apply, methods=["POST"]),
         Route("/runs", list_runs),
         Route("/runs/{namespace}/{name}", get_run),

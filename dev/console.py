@@ -24,7 +24,9 @@ class EmbeddedConsole:
 
     async def namespaces(self) -> list[str]:
         seen = {
-            o.namespace for kind in ("Run", "Agent", "Team") for o in await self.embedded.objects.of_kind(kind)
+            o.namespace
+            for kind in ("Run", "Agent", "Team")
+            for o in await self.embedded.objects.of_kind(kind)
         }
         return sorted(seen | {"default"})
 

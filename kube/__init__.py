@@ -95,6 +95,10 @@ class _Authorization(httpx.Auth):
             yield request
 
 
+RETRIES_ON_429 = 3
+MAX_RETRY_AFTER_SECONDS = 2.0
+
+
 class BearerToken:
     """A fixed bearer token (a person's, as their browser sent it): nothing to load again after a 401."""
 
@@ -130,11 +134,23 @@ class Kube:
         self._extensions = {"sni_hostname": config.tls_server_name} if config.tls_server_name else {}
         self._auth: httpx.Auth | None = None  # another credential than the config's (acting_as)
         self._borrowed = False
+        self._without_certificate: httpx.AsyncClient | None = None
 
     def acting_as(self, token: str) -> "Kube":
-        """This client's connections, with every request carrying `token` (a person's own credential) instead
-        of this client's: the API server answers and authorises as that person. Closing it closes nothing."""
+        """A client whose every request carries `token` (a person's own credential) instead of this client's:
+        the API server answers and authorises as that person. It shares this client's connections, or, when
+        this client presents a certificate (which would authenticate each request as this client), a pool of
+        its own that presents none. Closing it closes nothing."""
         other = copy.copy(self)
+        if self.config.tls_without_certificate is not None:
+            if self._without_certificate is None:
+                self._without_certificate = httpx.AsyncClient(
+                    base_url=self.config.server,
+                    verify=self.config.tls_without_certificate,
+                    timeout=self.http.timeout,
+                    proxy=self.config.proxy,
+                )
+            other.http = self._without_certificate
         other._auth = _Authorization(BearerToken(token))
         other._borrowed = True
         return other
@@ -148,19 +164,28 @@ class Kube:
     async def close(self) -> None:
         if not self._borrowed:
             await self.http.aclose()
+            if self._without_certificate is not None:
+                await self._without_certificate.aclose()
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Obj:
-        try:
-            async with self._in_flight:
-                response = await self.http.request(
-                    method,
-                    url,
-                    extensions=self._extensions,
-                    auth=self._auth or httpx.USE_CLIENT_DEFAULT,
-                    **kwargs,
-                )
-        except httpx.TransportError as err:
-            raise Unreachable(f"{method} {url}: {type(err).__name__}: {err}") from None
+        for tries_left in range(RETRIES_ON_429, -1, -1):
+            try:
+                async with self._in_flight:
+                    response = await self.http.request(
+                        method,
+                        url,
+                        extensions=self._extensions,
+                        auth=self._auth or httpx.USE_CLIENT_DEFAULT,
+                        **kwargs,
+                    )
+            except httpx.TransportError as err:
+                raise Unreachable(f"{method} {url}: {type(err).__name__}: {err}") from None
+            # "Too many requests" with a Retry-After (priority and fairness, a resource's storage initialising
+            # after its CRD was established): asked again after it, as client-go does.
+            wait = _retry_after(response)
+            if wait is None or not tries_left:
+                break
+            await asyncio.sleep(wait)
         if response.status_code >= 400:
             raise _api_error(response)
         body: Obj = response.json()
@@ -275,6 +300,16 @@ class Kube:
                         yield event
         except httpx.TransportError as err:
             raise Unreachable(f"watch {url}: {type(err).__name__}: {err}") from None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds a 429 asks the client to wait (capped at MAX_RETRY_AFTER_SECONDS), else None."""
+    if response.status_code != 429:
+        return None
+    try:
+        return min(float(response.headers.get("retry-after", "")), MAX_RETRY_AFTER_SECONDS)
+    except ValueError:
+        return None
 
 
 def _api_error(response: httpx.Response) -> ApiError:

@@ -122,6 +122,8 @@ class Config:
     namespace: str = "default"
     tls_server_name: str | None = None
     proxy: str | None = None
+    # The server's trust without this client's certificate, when it presents one (None: ssl_context presents none).
+    tls_without_certificate: ssl.SSLContext | bool | None = None
 
     @classmethod
     def load(cls, kubeconfig: str | Path | None = None, context: str | None = None) -> "Config":
@@ -180,6 +182,11 @@ class Config:
                 )
                 loader.load_and_set(configuration)
                 tls = _tls_context(configuration)
+                # What a person's own token is sent over (Kube.acting_as): this client's certificate would
+                # authenticate the request as this client, whatever token it carries.
+                anonymous = (
+                    _tls_context(configuration, client_certificate=False) if configuration.cert_file else None
+                )
             context_value: dict[str, Any] = loader.current_context.get("context") or {}
         except ConfigException as err:
             raise ConfigError(f"kubeconfig {files}: {err}") from None
@@ -204,6 +211,7 @@ class Config:
             namespace=context_value.get("namespace") or "default",
             tls_server_name=getattr(configuration, "tls_server_name", None),
             proxy=configuration.proxy,
+            tls_without_certificate=anonymous,
         )
 
 
@@ -251,7 +259,7 @@ def _loader_without_files(merged: Any, context: str) -> Callable[[], "Configurat
     return load
 
 
-def _tls_context(configuration: "Configuration") -> ssl.SSLContext | bool:
+def _tls_context(configuration: "Configuration", client_certificate: bool = True) -> ssl.SSLContext | bool:
     if not configuration.host.startswith("https"):
         return False
     tls = (
@@ -262,6 +270,6 @@ def _tls_context(configuration: "Configuration") -> ssl.SSLContext | bool:
     if not configuration.verify_ssl:
         tls.check_hostname = False
         tls.verify_mode = ssl.CERT_NONE
-    if configuration.cert_file and configuration.key_file:
+    if client_certificate and configuration.cert_file and configuration.key_file:
         tls.load_cert_chain(configuration.cert_file, configuration.key_file)
     return tls

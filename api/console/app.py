@@ -98,6 +98,11 @@ def refused(err: Refused) -> HTMLResponse:
     return page(pages.refusal_page(err.status, err.message, err.problems), err.status)
 
 
+def csrf_key_of(console_key: bytes) -> bytes:
+    """The key the forms' tokens are made with, derived from the console's key (which also seals cookies)."""
+    return hmac.new(console_key, b"ksquad-console-csrf", hashlib.sha256).digest()
+
+
 def csrf_token(key: bytes, sign_in: str) -> str:
     """The forms' token for one sign-in (`Session.key`): an HMAC under the console's key."""
     return hmac.new(key, f"console-csrf:{sign_in}".encode(), hashlib.sha256).hexdigest()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from api.cluster import CONSOLE_COOKIE, ApiSettings, cluster_api
-from api.console.app import csrf_token
+from api.console.app import csrf_key_of, csrf_token
 from api.kubernetes_auth import KubernetesAuth
 from kube import Config, Kube
 from store import Store
@@ -43,24 +43,30 @@ async def api(ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path) -> A
 
 def person(cluster: ControlPlane, namespace: str, run_verbs: str, item_verbs: str) -> tuple[str, str]:
     """A ServiceAccount standing for a person: `run_verbs` on Runs, read on Agents and Teams, `item_verbs` on work
-    items. Its user name and token."""
+    items (no object of the API server: what ksquad-api asks it about). Its user name and token."""
     name = f"p-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "serviceaccount", name, "-n", namespace)
-    for role, verbs, resources in (
-        (f"{name}-runs", run_verbs, "runs.ksquad.io"),
-        (f"{name}-agents", "get,list", "agents.ksquad.io,teams.ksquad.io"),
-        (f"{name}-items", item_verbs, "workitems.ksquad.io"),
-    ):
-        cluster.kubectl("create", "role", role, f"--verb={verbs}", f"--resource={resources}", "-n", namespace)
-        cluster.kubectl(
-            "create",
-            "rolebinding",
-            role,
-            f"--role={role}",
-            f"--serviceaccount={namespace}:{name}",
-            "-n",
-            namespace,
-        )
+    rules = [
+        {"apiGroups": ["ksquad.io"], "resources": ["runs"], "verbs": run_verbs.split(",")},
+        {"apiGroups": ["ksquad.io"], "resources": ["agents", "teams"], "verbs": ["get", "list"]},
+        {"apiGroups": ["ksquad.io"], "resources": ["workitems"], "verbs": item_verbs.split(",")},
+    ]
+    apply(
+        cluster,
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+        },
+    )
     token = cluster.kubectl("create", "token", name, "-n", namespace).stdout.strip()
     return f"system:serviceaccount:{namespace}:{name}", token
 
@@ -177,7 +183,7 @@ async def test_a_reader_sees_and_is_refused_with_the_reason_and_a_forged_request
         assert f"{viewer} may not create runs.ksquad.io in namespace {namespace}" in start.text
 
         # forged: a well-made form token for this very session (it is never shown them); the API server refuses
-        forged = csrf_token(KEY, hashlib.sha256(token.encode()).hexdigest())
+        forged = csrf_token(csrf_key_of(KEY), hashlib.sha256(token.encode()).hexdigest())
         cancel = await http.post(f"/console/runs/{namespace}/watched/cancel", data={"csrf": forged})
         assert cancel.status_code == 403 and "may not patch" in cancel.text, cancel.text
         create = await http.post(
