@@ -83,7 +83,7 @@ def phase_badge(phase: str, reason: str = "") -> Html:
         "span",
         {"class": f"phase phase-{phase.lower() if phase in PHASES else 'unknown'}", "data-testid": "phase"},
         phase or "Pending",
-        el("span", {"class": "reason"}, f" · {reason}") if reason else None,
+        el("span", {"class": "reason"}, f" · {reason}") if reason and reason != phase else None,
     )
 
 
