@@ -574,7 +574,7 @@ def signin_page(problem: str = "", proxy_hint: bool = True) -> Html:
                 {"method": "post", "action": url("signin")},
                 el("label", {"for": "token"}, "A bearer token the cluster accepts (yours)"),
                 el("input", {"type": "password", "name": "token", "id": "token", "autocomplete": "off"}),
-                el("button", {"type": "submit"}, "Sign in"),
+                el("button", {"type": "submit", "data-testid": "signin"}, "Sign in"),
             )
             + (
                 el(
