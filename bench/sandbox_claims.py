@@ -125,7 +125,16 @@ async def make_runs(admin: Kube, prefix: str, count: int, namespace: str = NAMES
         name = f"{prefix}-{i:05d}"
         body = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": name}, "spec": {"agents": ["a"]}}
         async with gate:
-            made = await admin.create(url, body)
+            for _ in range(50):  # a CRD just established: "Kind=Run not found" (503) for a moment
+                try:
+                    made = await admin.create(url, body)
+                    break
+                except ApiError as err:
+                    if err.status != 503:
+                        raise
+                    await asyncio.sleep(0.2)
+            else:
+                made = await admin.create(url, body)
         return RunIdentity(namespace=namespace, name=name, uid=made["metadata"]["uid"], attempt=1, fence=1)
 
     return list(await asyncio.gather(*(make(i) for i in range(count))))
