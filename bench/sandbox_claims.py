@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -94,6 +95,19 @@ def pool_values(replicas: int) -> dict[str, Any]:
     }
 
 
+def chart_pools(
+    plane: ControlPlane, namespace: str, values: dict[str, Any]
+) -> tuple[list[dict[str, Any]], Path]:
+    """The chart's RBAC and warm pools for `namespace`, rendered from `values`: the chart's documents, and a
+    kubeconfig of the worker's ServiceAccount (what the claims are made as)."""
+    apply_chart_rbac(plane, namespace, values)
+    docs = chart.render({**values, "namespaces": [namespace]})
+    plane.kubectl(
+        "apply", "-f", "-", input=yaml.safe_dump_all([d for d in docs if d["kind"] == "ReplicaSet"])
+    )
+    return docs, service_account_kubeconfig(plane, "ksquad-worker", namespace)
+
+
 def worker_settings(docs: list[dict[str, Any]]) -> SandboxSettings:
     """The worker's sandbox settings exactly as the chart gives them (its ConfigMap ksquad-sandbox)."""
     (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ksquad-sandbox"]
@@ -111,7 +125,16 @@ async def make_runs(admin: Kube, prefix: str, count: int, namespace: str = NAMES
         name = f"{prefix}-{i:05d}"
         body = {"apiVersion": RUN_API, "kind": "Run", "metadata": {"name": name}, "spec": {"agents": ["a"]}}
         async with gate:
-            made = await admin.create(url, body)
+            for _ in range(50):  # a CRD just established: "Kind=Run not found" (503) for a moment
+                try:
+                    made = await admin.create(url, body)
+                    break
+                except ApiError as err:
+                    if err.status != 503:
+                        raise
+                    await asyncio.sleep(0.2)
+            else:
+                made = await admin.create(url, body)
         return RunIdentity(namespace=namespace, name=name, uid=made["metadata"]["uid"], attempt=1, fence=1)
 
     return list(await asyncio.gather(*(make(i) for i in range(count))))
@@ -264,13 +287,7 @@ async def main(rates: list[tuple[float, float]], replicas: int, nodes: int, hold
         simulated.start()
         for n in range(nodes):
             simulated.add(f"kwok-{n}", capacity={"pods": "250"})
-        values = pool_values(replicas)
-        apply_chart_rbac(plane, NAMESPACE, values)
-        docs = chart.render({**values, "namespaces": [NAMESPACE]})
-        plane.kubectl(
-            "apply", "-f", "-", input=yaml.safe_dump_all([d for d in docs if d["kind"] == "ReplicaSet"])
-        )
-        worker = service_account_kubeconfig(plane, "ksquad-worker", NAMESPACE)
+        docs, worker = chart_pools(plane, NAMESPACE, pool_values(replicas))
         async with (
             Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
             CountingKube(Config.from_kubeconfig(worker)) as kube,

@@ -13,17 +13,13 @@ import asyncio
 import json
 import time
 
-import yaml
-
 from activities.sandboxes import KubernetesSandboxes, pod_ready
 from bench.bridge import CRDS
-from bench.sandbox_claims import make_runs, worker_settings
+from bench.sandbox_claims import chart_pools, make_runs, worker_settings
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
-from testbed import chart
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
-from testbed.stack import apply_chart_rbac, service_account_kubeconfig
 from workflows.activity_types import RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy
@@ -51,12 +47,7 @@ async def main(runs: int) -> None:
             "sandbox": {"image": AGENT_IMAGE},
             "pools": [{"name": POOL, "namespace": NS, "replicas": 3}],
         }
-        apply_chart_rbac(plane, NS, values)
-        docs = chart.render({**values, "namespaces": [NS]})
-        plane.kubectl(
-            "apply", "-f", "-", input=yaml.safe_dump_all([d for d in docs if d["kind"] == "ReplicaSet"])
-        )
-        worker = service_account_kubeconfig(plane, "ksquad-worker", NS)
+        docs, worker = chart_pools(plane, NS, values)
         async with (
             Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
             Kube(Config.from_kubeconfig(worker)) as kube,

@@ -387,8 +387,9 @@ async def test_a_small_team_on_a_limited_credential_resumes_beside_a_big_one_not
     await dev.runs.apply([team_run(name) for name in big[1:]])
     for name in big[1:]:
         await until_phase(dev, name, "Paused")
-    await dev.runs.apply([team_run(name) for name in small])
+    # One after the other: within a Team the ramp keeps the order its runs entered it in.
     for name in small:
+        await dev.runs.apply([team_run(name)])
         paused = await until_phase(dev, name, "Paused")
         assert datetime.fromisoformat(paused["resumeAt"]) > datetime.now(UTC), (
             "small paused before the limit ended"
