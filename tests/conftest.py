@@ -26,11 +26,27 @@ from testbed.controlplane import ControlPlane
 from testbed.isolate import isolated
 from testbed.postgres import PostgresServer
 from testbed.temporal import start_time_skipping
+from tests.support.browser import TEST_OUTPUT
 from tests.support.fault_counts import record_counts
 from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
 
 # The fixtures of the session's Kubernetes control plane (one node, one kubelet, one containerd).
 CLUSTER_FIXTURES = {"cluster", "ksquad_cluster"}
+SESSION_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[SESSION_STARTED] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Name the files this session left in test-output/, so a CI log says where its screenshots are."""
+    started = config.stash.get(SESSION_STARTED, 0.0)
+    made = [p for p in sorted(TEST_OUTPUT.rglob("*")) if p.is_file() and p.stat().st_mtime >= started]
+    if made:
+        terminalreporter.write_sep("-", f"{len(made)} files in {TEST_OUTPUT} from this run")
+        for path in made:
+            terminalreporter.write_line(str(path.relative_to(TEST_OUTPUT)))
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

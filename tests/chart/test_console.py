@@ -9,7 +9,6 @@ meet it, each with their own Kubernetes identity:
 Screenshots of both views land in test-output/console/."""
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,9 +17,9 @@ from playwright.async_api import Browser, Page
 from testbed.agents import ModelEndpoint
 from tests.chart.conftest import API_URL, NS, Release, phase_of
 from tests.chart.test_api import MODEL, squad, start_run
+from tests.support.browser import CONSOLE_SHOTS as SHOTS
 from tests.support.browser import PageLog, chromium, wait_for_text
 
-SHOTS = Path(__file__).parents[2] / "test-output" / "console"
 ITEM = "CONSOLE-1"
 
 

@@ -3,12 +3,11 @@
 HTTP). Each test signs in with the link `ksquad dev` prints and works through pages only: it follows a run live,
 watches a rate-limited run count down and resume, answers an agent's question, cancels a run, comments on a work
 item for the next attempt to read, starts a run as the developer. A run and an agent made of markup and script
-run nothing in the page. Screenshots of the main pages land in test-output/console/ (CI keeps them)."""
+run nothing in the page. Screenshots of the main pages land in test-output/console/ (pytest's summary names them, for CI to keep)."""
 
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,12 +16,12 @@ from playwright.async_api import Browser, Page
 
 from dev.stack import TOKEN_FILE, DevStack, dev_stack
 from testbed.embedded import stack_options, wait_terminal
+from tests.support.browser import CONSOLE_SHOTS as SHOTS
 from tests.support.browser import PageLog, chromium, wait_for_text
 from workflows.signals import RunSignal
 
 NS = "bench"  # wait_terminal's namespace
 API = "ksquad.io/v1alpha1"
-SHOTS = Path(__file__).parents[2] / "test-output" / "console"
 # Markup and script in everything an agent or a person can write: none of it may run, or fetch anything.
 PAYLOAD = "<img src=x onerror=\"fetch('http://attacker.invalid/img')\"><script>window.pwned=1</script>"
 SCRIPT: dict[str, list[dict[str, Any]]] = {

@@ -19,6 +19,9 @@ from playwright.async_api import TimeoutError as PlaywrightTimeout
 # How long the UI may take to show a (decoded) text: it loads its scripts through a proxy, and under make test's
 # two workers on 2 cores, with a cluster test starting pods beside it, that took over 30 s once.
 UI_WAIT_MS = 90_000
+# What a person should look at after a run (pages' screenshots) goes under test-output/, which CI keeps.
+TEST_OUTPUT = Path(__file__).parents[2] / "test-output"
+CONSOLE_SHOTS = TEST_OUTPUT / "console"
 SLICE_MS = 5_000  # how often a wait looks at what went wrong meanwhile
 PLAYWRIGHT_FLAGS = [
     "--no-sandbox",
