@@ -75,7 +75,7 @@ from api.console.cluster import SESSION_SECONDS, ClusterConsole, SessionSeal
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
-from api.streams import RunLook, parse_cursor, run_ending, stream_events
+from api.streams import OpenStreams, RunLook, parse_cursor, run_ending, stream_events
 from api.usage import usage_routes
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
 from kube.probes import Probes, Readiness
@@ -87,7 +87,6 @@ log = logging.getLogger("ksquad.api")
 RUN_API = "ksquad.io/v1alpha1"
 CODEC_COOKIE = "ksquad-codec"
 CONSOLE_COOKIE = "ksquad-console"
-MAX_STREAMS_PER_USER = 32  # a console's tabs and a few CLIs; past it, 429 (each stream holds a store poller)
 
 REQUESTS = Counter("ksquad_api_requests", "requests to ksquad-api, by route and status", ["route", "code"])
 STREAMS = Gauge("ksquad_api_event_streams", "event streams open now")
@@ -263,7 +262,7 @@ def cluster_api(
             return None, error(503, f"the Kubernetes API server does not answer: {err}")
         return run, None
 
-    open_streams: dict[str, int] = {}  # per user: each stream holds a connection and a store poller
+    open_streams = OpenStreams()
 
     async def events(request: Request) -> Response:
         run, refusal = await run_for(request)
@@ -272,12 +271,9 @@ def cluster_api(
         assert run is not None
         user = (await kubernetes_user(request)).user
         who = user.name if user is not None else ""
-        if open_streams.get(who, 0) >= MAX_STREAMS_PER_USER:
-            return error(
-                429,
-                f"{who} has {MAX_STREAMS_PER_USER} event streams open already (the most one user may): "
-                "close one first",
-            )
+        too_many = open_streams.refusal(who)
+        if too_many is not None:
+            return error(429, too_many)
         try:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
@@ -298,15 +294,12 @@ def cluster_api(
 
         async def body() -> Any:
             STREAMS.inc()
-            open_streams[who] = open_streams.get(who, 0) + 1
             try:
-                async for chunk in stream_events(store, meta["uid"], after, request.is_disconnected, ended):
+                chunks = stream_events(store, meta["uid"], after, request.is_disconnected, ended)
+                async for chunk in open_streams.counted(who, chunks):
                     yield chunk
             finally:
                 STREAMS.dec()
-                open_streams[who] -= 1
-                if not open_streams[who]:
-                    del open_streams[who]
 
         return StreamingResponse(
             body(),
@@ -358,7 +351,7 @@ def cluster_api(
             return caller.refusal
         return await may(caller, Access("list", "runs", namespace=namespace or ""))
 
-    console = console_app(store, kube, auth, settings, kubernetes_user)
+    console = console_app(store, kube, auth, settings, kubernetes_user, open_streams)
 
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
@@ -382,8 +375,10 @@ def console_app(
     auth: KubernetesAuth,
     settings: ApiSettings,
     kubernetes_user: Callable[[Request], Awaitable["Caller"]],
+    open_streams: OpenStreams,
 ) -> list[Route]:
-    """The console's routes, each person's calls made with their own token (api/console/cluster.py)."""
+    """The console's routes, each person's calls made with their own token (api/console/cluster.py); a person's
+    event streams counted with those they open on the API (`open_streams`)."""
     if settings.console_key is None:
 
         async def no_console(request: Request) -> Response:
@@ -481,7 +476,7 @@ def console_app(
         Route("/console/signout", signout),
         *(
             Route(r.path, counted("console", r.endpoint), methods=r.methods)
-            for r in console_routes(console_session, csrf_key)
+            for r in console_routes(console_session, csrf_key, open_streams)
         ),
     ]
 

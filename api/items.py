@@ -117,7 +117,13 @@ def entry_json(entry: ItemEvent) -> dict[str, Any]:
 
 
 async def json_body(request: Request) -> Any:
-    """The body as JSON, or the refusal: 413 past MAX_BODY_BYTES (read no further), 400 for what is not JSON."""
+    """The body as JSON, or the refusal: 415 unless sent as application/json, 413 past MAX_BODY_BYTES (read no
+    further), 400 for what is not JSON. The media type is not a formality: behind an authenticating proxy that
+    adds the person's token from its cookie, another site's form could post here as them; a browser sends
+    application/json across sites only after a CORS preflight, which this API never answers."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        return error(415, f"send the body as application/json (got {kind or 'no Content-Type'})")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk

@@ -11,6 +11,7 @@ from typing import Any
 
 from store import Event, Store
 
+MAX_STREAMS_PER_USER = 32  # a console's tabs and a few CLIs; past it, 429 (each stream holds a store poller)
 POLL_SECONDS = 0.2
 KEEPALIVE_SECONDS = 15.0
 RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
@@ -27,6 +28,7 @@ class RunLook:
 
     uid: str | None
     phase: str
+    forbidden: bool = False  # the reader may no longer read it (their rights or their token went)
 
 
 def run_ending(uid: str, look: Callable[[], Awaitable[RunLook | None]]) -> Ending:
@@ -46,6 +48,8 @@ def run_ending(uid: str, look: Callable[[], Awaitable[RunLook | None]]) -> Endin
         seen = await look()
         if seen is None:
             return None
+        if seen.forbidden:
+            return {"reason": "forbidden"}
         if seen.uid != uid:
             return {"reason": "deleted"}
         if seen.phase in TERMINAL_PHASES:
@@ -104,10 +108,37 @@ async def stream_events(
                 phase = event.data.get("phase")
             yield sse(event.seq, event.kind, event_data(event))
         end = await ended(phase)
-        if end is not None and not await store.events(uid, after, limit=1):
+        # A Run gone or no longer the reader's ends the stream now; a finished one once its last event is sent.
+        if end is not None and ("reason" in end or not await store.events(uid, after, limit=1)):
             yield sse(None, "end", end)
             return
         if loop.time() - last_sent > KEEPALIVE_SECONDS:
             last_sent = loop.time()
             yield b": keep-alive\n\n"
         await asyncio.sleep(POLL_SECONDS)
+
+
+class OpenStreams:
+    """The event streams each person has open, across the API's routes and the console's: each holds a
+    connection and a store poller, so one person may hold MAX_STREAMS_PER_USER at once."""
+
+    def __init__(self, most: int = MAX_STREAMS_PER_USER) -> None:
+        self.most = most
+        self.open: dict[str, int] = {}
+
+    def refusal(self, who: str) -> str | None:
+        """Why `who` may not open another stream now, or None."""
+        if self.open.get(who, 0) < self.most:
+            return None
+        return f"{who} has {self.most} event streams open already (the most one user may): close one first"
+
+    async def counted(self, who: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`chunks`, counted among `who`'s open streams while they are sent."""
+        self.open[who] = self.open.get(who, 0) + 1
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self.open[who] -= 1
+            if not self.open[who]:
+                del self.open[who]

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
+from urllib.parse import quote
 
 import httpx
 
@@ -57,6 +58,13 @@ class Unreachable(Exception):
     """The API server could not be reached (connection refused, timeout): retry later."""
 
 
+def segment(name: str) -> str:
+    """A namespace or a name as one path segment (no object is named "." or "..", which would climb)."""
+    if name in (".", ".."):
+        raise ValueError(f"{name!r} is not a Kubernetes name")
+    return quote(name, safe=":")
+
+
 def path(
     api_version: str,
     plural: str,
@@ -64,13 +72,15 @@ def path(
     name: str | None = None,
     subresource: str | None = None,
 ) -> str:
-    """The REST path of a resource: ("batch/v1", "jobs", "ns", "x") -> /apis/batch/v1/namespaces/ns/jobs/x."""
+    """The REST path of a resource: ("batch/v1", "jobs", "ns", "x") -> /apis/batch/v1/namespaces/ns/jobs/x.
+    The namespace and the name are escaped: a name from a request ("../../api/v1/...", "x?watch=1") is one
+    segment, never another path or a query."""
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if namespace:
-        base += f"/namespaces/{namespace}"
+        base += f"/namespaces/{segment(namespace)}"
     base += f"/{plural}"
     if name:
-        base += f"/{name}"
+        base += f"/{segment(name)}"
     if subresource:
         base += f"/{subresource}"
     return base
@@ -123,6 +133,8 @@ class Kube:
     def __init__(self, config: Config, timeout: float = 30.0) -> None:
         self.config = config
         self._in_flight = asyncio.Semaphore(self.MAX_IN_FLIGHT)
+        # People's requests (acting_as) wait on their own: slow ones cannot hold up this client's own.
+        self._people_in_flight = asyncio.Semaphore(self.MAX_IN_FLIGHT)
         self.http = httpx.AsyncClient(
             base_url=config.server,
             auth=_Authorization(config.credentials),
@@ -138,7 +150,8 @@ class Kube:
 
     def acting_as(self, token: str) -> "Kube":
         """A client whose every request carries `token` (a person's own credential) instead of this client's:
-        the API server answers and authorises as that person. It shares this client's connections, or, when
+        the API server answers and authorises as that person. Its requests in flight are counted apart from this
+        client's, with every other person's. It shares this client's connections, or, when
         this client presents a certificate (which would authenticate each request as this client), a pool of
         its own that presents none. Closing it closes nothing."""
         other = copy.copy(self)
@@ -152,6 +165,7 @@ class Kube:
                 )
             other.http = self._without_certificate
         other._auth = _Authorization(BearerToken(token))
+        other._in_flight = self._people_in_flight
         other._borrowed = True
         return other
 

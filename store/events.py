@@ -111,15 +111,19 @@ class RunEvents(StoreBase):
         )
 
     @unavailable
-    async def events(self, run_uid: str, after: int = 0, limit: int = 500) -> list[Event]:
-        """The run's events after sequence number `after`, in order (resume a stream from its last seq)."""
+    async def events(
+        self, run_uid: str, after: int = 0, limit: int = 500, kind: str | None = None, newest: bool = False
+    ) -> list[Event]:
+        """The run's events after sequence number `after`, in order (resume a stream from its last seq): the
+        first `limit` of them, or the last `limit` when `newest`; of one `kind` when it is given."""
+        where = [run_events.c.run_uid == run_uid, run_events.c.seq > after]
+        if kind is not None:
+            where.append(run_events.c.kind == kind)
+        order = run_events.c.seq.desc() if newest else run_events.c.seq
         async with self.engine.connect() as c:
-            rows = await c.execute(
-                sa.select(run_events)
-                .where(run_events.c.run_uid == run_uid, run_events.c.seq > after)
-                .order_by(run_events.c.seq)
-                .limit(limit)
-            )
+            rows = list(await c.execute(sa.select(run_events).where(*where).order_by(order).limit(limit)))
+            if newest:
+                rows.reverse()
             return [
                 Event(
                     seq=r.seq,

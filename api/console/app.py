@@ -37,7 +37,7 @@ from starlette.routing import Route
 from api.console import pages
 from api.console.backend import Backend, Refused
 from api.console.html import Html
-from api.streams import RunLook, parse_cursor, run_ending, stream_events
+from api.streams import OpenStreams, RunLook, parse_cursor, run_ending, stream_events
 from store import InvalidItemWrite, ItemNotFound, StoreError
 from workflows.signals import RunSignal
 from workflows.status import not_waiting_for_input
@@ -56,6 +56,7 @@ DONE = {
 }
 # The newest runs shown; more is a filter's job (the page fetches its table again every few seconds).
 MAX_RUNS_SHOWN = 200
+PROGRESS_SHOWN = 200  # a run's newest progress lines on its page (the stream appends what comes after)
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -69,7 +70,7 @@ SECURITY_HEADERS = {
 }
 # An artifact is shown as text, or downloaded; never rendered by the browser as a page of this origin.
 ARTIFACT_HEADERS = {
-    "Content-Security-Policy": "sandbox; default-src 'none'",
+    "Content-Security-Policy": "sandbox; default-src 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
@@ -179,8 +180,12 @@ def run_refusals(run: dict[str, Any], may_patch: str | None) -> dict[str, str | 
     }
 
 
-def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
-    """The routes above, each behind `identify`."""
+def console_routes(
+    identify: Identify, csrf_key: bytes, open_streams: OpenStreams | None = None
+) -> list[Route]:
+    """The routes above, each behind `identify`; a person's event streams counted in `open_streams` (the API's
+    own, on a cluster)."""
+    open_streams = open_streams or OpenStreams()
 
     Handler = Callable[[Request, Session], Awaitable[Response]]
 
@@ -189,6 +194,15 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             session = await identify(request)
             if isinstance(session, Response):
                 return session
+            named = [
+                ("namespace", request.path_params.get("namespace")),
+                ("name", request.path_params.get("name")),
+                ("namespace", request.query_params.get("namespace")),
+            ]
+            for field, value in named:
+                if value and not NAME.match(value):
+                    why = f"{field} {value[:80]!r} is not a Kubernetes name"
+                    return refused(Refused(422, why, [f"metadata.{field}"]))
             try:
                 return await handler(request, session)
             except Refused as err:
@@ -265,9 +279,10 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
         backend = session.backend
         run = await backend.run(namespace, name)
         uid = str(run.get("metadata", {}).get("uid", ""))
-        events = await backend.store.events(uid) if uid else []
-        phases = [e for e in events if e.kind == "phase"]
-        progress = [e for e in events if e.kind != "phase"]
+        # Every phase (a run has tens), the newest progress, and the stream from the newest event on.
+        phases = await backend.store.events(uid, kind="phase") if uid else []
+        newest = await backend.store.events(uid, limit=PROGRESS_SHOWN, newest=True) if uid else []
+        progress = [e for e in newest if e.kind != "phase"]
         may_patch = await backend.may("patch", "runs", namespace, name)
         workflow = (run.get("status") or {}).get("workflow") or {}
         body = pages.run_page(
@@ -277,7 +292,7 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             run_refusals(run, may_patch),
             csrf_token(csrf_key, session.key),
             backend.temporal_url(str(workflow.get("id") or f"{namespace}/{name}")),
-            events[-1].seq if events else 0,
+            newest[-1].seq if newest else 0,
         )
         return shell(session, f"Run {namespace}/{name}", body, request)
 
@@ -286,6 +301,9 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
         backend = session.backend
         run = await backend.run(namespace, name)
         uid = str(run["metadata"]["uid"])
+        too_many = open_streams.refusal(backend.viewer.name)
+        if too_many is not None:
+            raise Refused(429, too_many)
         try:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
@@ -295,13 +313,16 @@ def console_routes(identify: Identify, csrf_key: bytes) -> list[Route]:
             try:
                 current = await backend.run(namespace, name)
             except Refused as err:
+                if err.status in (401, 403):
+                    return RunLook(None, "", forbidden=True)
                 return RunLook(None, "") if err.status == 404 else None
             status = current.get("status")
             phase = str(status.get("phase") or "") if isinstance(status, dict) else ""
             return RunLook(str(current.get("metadata", {}).get("uid", "")), phase)
 
+        chunks = stream_events(backend.store, uid, after, request.is_disconnected, run_ending(uid, look))
         return StreamingResponse(
-            stream_events(backend.store, uid, after, request.is_disconnected, run_ending(uid, look)),
+            open_streams.counted(backend.viewer.name, chunks),
             media_type="text/event-stream",
             headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
         )

@@ -35,6 +35,8 @@ def escape(value: object) -> Html:
 
 def safe_url(url: str) -> str:
     """`url` when it is one of the page's own paths or an http(s) address; "#" otherwise."""
+    if "\\" in url or any(ord(c) < 0x21 for c in url):
+        return "#"  # a browser reads a backslash as a slash ("/" + "\\host" is "//host") and drops tabs
     if url.startswith("/") and not url.startswith("//"):
         return url
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""

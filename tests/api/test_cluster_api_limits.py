@@ -14,8 +14,9 @@ import httpx
 import pytest
 import yaml
 
-from api.cluster import CODEC_COOKIE, MAX_STREAMS_PER_USER, ApiSettings, cluster_api, serve
+from api.cluster import CODEC_COOKIE, ApiSettings, cluster_api, serve
 from api.kubernetes_auth import KubernetesAuth
+from api.streams import MAX_STREAMS_PER_USER
 from kube import Config, Kube
 from store import Store
 from temporal_client.codec import EncryptionCodec

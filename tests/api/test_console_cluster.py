@@ -3,12 +3,15 @@ browser: who a person is (the proxy's bearer token, or the token sign-in's seale
 and do reaches the API server as them (its audit log names them), so RBAC, not the console, decides; what they may
 not do the page refuses with the reason, and a request forged in their session changes nothing."""
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import re
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +22,23 @@ import yaml
 from api.cluster import CONSOLE_COOKIE, ApiSettings, cluster_api
 from api.console.app import csrf_key_of, csrf_token
 from api.kubernetes_auth import KubernetesAuth
+from api.streams import MAX_STREAMS_PER_USER
 from kube import Config, Kube
-from store import Store
+from store import Holder, PhaseRecord, Store
 from testbed.asgi import serving
 from testbed.controlplane import ControlPlane
 
 KEY = os.urandom(32)
 
 
+@dataclass
+class Served:
+    url: str
+    store: Store
+
+
 @pytest.fixture
-async def api(ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path) -> AsyncIterator[str]:
+async def served(ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path) -> AsyncIterator[Served]:
     settings = ApiSettings(
         database_url=f"sqlite:///{tmp_path / 'store.db'}", console_key=KEY, namespaces=[namespace]
     )
@@ -37,8 +47,13 @@ async def api(ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path) -> A
         Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube,
         serving(cluster_api(store, kube, KubernetesAuth(kube), settings, None)) as url,
     ):
-        yield url
+        yield Served(url, store)
     await store.close()
+
+
+@pytest.fixture
+def api(served: Served) -> str:
+    return served.url
 
 
 def person(cluster: ControlPlane, namespace: str, run_verbs: str, item_verbs: str) -> tuple[str, str]:
@@ -223,3 +238,108 @@ async def test_without_a_console_key_the_console_says_so(
         answer = await http.get("/console/")
     await store.close()
     assert answer.status_code == 503 and "KSQUAD_CONSOLE_KEY_FILE" in answer.json()["error"]
+
+
+async def test_a_long_runs_page_shows_its_newest_progress_and_a_reader_whose_rights_go_loses_its_stream(
+    ksquad_cluster: ControlPlane, namespace: str, served: Served
+) -> None:
+    cluster = ksquad_cluster
+    viewer, token = person(cluster, namespace, "get,list,watch", "get,list")
+    apply(
+        cluster,
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": "chatty", "namespace": namespace},
+            "spec": {"agents": ["a"]},
+        },
+    )
+    run = json.loads(cluster.kubectl("get", "run", "chatty", "-n", namespace, "-o", "json").stdout)
+    uid = run["metadata"]["uid"]
+    # An agent that reported 600 lines: the page shows the newest, and its stream starts after the last.
+    running = PhaseRecord(1, "attempt 1: running", {"phase": "Running", "reason": "Started"}, 1)
+    await served.store.append_phase_events(uid, f"{namespace}/chatty", [running])
+    holder = Holder(uid, f"{namespace}/chatty")
+    item = f"{namespace}/chatty-item"
+    claim = await served.store.claim(item, holder, 600)
+
+    async def say(text: str) -> int:
+        return await served.store.append_event(holder, claim.fence, 1, "status", text, work_item_ref=item)
+
+    for line in range(600):
+        last = await say(f"line {line}")
+    auth = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=served.url, timeout=30, headers=auth) as http:
+        page = await http.get(f"/console/runs/{namespace}/chatty")
+        assert page.status_code == 200, page.text
+        assert f"/console/runs/{namespace}/chatty/events?after={last}" in page.text
+        assert "line 599</li>" in page.text and "line 400</li>" in page.text
+        assert "line 399</li>" not in page.text, "the newest progress is shown, not the oldest"
+        assert "attempt 1: running" in page.text, "every phase is on the timeline"
+
+        # A name that would climb to another API path is refused before any call is made as the person.
+        climbing = "../../../../api/v1/namespaces/kube-system/secrets#"
+        refused = await http.get("/console/", params={"namespace": climbing})
+        assert refused.status_code == 422 and "is not a Kubernetes name" in refused.text, refused.text
+        assert not [
+            line
+            for line in cluster.audit_log.read_text().splitlines()
+            if '"secrets"' in line and viewer in line
+        ], "a console request reached the secrets as the person"
+
+        # The stream ends when the person may no longer read the Run, however much the agent still says.
+        async def talk() -> None:
+            while True:
+                await say("still talking")
+                await asyncio.sleep(0.2)
+
+        talking = asyncio.create_task(talk())
+        ending: dict[str, Any] | None = None
+        try:
+            async with (
+                asyncio.timeout(60),
+                http.stream("GET", f"/console/runs/{namespace}/chatty/events?after={last}") as stream,
+            ):
+                assert stream.status_code == 200
+                cluster.kubectl("delete", "rolebinding", viewer.rsplit(":", 1)[1], "-n", namespace)
+                kind = ""
+                async for text in stream.aiter_lines():
+                    if text.startswith("event:"):
+                        kind = text.removeprefix("event:").strip()
+                    elif kind == "end" and text.startswith("data:"):
+                        ending = json.loads(text.removeprefix("data:"))
+        finally:
+            talking.cancel()
+        assert ending == {"reason": "forbidden"}, "the stream went on after the person's rights went"
+        gone = await http.get(f"/console/runs/{namespace}/chatty")
+        assert gone.status_code == 403, gone.text
+
+
+async def test_a_persons_event_streams_are_counted_across_the_console_and_the_api(
+    ksquad_cluster: ControlPlane, namespace: str, api: str
+) -> None:
+    cluster = ksquad_cluster
+    _, token = person(cluster, namespace, "get,list,watch", "get,list")
+    apply(
+        cluster,
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": "followed", "namespace": namespace},
+            "spec": {"agents": ["a"]},
+        },
+    )
+    auth = {"Authorization": f"Bearer {token}"}
+    console_url = f"/console/runs/{namespace}/followed/events"
+    api_url = f"/runs/{namespace}/followed/events"
+    async with (
+        httpx.AsyncClient(base_url=api, timeout=30, headers=auth) as http,
+        contextlib.AsyncExitStack() as streams,
+    ):
+        for i in range(MAX_STREAMS_PER_USER):
+            opened = await streams.enter_async_context(http.stream("GET", api_url if i % 2 else console_url))
+            assert opened.status_code == 200
+        from_console = await http.get(console_url)
+        assert from_console.status_code == 429 and "event streams open already" in from_console.text
+        from_api = await http.get(api_url)
+        assert from_api.status_code == 429, from_api.text

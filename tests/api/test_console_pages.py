@@ -44,6 +44,8 @@ def test_text_and_attribute_values_are_escaped_and_only_made_markup_is_placed_as
         (" JavaScript:alert(1)", "#"),
         ("//attacker.example/x", "#"),
         ("data:text/html,<script>", "#"),
+        ("/\\attacker.example/x", "#"),
+        ("/\t/attacker.example/x", "#"),
     ],
 )
 def test_a_link_goes_to_the_console_or_an_http_address_only(given: str, kept: str) -> None:

@@ -133,12 +133,35 @@ async def test_a_body_too_large_or_not_json_is_refused_before_it_is_read_whole(
     api: httpx.AsyncClient,
 ) -> None:
     await api.post("/items/payments", json={"id": "PAY-1", "title": "t"})
-    huge = await api.post("/items/payments/PAY-1/comments", content=b"[" * (MAX_BODY_BYTES + 1))
+    as_json = {"Content-Type": "application/json"}
+    huge = await api.post(
+        "/items/payments/PAY-1/comments", content=b"[" * (MAX_BODY_BYTES + 1), headers=as_json
+    )
     assert huge.status_code == 413
-    garbled = await api.post("/items/payments/PAY-1/comments", content=b"{body: hi}")
+    garbled = await api.post("/items/payments/PAY-1/comments", content=b"{body: hi}", headers=as_json)
     assert garbled.status_code == 400 and "not JSON" in garbled.json()["error"]
     unauthenticated = await api.get("/items/payments", headers={"Authorization": ""})
     assert unauthenticated.status_code == 401
+
+
+async def test_another_sites_form_cannot_write_an_item_even_with_the_persons_token(
+    api: httpx.AsyncClient,
+) -> None:
+    # Behind an authenticating proxy, the person's token is added to whatever their browser sends, and a form on
+    # another site can post text/plain that parses as JSON; only a same-origin script (or a CORS preflight this
+    # API never answers) can send application/json.
+    await api.post("/items/payments", json={"id": "PAY-1", "title": "t"})
+    forged = {"Content-Type": "text/plain", "Origin": "https://attacker.invalid"}
+    for url, body in [
+        ("/items/payments/PAY-1/comments", b'{"body":"x","y":"="}'),
+        ("/items/payments/PAY-1/state", b'{"state":"done","y":"="}'),
+        ("/items/payments", b'{"id":"PAY-2","title":"t","y":"="}'),
+    ]:
+        answer = await api.post(url, content=body, headers=forged)
+        assert answer.status_code == 415 and "application/json" in answer.json()["error"], answer.text
+    item = (await api.get("/items/payments/PAY-1")).json()
+    assert (item["state"], item["last_seq"]) == ("open", 1)
+    assert [i["item_id"] for i in (await api.get("/items/payments")).json()["items"]] == ["PAY-1"]
 
 
 async def test_an_items_entries_stream_in_order_and_resume_after_the_last_seen(

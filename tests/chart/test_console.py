@@ -1,9 +1,9 @@
 """The console on the installed chart (ksquad-api's /console/), in Debian's Chromium, as two people of one team
 meet it, each with their own Kubernetes identity:
-- alice, who may start and steer Runs, arrives through an authenticating proxy (the browser's requests carry her
+- carol, who may start and steer Runs, arrives through an authenticating proxy (the browser's requests carry her
   bearer token, as oauth2-proxy adds it): she starts a Run from the page, follows it to Succeeded, finds herself
   on it as a kubectl-created Run would carry her, comments on its work item, and cancels a second run;
-- bob, who may only read, signs in with his token on the console's own page: he sees the same runs and the item,
+- dave, who may only read, signs in with his token on the console's own page: he sees the same runs and the item,
   and every action is refused on the page with the reason (the API server's answer for him), and a forged
   request changes nothing.
 Screenshots of both views land in test-output/console/."""
@@ -75,17 +75,17 @@ async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
 ) -> None:
     model.script(MODEL, {"text": "done from the console"})
     squad(release, model)
-    alice_token = person(release, "alice", "get,list,watch,create,patch", "edit")
-    bob_token = person(release, "bob", "get,list,watch", "view")
-    alice_user, bob_user = f"system:serviceaccount:{NS}:alice", f"system:serviceaccount:{NS}:bob"
-    await release.store.create_item(NS, ITEM, title="the console's item", created_by=alice_user)
+    carol_token = person(release, "carol", "get,list,watch,create,patch", "edit")
+    dave_token = person(release, "dave", "get,list,watch", "view")
+    carol_user, dave_user = f"system:serviceaccount:{NS}:carol", f"system:serviceaccount:{NS}:dave"
+    await release.store.create_item(NS, ITEM, title="the console's item", created_by=carol_user)
 
-    # alice, behind the proxy: her token on every request
-    alice = await browser.new_context(extra_http_headers={"Authorization": f"Bearer {alice_token}"})
-    tab = await alice.new_page()
+    # carol, behind the proxy: her token on every request
+    carol = await browser.new_context(extra_http_headers={"Authorization": f"Bearer {carol_token}"})
+    tab = await carol.new_page()
     log = PageLog(tab)
     await tab.goto(f"{API_URL}/console/start?namespace={NS}")
-    await wait_for_text(tab, log, f"Signed in as {alice_user}")
+    await wait_for_text(tab, log, f"Signed in as {carol_user}")
     await tab.select_option("#s-target", "agent:api-agent")
     await tab.fill("#s-name", "from-the-console")
     await tab.fill("#s-item", ITEM)
@@ -95,19 +95,19 @@ async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
     await badge(tab, "Succeeded")
     await wait_for_text(tab, log, "done from the console")
     run = release.run("from-the-console")
-    assert run["metadata"]["annotations"]["ksquad.io/triggered-by"] == alice_user, (
+    assert run["metadata"]["annotations"]["ksquad.io/triggered-by"] == carol_user, (
         "stamped as kubectl's would be"
     )
-    assert run["status"]["triggeredBy"] == alice_user
-    await tab.screenshot(path=str(SHOTS / "cluster-alice-run.png"), full_page=True)
+    assert run["status"]["triggeredBy"] == carol_user
+    await tab.screenshot(path=str(SHOTS / "cluster-carol-run.png"), full_page=True)
 
     await tab.click(f"text={ITEM}")
-    await tab.fill("#comment", "alice was here")
+    await tab.fill("#comment", "carol was here")
     await tab.click("[data-testid=add-comment]")
     await wait_for_text(tab, log, "Comment added")
     entries = await release.store.item_events(NS, ITEM, 0)
     comments = [(e.author.user, e.body) for e in entries if e.kind == "comment" and e.author.run is None]
-    assert comments == [(alice_user, "alice was here")], comments
+    assert comments == [(carol_user, "carol was here")], comments
 
     model.script(MODEL, {"delay": 600, "text": "never"})
     start_run(release, "to-cancel", "a long task")
@@ -117,38 +117,40 @@ async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
     await badge(tab, "Cancelled")
     assert release.run("to-cancel")["metadata"]["annotations"]["ksquad.io/cancel-requested"]
 
-    # bob signs in with his token on the console's page; he may read, not act
-    bob = await browser.new_context()
-    view = await bob.new_page()
-    bob_log = PageLog(view)
+    # dave signs in with his token on the console's page; he may read, not act
+    dave = await browser.new_context()
+    view = await dave.new_page()
+    dave_log = PageLog(view)
     await view.goto(f"{API_URL}/console/")
-    await view.fill("#token", bob_token)
+    await view.fill("#token", dave_token)
     await view.click("[data-testid=signin]")
-    await wait_for_text(view, bob_log, f"Signed in as {bob_user}")
+    await wait_for_text(view, dave_log, f"Signed in as {dave_user}")
     await view.goto(f"{API_URL}/console/?namespace={NS}")
-    await wait_for_text(view, bob_log, "from-the-console")
-    await view.screenshot(path=str(SHOTS / "cluster-bob-runs.png"), full_page=True)
-    start_run(release, "bob-watches", "another long task")
-    await view.goto(f"{API_URL}/console/runs/{NS}/bob-watches")
+    await wait_for_text(view, dave_log, "from-the-console")
+    await view.screenshot(path=str(SHOTS / "cluster-dave-runs.png"), full_page=True)
+    start_run(release, "dave-watches", "another long task")
+    await view.goto(f"{API_URL}/console/runs/{NS}/dave-watches")
     await badge(view, "Running")
     why = await view.inner_text("[data-testid=why-not-cancel]")
-    assert why == f"{bob_user} may not patch runs.ksquad.io bob-watches in namespace {NS}", why
-    await view.screenshot(path=str(SHOTS / "cluster-bob-run.png"), full_page=True)
+    assert why == f"{dave_user} may not patch runs.ksquad.io dave-watches in namespace {NS}", why
+    await view.screenshot(path=str(SHOTS / "cluster-dave-run.png"), full_page=True)
     await view.goto(f"{API_URL}/console/items/{NS}/{ITEM}")
-    await wait_for_text(view, bob_log, "alice was here")
+    await wait_for_text(view, dave_log, "carol was here")
     assert "may not update workitems" in await view.inner_text("[data-testid=why-not-comment]")
     await view.goto(f"{API_URL}/console/start?namespace={NS}")
     assert "may not create runs" in await view.inner_text("[data-testid=why-not-start]")
 
-    # a forged cancel in bob's session: no form token, and none he could make; the Run goes on
-    cookies = {c["name"]: c["value"] for c in await bob.cookies()}
+    # a forged cancel in dave's session: no form token, and none he could make; the Run goes on
+    cookies = {c["name"]: c["value"] for c in await dave.cookies()}
     async with httpx.AsyncClient(base_url=API_URL, cookies=cookies) as http:
-        forged = await http.post(f"/console/runs/{NS}/bob-watches/cancel", data={"csrf": "guess"})
+        forged = await http.post(f"/console/runs/{NS}/dave-watches/cancel", data={"csrf": "guess"})
     assert forged.status_code == 403, forged.text
     assert "ksquad.io/cancel-requested" not in (
-        release.run("bob-watches")["metadata"].get("annotations") or {}
+        release.run("dave-watches")["metadata"].get("annotations") or {}
     )
-    release.kubectl("-n", NS, "annotate", "run", "bob-watches", "ksquad.io/cancel-requested=the test is done")
-    await phase_of(release, "bob-watches", {"Cancelled"})
-    await alice.close()
-    await bob.close()
+    release.kubectl(
+        "-n", NS, "annotate", "run", "dave-watches", "ksquad.io/cancel-requested=the test is done"
+    )
+    await phase_of(release, "dave-watches", {"Cancelled"})
+    await carol.close()
+    await dave.close()
