@@ -90,6 +90,19 @@ def apply(cluster: ControlPlane, *docs: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
 
 
+def make_run(cluster: ControlPlane, namespace: str, name: str) -> None:
+    """A Run for the console to read and act on (its Agent need not exist)."""
+    apply(
+        cluster,
+        {
+            "apiVersion": "ksquad.io/v1alpha1",
+            "kind": "Run",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"agents": ["a"]},
+        },
+    )
+
+
 def form_token(html: str) -> str:
     found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
     assert found, f"no form on the page: {html[:2000]}"
@@ -123,15 +136,7 @@ async def test_a_person_behind_the_proxy_reads_and_acts_as_themselves(
     )
     elsewhere = f"t-{uuid.uuid4().hex[:10]}"
     cluster.kubectl("create", "namespace", elsewhere)
-    apply(
-        cluster,
-        {
-            "apiVersion": "ksquad.io/v1alpha1",
-            "kind": "Run",
-            "metadata": {"name": "not-yours", "namespace": elsewhere},
-            "spec": {"agents": ["a"]},
-        },
-    )
+    make_run(cluster, elsewhere, "not-yours")
     proxy = {"Authorization": f"Bearer {token}"}  # what the authenticating proxy adds to each request
     async with httpx.AsyncClient(base_url=api, headers=proxy, timeout=30) as http:
         start = await http.get(f"/console/start?namespace={namespace}")
@@ -176,15 +181,7 @@ async def test_a_reader_sees_and_is_refused_with_the_reason_and_a_forged_request
 ) -> None:
     cluster = ksquad_cluster
     viewer, token = person(cluster, namespace, "get,list,watch", "get,list")
-    apply(
-        cluster,
-        {
-            "apiVersion": "ksquad.io/v1alpha1",
-            "kind": "Run",
-            "metadata": {"name": "watched", "namespace": namespace},
-            "spec": {"agents": ["a"]},
-        },
-    )
+    make_run(cluster, namespace, "watched")
     async with httpx.AsyncClient(base_url=api, timeout=30) as http:
         signed = await http.post("/console/signin", data={"token": token})
         assert signed.status_code == 303, signed.text
@@ -245,15 +242,7 @@ async def test_a_long_runs_page_shows_its_newest_progress_and_a_reader_whose_rig
 ) -> None:
     cluster = ksquad_cluster
     viewer, token = person(cluster, namespace, "get,list,watch", "get,list")
-    apply(
-        cluster,
-        {
-            "apiVersion": "ksquad.io/v1alpha1",
-            "kind": "Run",
-            "metadata": {"name": "chatty", "namespace": namespace},
-            "spec": {"agents": ["a"]},
-        },
-    )
+    make_run(cluster, namespace, "chatty")
     run = json.loads(cluster.kubectl("get", "run", "chatty", "-n", namespace, "-o", "json").stdout)
     uid = run["metadata"]["uid"]
     # An agent that reported 600 lines: the page shows the newest, and its stream starts after the last.
@@ -320,15 +309,7 @@ async def test_a_persons_event_streams_are_counted_across_the_console_and_the_ap
 ) -> None:
     cluster = ksquad_cluster
     _, token = person(cluster, namespace, "get,list,watch", "get,list")
-    apply(
-        cluster,
-        {
-            "apiVersion": "ksquad.io/v1alpha1",
-            "kind": "Run",
-            "metadata": {"name": "followed", "namespace": namespace},
-            "spec": {"agents": ["a"]},
-        },
-    )
+    make_run(cluster, namespace, "followed")
     auth = {"Authorization": f"Bearer {token}"}
     console_url = f"/console/runs/{namespace}/followed/events"
     api_url = f"/runs/{namespace}/followed/events"
