@@ -40,7 +40,7 @@ from temporal_client.seal import Sealer
 from workflows.activity_types import Activity, ResolveRequest
 from workflows.contract import Resolution
 from workflows.model import InvalidObject, field_problems
-from workflows.run import RunInput, RunWorkflow
+from workflows.run import RunInput
 from workflows.signals import RunSignal
 from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest
 from workflows.status import Phase, StatusSnapshot, not_waiting_for_input
@@ -255,7 +255,7 @@ class EmbeddedRuns:
             if not Phase((run.status or {}).get("phase", "Pending")).terminal:
                 with contextlib.suppress(RPCError):
                     handle = self.workflows.handle(run.namespace, run.name)
-                    await handle.signal(RunWorkflow.references_updated)
+                    await handle.signal(RunSignal.REFERENCES_UPDATED)
 
     async def get(self, namespace: str, name: str) -> StoredObject:
         run = await self.objects.get("Run", namespace, name)

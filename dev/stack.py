@@ -45,11 +45,13 @@ from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
 from store import Store
 from store.objects import ObjectStore
 from temporal_client.codec import EncryptionCodec, ensure_key_file
-from temporal_client.connection import connect
+from temporal_client.connection import connect, with_signing
+from temporal_client.proofs import Signing
 from temporal_client.seal import Sealer
 from worker.registry import build_worker
 from workflows.activity_types import BRIDGE_TASK_QUEUE, WORKER_TASK_QUEUE
 from workflows.contract import CredentialRef
+from workflows.inbox import Sender
 
 log = logging.getLogger("ksquad.dev")
 
@@ -210,7 +212,8 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     async with contextlib.AsyncExitStack() as stack:
         stack.callback(api_reservation.close)
         await stack.enter_async_context(server)
-        client = await connect(server.target, codec=codec)
+        # The embedded stack plays the bridge: the signals it sends (users' pauses and answers) carry its proof.
+        client = with_signing(await connect(server.target, codec=codec), sealer, Signing(Sender.BRIDGE))
         store = await Store.open(f"sqlite:///{state / 'ksquad.db'}")
         stack.push_async_callback(store.close)
 

@@ -31,13 +31,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
 log = logging.getLogger(__name__)
 ENCODING = b"binary/encrypted"
 IN_CLEAR = "ksquad-in-clear"  # metadata the codec adds to a payload that came in clear (see the module)
+# Metadata the codec adds, instead of failing, to a payload it cannot decrypt (a key it lacks, or data that is not
+# what the key encrypted): the payload converter refuses to read it, naming why. Raising here would fail the whole
+# workflow task, so one signal of garbage would stop a workflow for good.
+UNREADABLE = "ksquad-unreadable"
 KEY_ID = "encryption-key-id"
 NONCE_BYTES = 12
 RELOAD_SECONDS = 5.0  # an unknown key id reads the key directory again at most this often
@@ -145,13 +151,13 @@ class EncryptionCodec(PayloadCodec):
         return encoded
 
     async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
-        return self._decode(payloads, self.accept_plaintext)
+        return self._decode(payloads, self.accept_plaintext, display=False)
 
     async def decode_for_display(self, payloads: Sequence[Payload]) -> list[Payload]:
         """For the codec endpoint, which shows history to people: a payload in clear is shown as it is."""
-        return self._decode(payloads, accept_plaintext=True)
+        return self._decode(payloads, accept_plaintext=True, display=True)
 
-    def _decode(self, payloads: Sequence[Payload], accept_plaintext: bool) -> list[Payload]:
+    def _decode(self, payloads: Sequence[Payload], accept_plaintext: bool, display: bool) -> list[Payload]:
         decoded = []
         for payload in payloads:
             if payload.metadata.get("encoding") != ENCODING:
@@ -163,7 +169,17 @@ class EncryptionCodec(PayloadCodec):
                     marked.metadata[IN_CLEAR] = b"1"
                     decoded.append(marked)
                 continue
-            aes = self.ring.decrypter(payload.metadata.get(KEY_ID, b""))
-            nonce, ciphertext = payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:]
-            decoded.append(Payload.FromString(aes.decrypt(nonce, ciphertext, None)))
+            try:
+                aes = self.ring.decrypter(payload.metadata.get(KEY_ID, b""))
+                nonce, ciphertext = payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:]
+                decoded.append(Payload.FromString(aes.decrypt(nonce, ciphertext, None)))
+            except (ValueError, InvalidTag, DecodeError) as err:
+                if display:  # shown to a person: the codec endpoint answers with the reason
+                    raise ValueError(str(err) or "the payload does not decrypt with its key") from None
+                marked = Payload()
+                marked.CopyFrom(payload)
+                marked.metadata[UNREADABLE] = (
+                    str(err) or "it does not decrypt with the key it names"
+                ).encode()
+                decoded.append(marked)
         return decoded

@@ -18,12 +18,15 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.common import RawValue
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from temporal_client.codec import IN_CLEAR, EncryptionCodec, KeyRing
+from temporal_client.codec import IN_CLEAR, UNREADABLE, EncryptionCodec, KeyRing
+from temporal_client.proofs import SignalProver, Signing
+from temporal_client.seal import Sealer
 from workflows import search_attributes as sa
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,10 @@ class RefusedInClear(ValueError):
     """A payload that came in clear was to become an argument or a result of ksquad's code."""
 
 
+class RefusedUnreadable(ValueError):
+    """A payload the codec could not decrypt was to be read (temporal_client.codec.UNREADABLE)."""
+
+
 class KsquadPayloadConverter(PydanticPayloadConverter):
     """Pydantic models as JSON; with a codec, no typed argument or result from a payload that came in clear (the
     codec marks it, temporal_client.codec): a RunInput or a signal's answer written by someone without the key is
@@ -43,7 +50,13 @@ class KsquadPayloadConverter(PydanticPayloadConverter):
     ksquad's code never acts on (the server's "ACTIVITY_ID_NOT_STARTED" in a cancellation), are read as they are."""
 
     def from_payloads(self, payloads: Sequence[Payload], type_hints: list[type] | None = None) -> list[Any]:
-        for payload, hint in zip(payloads, type_hints or [], strict=False):
+        hints: list[Any] = list(type_hints) if type_hints else [None] * len(payloads)
+        for payload, hint in zip(payloads, hints, strict=False):
+            if hint is RawValue:  # kept raw, to be read later (a workflow's inbox reads its signals so)
+                continue
+            if UNREADABLE in payload.metadata:
+                why = payload.metadata[UNREADABLE].decode(errors="replace")
+                raise RefusedUnreadable(f"refused a payload the codec cannot decrypt: {why}")
             if IN_CLEAR in payload.metadata and hint is not None and hint is not Any:
                 name = getattr(hint, "__name__", str(hint))
                 raise RefusedInClear(
@@ -200,6 +213,16 @@ def with_converter(client: Client, codec: PayloadCodec | None = None) -> Client:
     """The same connection, with ksquad's data converter (for clients made by test environments)."""
     config = client.config()
     config["data_converter"] = data_converter(codec)
+    return Client(**config)
+
+
+def with_signing(client: Client, sealer: Sealer, default: Signing | None = None) -> Client:
+    """The same connection, signing the signals it sends (temporal_client.proofs): as `SIGNING` says at the time,
+    else as `default` (None: the signals sent outside such a context carry no proof)."""
+    config = client.config()
+    prover = SignalProver(sealer.signals, client.data_converter.payload_converter, default)
+    others = [i for i in config["interceptors"] if not isinstance(i, SignalProver)]
+    config["interceptors"] = [*others, prover]
     return Client(**config)
 
 

@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from workflows import search_attributes as sa
 from workflows.run import RunInput, RunWorkflow
+from workflows.signals import RunSignal
 from workflows.spec import run_workflow_id
 from workflows.status import Phase, RunStatus
 
@@ -120,7 +121,7 @@ class RunWorkflows:
             return True
         with contextlib.suppress(RPCError):
             # The signal, as the cancel annotation and `ksquad runs cancel` do: the Run's status says why.
-            await found.handle.signal(RunWorkflow.cancel, reason)
+            await found.handle.signal(RunSignal.CANCEL, reason)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         while loop.time() < deadline:

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 from temporal_client.codec import CodecKeyError, ensure_key_file, load_key
+from temporal_client.proofs import SignalKey
 from workflows.activity_types import Sandbox
 from workflows.contract import ExecutionContract, Resolution, ResolvedAgent
 from workflows.spec import SandboxPolicy
@@ -37,6 +38,7 @@ class Unsealed(Exception):
 class Sealer:
     def __init__(self, key: bytes) -> None:
         self._key = key
+        self.signals = SignalKey(key)  # proofs on signals (temporal_client.proofs)
 
     @classmethod
     def from_file(cls, path: Path) -> "Sealer":

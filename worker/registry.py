@@ -11,6 +11,8 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from activities.entities import EntityActivities
 from activities.hello import compose_greeting
 from store import Store
+from temporal_client.chains import Chains
+from temporal_client.connection import with_signing
 from temporal_client.seal import Sealer
 from worker.seals import SealCheck
 from workflows.entities import (
@@ -68,14 +70,16 @@ def build_worker(
     """A worker for `task_queue`: the Run and entity workflows, the entity activities (keeping credential limits
     in `store` too), and `activities`. With `sealer`, it makes no sandbox and calls no agent that the bridge did
     not resolve (worker.seals): every production worker has one; tests of single activities may go without."""
+    # The entity activities signal as the worker, for the run they run for (temporal_client.proofs).
+    signer = with_signing(client, sealer) if sealer else client
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[*workflows, HelloWorkflow],
-        activities=[*entity_activities(client, task_queue, store), compose_greeting, *activities],
+        activities=[*entity_activities(signer, task_queue, store), compose_greeting, *activities],
         workflow_runner=WORKFLOW_RUNNER,
         max_cached_workflows=max_cached_workflows,
-        interceptors=[SealCheck(sealer)] if sealer else [],
+        interceptors=[SealCheck(sealer, Chains(client))] if sealer else [],
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
     )

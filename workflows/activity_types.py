@@ -217,6 +217,7 @@ class EntitySignal(KsquadModel):
     workflow_id: str
     signal: str
     arg: dict[str, object]
+    chain: str | None = None  # the sending run's first run id (its execution), as its workflow knows it
 
 
 class WorkflowIds(KsquadModel):

@@ -8,17 +8,19 @@ history grows.
 """
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from workflows import metrics
 from workflows.activity_types import WorkflowIds, announce_credential_limit, find_closed_workflows
 from workflows.entity_types import (
     CREDENTIAL_THROTTLED,
+    REMEMBERED_RELEASES,
     SLOT_GRANTED,
     SLOT_QUEUED,
     THROTTLED_UNTIL_MEMO,
@@ -32,13 +34,43 @@ from workflows.entity_types import (
     SlotRelease,
     SlotRequest,
     ThrottleNotice,
+    key_run,
+    run_key,
 )
+from workflows.inbox import Accepts, Handler, Inbox, Proof, Refused, Sender, refused
 from workflows.model import KsquadModel
 
 SIGNAL_BATCH = 500
 IDLE_SECONDS = 3600.0  # an entity with nothing to do lingers this long, then finishes
 ANNOUNCER_IDLE_SECONDS = 300.0  # an announcer keeps nothing between limits: it need not linger long
 LIVENESS_CHECK_SECONDS = 300.0  # a full gate with waiters checks this often for holders that were terminated
+
+
+S = TypeVar("S", GateState, CredentialState, AnnouncerState)
+# Runs message the entities through the worker's signal_with_start activity, which proves each message on behalf
+# of the run it runs for (worker.seals): the entities take messages from nothing else.
+FROM_RUNS = frozenset({Sender.WORKER})
+
+
+def carried(state: S) -> S:
+    """An entity's state comes from its own continue-as-new only. Started by anyone else (a client of the
+    namespace could start a gate full of holders, or with a cron schedule or retry policy that would carry such a
+    state on), it starts empty; only its renewal pace is taken."""
+    info = workflow.info()
+    if info.continued_run_id is not None and not info.cron_schedule and info.retry_policy is None:
+        return state
+    key = info.workflow_id.split("/", 1)[1]
+    if isinstance(state, GateState):
+        return GateState(scope=key, signals_per_run=state.signals_per_run)
+    return type(state)(key=key, signals_per_run=state.signals_per_run)
+
+
+def from_sender(kind: str, signal: str, run_id: str, proof: Proof | None) -> bool:
+    """A run's message names the run that the proof says sent it (None: a history from before proofs)."""
+    if proof is None or proof.sender == run_id:
+        return True
+    refused(kind, signal, Refused("wrong_sender", f"a message for {run_id} sent for {proof.sender}"))
+    return False
 
 
 def renewal_due(signals: int, signals_per_run: int) -> bool:
@@ -74,7 +106,19 @@ class CredentialThrottleWorkflow:
 
     @workflow.init
     def __init__(self, state: CredentialState) -> None:
-        self.state = state
+        self.state = state = carried(state)
+        self.inbox = Inbox(
+            "CredentialThrottle",
+            {
+                "subscribe": Handler(Accepts(CredentialSubscription, proven_by=FROM_RUNS), self.subscribe),
+                "unsubscribe": Handler(
+                    Accepts(CredentialSubscription, proven_by=FROM_RUNS), self.unsubscribe
+                ),
+                "limited": Handler(Accepts(CredentialLimit, proven_by=FROM_RUNS), self.limited),
+                "cleared": Handler(Accepts(CredentialSubscription, proven_by=FROM_RUNS), self.cleared),
+            },
+            [],
+        )
         # Notices still to send; a continue-as-new carries the run ids (state.to_notify).
         self._outbox: list[tuple[str, ThrottleNotice]] = []
         if state.to_notify and state.throttled_until is not None:
@@ -96,9 +140,14 @@ class CredentialThrottleWorkflow:
     def _throttled(self) -> bool:
         return self.state.throttled_until is not None and self.state.throttled_until > workflow.now()
 
-    @workflow.signal
-    def subscribe(self, sub: CredentialSubscription) -> None:
-        self._signals += 1
+    @workflow.signal(dynamic=True)
+    def signal(self, name: str, args: Sequence[RawValue]) -> None:
+        self._signals += 1  # every signal counts towards the server's limit per execution, refused or not
+        self.inbox.deliver(name, args)
+
+    def subscribe(self, sub: CredentialSubscription, proof: Proof | None) -> None:
+        if not from_sender("CredentialThrottle", "subscribe", sub.run_id, proof):
+            return
         if sub.run_id not in self.state.subscribers:
             self.state.subscribers.append(sub.run_id)
         # A run joining during a limit learns of it at once, unless its subscription already knew it (read from
@@ -106,16 +155,16 @@ class CredentialThrottleWorkflow:
         if self._throttled() and sub.known_until != self.state.throttled_until:
             self._outbox.append((sub.run_id, self._notice()))
 
-    @workflow.signal
-    def unsubscribe(self, sub: CredentialSubscription) -> None:
-        self._signals += 1
+    def unsubscribe(self, sub: CredentialSubscription, proof: Proof | None) -> None:
+        if not from_sender("CredentialThrottle", "unsubscribe", sub.run_id, proof):
+            return
         if sub.run_id in self.state.subscribers:
             self.state.subscribers.remove(sub.run_id)
 
-    @workflow.signal
-    def limited(self, limit: CredentialLimit) -> None:
+    def limited(self, limit: CredentialLimit, proof: Proof | None) -> None:
         """A run hit a 429 on this credential: every other subscriber pauses until `until` too."""
-        self._signals += 1
+        if not from_sender("CredentialThrottle", "limited", limit.run_id, proof):
+            return
         if self.state.throttled_until is None or limit.until > self.state.throttled_until:
             self.state.throttled_until = limit.until
         self.state.strikes += 1
@@ -125,10 +174,10 @@ class CredentialThrottleWorkflow:
         others = [r for r in self.state.subscribers if r != limit.run_id]
         self._outbox.extend((r, self._notice()) for r in others)
 
-    @workflow.signal
-    def cleared(self, sub: CredentialSubscription) -> None:
+    def cleared(self, sub: CredentialSubscription, proof: Proof | None) -> None:
         """A call on this credential succeeded: the backoff starts over."""
-        self._signals += 1
+        if not from_sender("CredentialThrottle", "cleared", sub.run_id, proof):
+            return
         if not self._throttled():
             self.state.strikes = 0
 
@@ -178,15 +227,24 @@ class CredentialAnnouncerWorkflow:
 
     @workflow.init
     def __init__(self, state: AnnouncerState) -> None:
-        self.state = state
+        self.state = state = carried(state)
+        self.inbox = Inbox(
+            "CredentialAnnouncer",
+            {"limited": Handler(Accepts(CredentialLimit, proven_by=FROM_RUNS), self.limited)},
+            [],
+        )
         self._reporters: list[CredentialLimit] = state.reporters
         state.reporters = []
         self._signals = 0  # received by this run of the workflow
 
-    @workflow.signal
-    def limited(self, limit: CredentialLimit) -> None:
+    @workflow.signal(dynamic=True)
+    def signal(self, name: str, args: Sequence[RawValue]) -> None:
         self._signals += 1
-        self._reporters.append(limit)
+        self.inbox.deliver(name, args)
+
+    def limited(self, limit: CredentialLimit, proof: Proof | None) -> None:
+        if from_sender("CredentialAnnouncer", "limited", limit.run_id, proof):
+            self._reporters.append(limit)
 
     def _renew_due(self) -> bool:
         return renewal_due(self._signals, self.state.signals_per_run)
@@ -242,36 +300,59 @@ class ConcurrencyGateWorkflow:
 
     @workflow.init
     def __init__(self, state: GateState) -> None:
-        self.state = state
-        self._granted: list[str] = []
+        self.state = carried(state)
+        self.inbox = Inbox(
+            "ConcurrencyGate",
+            {
+                "acquire": Handler(Accepts(SlotRequest, proven_by=FROM_RUNS), self.acquire),
+                "release": Handler(Accepts(SlotRelease, proven_by=FROM_RUNS), self.release),
+            },
+            [],
+        )
+        self._granted: list[str] = []  # keys (GateState)
         self._queued: list[str] = []
         self._signals = 0  # received by this run of the workflow
 
-    @workflow.signal
-    def acquire(self, request: SlotRequest) -> None:
+    @workflow.signal(dynamic=True)
+    def signal(self, name: str, args: Sequence[RawValue]) -> None:
         self._signals += 1
+        self.inbox.deliver(name, args)
+
+    def acquire(self, request: SlotRequest, proof: Proof | None) -> None:
+        if not from_sender("ConcurrencyGate", "acquire", request.run_id, proof):
+            return
+        key = run_key(request.run_id, proof.sender_chain if proof else None)
+        if key in self.state.released:
+            refused("ConcurrencyGate", "acquire", Refused("replayed", f"{key} released its slot already"))
+            return
         self.state.limit = request.limit
-        if request.run_id in self.state.holders:
+        if key in self.state.holders:
             # A repeated request (a retried activity) gets the same answer.
-            self._granted.append(request.run_id)
-        elif request.run_id not in self.state.waiting:
-            self.state.waiting.append(request.run_id)
+            self._granted.append(key)
+        elif key not in self.state.waiting:
+            self.state.waiting.append(key)
             start = max(self.state.virtual, self.state.tenant_finish.get(request.tenant, 0.0))
             finish = start + 1.0 / request.weight
-            self.state.finish[request.run_id] = self.state.tenant_finish[request.tenant] = finish
+            self.state.finish[key] = self.state.tenant_finish[request.tenant] = finish
             self._admit()
-            if request.run_id in self.state.waiting:
-                self._queued.append(request.run_id)
+            if key in self.state.waiting:
+                self._queued.append(key)
         else:
-            self._queued.append(request.run_id)
+            self._queued.append(key)
 
-    @workflow.signal
-    def release(self, release: SlotRelease) -> None:
-        self._signals += 1
+    def release(self, release: SlotRelease, proof: Proof | None) -> None:
+        if from_sender("ConcurrencyGate", "release", release.run_id, proof):
+            self._free(run_key(release.run_id, proof.sender_chain if proof else None))
+
+    def _free(self, key: str) -> None:
+        """The run's slot or place is free; a copy of its request will be refused."""
         for queue in (self.state.holders, self.state.waiting):
-            if release.run_id in queue:
-                queue.remove(release.run_id)
-        self.state.finish.pop(release.run_id, None)
+            if key in queue:
+                queue.remove(key)
+        self.state.finish.pop(key, None)
+        if key_run(key)[1] is not None and key not in self.state.released:
+            self.state.released.append(key)
+            del self.state.released[:-REMEMBERED_RELEASES]
         self._admit()
 
     def _admit(self) -> None:
@@ -331,19 +412,23 @@ class ConcurrencyGateWorkflow:
                 await self._notify()
                 workflow.continue_as_new(self.state)
 
+    def _notice(self, key: str, position: int = 0) -> tuple[str, SlotNotice]:
+        run_id, chain = key_run(key)
+        return run_id, SlotNotice(scope=self.state.scope, position=position, chain=chain)
+
     async def _notify(self) -> None:
         while self._granted or self._queued:
             granted, self._granted = self._granted, []
             queued, self._queued = self._queued, []
-            gone = await signal_runs(((r, SlotNotice(scope=self.state.scope)) for r in granted), SLOT_GRANTED)
-            for run_id in queued:
-                if run_id in self.state.waiting:
-                    position = self._position(run_id)
-                    gone += await signal_runs(
-                        [(run_id, SlotNotice(scope=self.state.scope, position=position))], SLOT_QUEUED
-                    )
-            for run_id in gone:
-                self.release(SlotRelease(run_id=run_id))
+            notices = [self._notice(key) for key in granted]
+            gone = set(await signal_runs(notices, SLOT_GRANTED))
+            gone_keys = [key for key in granted if key_run(key)[0] in gone]
+            for key in queued:
+                notice = [self._notice(key, self._position(key))] if key in self.state.waiting else []
+                if notice and await signal_runs(notice, SLOT_QUEUED):
+                    gone_keys.append(key)
+            for key in gone_keys:
+                self._free(key)
 
     async def _free_slots_of_closed_runs(self) -> None:
         try:
@@ -357,5 +442,5 @@ class ConcurrencyGateWorkflow:
         except ActivityError as err:  # try again at the next check; the gate itself must not fail
             workflow.logger.warning("gate %s: holder check failed: %s", self.state.scope, err)
             return
-        for run_id in closed:
-            self.release(SlotRelease(run_id=run_id))
+        for key in closed:
+            self._free(key)

@@ -113,11 +113,16 @@ class SlotNotice(KsquadModel):
 
     scope: str
     position: int = 0
+    # The execution of the run it is for (its first run id, as the run's request proved it): a notice for an
+    # earlier Run of the same name changes nothing. None from gates before proofs.
+    chain: str | None = None
 
 
 class GateState(KsquadModel):
     scope: str
     limit: int = 1
+    # Runs by key: "<workflow id>@<first run id>" (which execution of the Run, as its request proved it), or the
+    # workflow id alone for requests from before proofs.
     holders: list[str] = Field(default_factory=list)
     waiting: list[str] = Field(default_factory=list)  # in arrival order
     # Weighted fair queueing across tenants: each waiting run's virtual finish (its tenant's last, or the gate's
@@ -127,3 +132,20 @@ class GateState(KsquadModel):
     tenant_finish: dict[str, float] = Field(default_factory=dict)
     virtual: float = 0.0  # the finish of the run admitted last
     signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
+    # The runs that released their slot lately (keys, oldest first): a copy of one's earlier request is refused.
+    released: list[str] = Field(default_factory=list)
+
+
+# How many released runs a gate remembers (a copy of an older request is found by the liveness check instead).
+REMEMBERED_RELEASES = 1000
+
+
+def run_key(run_id: str, chain: str | None) -> str:
+    """A run as a gate keeps it: its workflow id, and which execution of it."""
+    return f"{run_id}@{chain}" if chain else run_id
+
+
+def key_run(key: str) -> tuple[str, str | None]:
+    """(workflow id, first run id or None) of a gate's key."""
+    run_id, _, chain = key.partition("@")
+    return run_id, chain or None

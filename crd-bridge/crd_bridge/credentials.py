@@ -13,7 +13,7 @@ from temporalio.service import RPCError
 from crd_bridge.resolve import CREDENTIAL_LABEL
 from kube import ApiError, Kube, Unreachable, path
 from workflows import search_attributes as sa
-from workflows.run import RunWorkflow
+from workflows.signals import RunSignal
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class CredentialWatcher:
         async for workflow in self.temporal.list_workflows(query):
             try:
                 handle = self.temporal.get_workflow_handle(workflow.id)
-                await handle.signal(RunWorkflow.credential_refreshed, f"{namespace}/{secret}")
+                await handle.signal(RunSignal.CREDENTIAL_REFRESHED, f"{namespace}/{secret}")
                 self.signalled += 1
             except RPCError as err:
                 log.warning("credential_refreshed to %s: %s", workflow.id, err)

@@ -50,10 +50,12 @@ from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store
-from temporal_client.connection import codec_from_env, stop_when_changed, temporal_answers
+from temporal_client.connection import codec_from_env, stop_when_changed, temporal_answers, with_signing
+from temporal_client.proofs import Signing
 from temporal_client.seal import sealer_from_env
 from temporal_client.telemetry import Telemetry
 from workflows.activity_types import BRIDGE_TASK_QUEUE
+from workflows.inbox import Sender
 
 log = logging.getLogger("ksquad.bridge")
 SHUTDOWN_SECONDS = 10.0
@@ -75,7 +77,12 @@ async def serve(settings: BridgeSettings) -> int:
             resources.push_async_callback(store.close)
         telemetry = Telemetry()
         resources.push_async_callback(telemetry.aclose)
-        temporal = await settings.temporal.connect(codec_from_env(), telemetry.runtime)
+        # The signals it sends (users' pauses and answers, credential rotations) carry its proof.
+        temporal = with_signing(
+            await settings.temporal.connect(codec_from_env(), telemetry.runtime),
+            sealer,
+            Signing(Sender.BRIDGE),
+        )
         rotation = asyncio.create_task(
             stop_when_changed(settings.temporal.tls_files(), stop, "ksquad-bridge")
         )

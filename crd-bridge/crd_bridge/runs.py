@@ -35,6 +35,7 @@ from kube import ApiError, Kube, reflect
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
+from workflows.signals import RunSignal
 from workflows.spec import parse_run_spec, run_workflow_id
 from workflows.status import PauseReason, Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
 
@@ -148,16 +149,16 @@ class RunReconciler:
         if annotation is not None and meta["uid"] not in self.cancel_sent:
             handle = self.workflows.handle(meta["namespace"], meta["name"])
             with contextlib.suppress(RPCError):
-                await handle.signal(RunWorkflow.cancel, annotation or f"annotation {CANCEL_ANNOTATION}")
+                await handle.signal(RunSignal.CANCEL, annotation or f"annotation {CANCEL_ANNOTATION}")
                 self.cancel_sent.add(meta["uid"])
         pause = meta.get("annotations", {}).get(PAUSE_ANNOTATION)
         if (pause is not None) != self.paused.get(meta["uid"], False):
             handle = self.workflows.handle(meta["namespace"], meta["name"])
             with contextlib.suppress(RPCError):
                 await (
-                    handle.signal(RunWorkflow.pause, pause or "paused")
+                    handle.signal(RunSignal.PAUSE, pause or "paused")
                     if pause is not None
-                    else handle.signal(RunWorkflow.resume)
+                    else handle.signal(RunSignal.RESUME)
                 )
                 self.paused[meta["uid"]] = pause is not None
         if INPUT_ANNOTATION in meta.get("annotations", {}):
@@ -176,7 +177,7 @@ class RunReconciler:
             if (status.get("phase"), status.get("pauseReason")) != (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
                 return False  # the watch brings the status that asks
             try:
-                await self.workflows.handle(meta["namespace"], meta["name"]).signal(RunWorkflow.input, text)
+                await self.workflows.handle(meta["namespace"], meta["name"]).signal(RunSignal.INPUT, text)
             except RPCError as err:
                 log.warning("forwarding input to %s/%s: %s", meta["namespace"], meta["name"], err)
                 return True

@@ -10,7 +10,7 @@ from temporalio.api.common.v1 import Payload
 
 from temporal_client import codec as codec_module
 from temporal_client.codec import IN_CLEAR, KEY_ID, EncryptionCodec, KeyRing, key_id
-from temporal_client.connection import RefusedInClear, data_converter
+from temporal_client.connection import RefusedInClear, RefusedUnreadable, data_converter
 from workflows.spec import RunSpec
 
 
@@ -52,10 +52,18 @@ async def test_a_key_added_to_the_directory_later_is_found_and_an_unknown_one_is
     (from_another_process,) = await EncryptionCodec(added).encode([payload('"new"')])
     assert [p.data for p in await running.decode([from_another_process])] == [b'"new"']
 
+    # A payload of a key the ring lacks does not fail the decoding (a workflow task would fail with it, for good,
+    # on one signal of garbage): it is marked, and reading it is refused, naming the key.
     (foreign,) = await EncryptionCodec(os.urandom(32)).encode([payload('"foreign"')])
-    with pytest.raises(ValueError, match="does not hold") as raised:
-        await running.decode([foreign])
+    (marked,) = await running.decode([foreign])
+    with pytest.raises(RefusedUnreadable, match="does not hold") as raised:
+        data_converter(running).payload_converter.from_payloads([marked], [str])
     assert foreign.metadata[KEY_ID].decode() in str(raised.value)
+    with pytest.raises(RefusedUnreadable):
+        data_converter(running).payload_converter.from_payloads([marked], None)
+    # shown to a person through the codec endpoint, it is an error naming the key
+    with pytest.raises(ValueError, match="does not hold"):
+        await running.decode_for_display([foreign])
 
 
 def test_hidden_files_of_a_mounted_secret_are_not_keys(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ ALLOWED_IMPORTS = {
     "collections",
     "collections.abc",
     "contextlib",
+    "contextvars",  # the proof the worker checked, set around each signal handler (workflows.inbox)
     "dataclasses",
     "datetime",
     "email.utils",  # parsedate_to_datetime: Retry-After as an HTTP date

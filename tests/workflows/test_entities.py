@@ -1,8 +1,12 @@
 """The entity workflows stay under the server's per-execution signal limit (found by bench.paused: a throttle
 that 10,000 runs subscribed to refused the 10,001st signal): after `signals_per_run` signals they continue as
-new, carrying their whole state."""
+new, carrying their whole state.
+
+Runs message the entities through the worker's signal_with_start activity, which signs each message as the worker
+on behalf of its run (temporal_client.proofs): the tests send theirs so, with `as_run`."""
 
 import asyncio
+import contextlib
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -10,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError, RPCStatusCode
 
+from temporal_client.proofs import Signing, signing_as
 from tests.workflows.world import World
 from workflows.activity_types import WORKER_TASK_QUEUE
 from workflows.entity_types import (
@@ -20,6 +25,28 @@ from workflows.entity_types import (
     GateState,
     SlotRequest,
 )
+from workflows.inbox import Sender
+
+
+def as_run(run_id: str) -> contextlib.AbstractContextManager[None]:
+    """Signals sent in this context go as the worker's activity for the run `run_id` sends them."""
+    return signing_as(Signing(Sender.WORKER, run_id))
+
+
+async def send(
+    client: Client, run_id: str, workflow: str, workflow_id: str, state: object, signal: str, arg: object
+) -> WorkflowHandle[object, object]:
+    """What the signal_with_start activity does for the run `run_id`: signal-with-start the entity, as the run's
+    worker."""
+    with as_run(run_id):
+        return await client.start_workflow(
+            workflow,
+            state,
+            id=workflow_id,
+            task_queue=WORKER_TASK_QUEUE,
+            start_signal=signal,
+            start_signal_args=[arg],
+        )
 
 
 async def continued_as_new(handle: WorkflowHandle[object, object], first: str | None) -> bool:
@@ -37,13 +64,10 @@ async def test_a_credential_throttle_continues_as_new_before_the_signal_limit_an
     workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
     first = None
     for i in range(12):
-        handle = await client.start_workflow(
-            "CredentialThrottle",
-            CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=5),
-            id=workflow_id,
-            task_queue=WORKER_TASK_QUEUE,
-            start_signal="subscribe",
-            start_signal_args=[CredentialSubscription(run_id=f"ns/run-{i}")],
+        state = CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=5)
+        subscription = CredentialSubscription(run_id=f"ns/run-{i}")
+        handle = await send(
+            client, f"ns/run-{i}", "CredentialThrottle", workflow_id, state, "subscribe", subscription
         )
         first = first or handle.result_run_id
     handle = client.get_workflow_handle(workflow_id)
@@ -61,14 +85,9 @@ async def test_a_gate_continues_as_new_before_the_signal_limit_and_keeps_holders
     workflow_id = f"gate/team/ns/{uuid.uuid4().hex[:8]}"
     first = None
     for i in range(12):
-        handle = await client.start_workflow(
-            "ConcurrencyGate",
-            GateState(scope=workflow_id.split("/", 1)[1], signals_per_run=5),
-            id=workflow_id,
-            task_queue=WORKER_TASK_QUEUE,
-            start_signal="acquire",
-            start_signal_args=[SlotRequest(run_id=f"ns/run-{i}", limit=3)],
-        )
+        state = GateState(scope=workflow_id.split("/", 1)[1], signals_per_run=5)
+        request = SlotRequest(run_id=f"ns/run-{i}", limit=3)
+        handle = await send(client, f"ns/run-{i}", "ConcurrencyGate", workflow_id, state, "acquire", request)
         first = first or handle.result_run_id
     handle = client.get_workflow_handle(workflow_id)
     try:
@@ -91,16 +110,19 @@ async def test_a_limit_with_thousands_of_subscribers_is_told_in_batches_under_th
     undeliverable and the subscriber is dropped: all 2,100 answered)."""
     workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
     subscribers = [f"ns/gone-{i}" for i in range(2100)]
-    handle = await client.start_workflow(
-        "CredentialThrottle",
-        CredentialState(key=workflow_id.split("/", 1)[1], subscribers=subscribers),
-        id=workflow_id,
-        task_queue=WORKER_TASK_QUEUE,
-        start_signal="limited",
-        start_signal_args=[
-            CredentialLimit(run_id="ns/reporter", until=datetime.now(UTC) + timedelta(hours=1))
-        ],
-    )
+    key = workflow_id.split("/", 1)[1]
+    handle = client.get_workflow_handle(workflow_id)
+
+    async def subscribe(run_id: str) -> None:
+        state = CredentialState(key=key, signals_per_run=5000)
+        subscription = CredentialSubscription(run_id=run_id)
+        await send(client, run_id, "CredentialThrottle", workflow_id, state, "subscribe", subscription)
+
+    for start in range(0, len(subscribers), 100):
+        await asyncio.gather(*(subscribe(r) for r in subscribers[start : start + 100]))
+    with as_run("ns/reporter"):
+        limit = CredentialLimit(run_id="ns/reporter", until=datetime.now(UTC) + timedelta(hours=1))
+        await handle.signal("limited", limit)
     try:
         deadline = time.monotonic() + 120
         state = CredentialState(key="", subscribers=subscribers)
@@ -131,18 +153,15 @@ async def test_a_limit_survives_the_throttles_continue_as_new_in_its_memo(
     did not learn of the limit before their first call."""
     workflow_id = f"credential/ns/{uuid.uuid4().hex[:8]}"
     until = datetime.now(UTC) + timedelta(hours=1)
-    handle = await client.start_workflow(
-        "CredentialThrottle",
-        CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=3),
-        id=workflow_id,
-        task_queue=WORKER_TASK_QUEUE,
-        start_signal="limited",
-        start_signal_args=[CredentialLimit(run_id="ns/reporter", until=until)],
-    )
+    state = CredentialState(key=workflow_id.split("/", 1)[1], signals_per_run=3)
+    limit = CredentialLimit(run_id="ns/reporter", until=until)
+    handle = await send(client, "ns/reporter", "CredentialThrottle", workflow_id, state, "limited", limit)
     first = handle.result_run_id
     try:
         for i in range(4):  # they know the limit already: nothing to send them, only signals to count
-            await handle.signal("subscribe", CredentialSubscription(run_id=f"ns/r-{i}", known_until=until))
+            with as_run(f"ns/r-{i}"):
+                subscription = CredentialSubscription(run_id=f"ns/r-{i}", known_until=until)
+                await handle.signal("subscribe", subscription)
         assert await continued_as_new(client.get_workflow_handle(workflow_id), first)
         memo = await (await client.get_workflow_handle(workflow_id).describe()).memo()
         assert datetime.fromisoformat(memo[THROTTLED_UNTIL_MEMO]) == until

@@ -328,7 +328,9 @@ async def test_a_run_continued_as_new_during_a_limit_resumes_in_one_attempt(
     key = world.agents["dev-a"].model.throttle_key("ksquad-system")
     carried = RunCarry(
         status=RunStatus(phase=Phase.RUNNING, attempt=1, revision=5),
-        resolution=Resolution(outcome="resolved", agents=[world.agents["dev-a"]]),
+        resolution=world.sealer.seal_resolution(
+            "ksquad-system", "uid-b", Resolution(outcome="resolved", agents=[world.agents["dev-a"]])
+        ),
         throttles=ThrottleState(until={key: until}, unplaced=[key]),
     )
     b = await start_run(client, run_input("b", agents=["dev-a"]).model_copy(update={"carry": carried}))

@@ -8,6 +8,7 @@ the credential and gate workflows) are the real ones: they talk to the real Temp
 """
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,7 +22,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from temporal_client.connection import connect, register_search_attributes, with_converter
+from temporal_client.connection import connect, register_search_attributes, with_converter, with_signing
+from temporal_client.proofs import Signing
+from temporal_client.seal import Sealer
 from worker.registry import build_worker
 from workflows.activity_types import (
     BRIDGE_TASK_QUEUE,
@@ -45,6 +48,7 @@ from workflows.activity_types import (
 )
 from workflows.contract import ConcurrencyScope, CredentialRef, FairShare, ModelRef, Resolution, ResolvedAgent
 from workflows.entity_types import ResumePlaceRequest
+from workflows.inbox import Sender
 from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec
 from workflows.status import PhaseEvent, RunStatus, StatusSnapshot
@@ -159,6 +163,8 @@ class World:
         self.blocked_claims: set[str] = set()  # runs whose claims hang until cancelled
         self.stalled_mirrors: dict[str, int] = {}  # run name -> how many status writes hang (then fail)
         self.slow_renewals: dict[str, float] = {}  # run name -> seconds each lease renewal takes to answer
+        # The key the world's bridge seals resolutions and signs signals with, as the worker checks them.
+        self.sealer = Sealer(secrets.token_bytes(32))
 
     def _entered(self, name: Activity, run: str) -> asyncio.Event:
         return self.entered.setdefault((name.value, run), asyncio.Event())
@@ -214,12 +220,13 @@ class World:
         if self.missing.get(run):
             return Resolution(outcome="missing", missing=list(self.missing[run]))
         names = req.spec.agents or self.team_agents.get(req.spec.team_ref or "", [])
-        return Resolution(
+        resolution = Resolution(
             outcome="resolved",
             agents=[self.agents[n] for n in names],
             scopes=self.scopes.get(run, []),
             share=self.shares.get(run, FairShare()),
         )
+        return self.sealer.seal_resolution(req.run.namespace, req.run.uid, resolution)
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
@@ -448,10 +455,12 @@ async def serving(client: Client, world: World, real: Sequence[Any] = ()) -> Asy
     await register_search_attributes(client)
     replaced = {activity_name(a) for a in real}
     fakes = [a for a in world.activities() if activity_name(a) not in replaced]
-    worker = build_worker(client, WORKER_TASK_QUEUE, [*fakes, *real])
+    worker = build_worker(client, WORKER_TASK_QUEUE, [*fakes, *real], sealer=world.sealer)
     bridge = Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=world.bridge_activities())
     async with worker, bridge:
-        yield client
+        # The test sends signals as the bridge does (with its proof); see tests/workflows/test_signals.py for
+        # those sent without.
+        yield with_signing(client, world.sealer, Signing(Sender.BRIDGE))
 
 
 async def start_run(client: Client, inp: RunInput) -> WorkflowHandle[RunWorkflow, RunStatus]:

@@ -124,7 +124,11 @@ async def entity_signal(
     """Signal-with-start an entity workflow (a credential's throttle, a concurrency gate). Two short RPCs from
     this worker's own client: as a local activity the server dispatches no task and records one marker."""
     message = EntitySignal(
-        workflow=kind, workflow_id=workflow_id, signal=signal, arg=arg.model_dump(mode="json")
+        workflow=kind,
+        workflow_id=workflow_id,
+        signal=signal,
+        arg=arg.model_dump(mode="json"),
+        chain=workflow.info().first_execution_run_id,
     )
     return await call_local(
         signal_with_start, message, summary=f"{signal} -> {workflow_id}", start_to_close=30

@@ -42,6 +42,7 @@ class RunCarry(KsquadModel):
     throttles: ThrottleState = Field(default_factory=ThrottleState)
     slots: list[str] = Field(default_factory=list)  # concurrency scopes whose slot the run holds
     claim_fence: int | None = None
+    nonces: list[str] = Field(default_factory=list)  # the proofs of the signals it took (workflows.inbox)
 
 
 class RunInput(KsquadModel):

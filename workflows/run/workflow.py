@@ -19,10 +19,11 @@ resume ramp), the holdings (claim and sandbox, fence-then-release), the interrup
 
 import asyncio
 import functools
+from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.workflow import ActivityCancellationType
 
@@ -48,7 +49,9 @@ from workflows.entity_types import (
     DEFAULT_RESUME_PER_SECOND,
     SlotNotice,
     ThrottleNotice,
+    gate_workflow_id,
 )
+from workflows.inbox import Accepts, Handler, Inbox, Proof, Refused, Sender, printable, refused
 from workflows.policies import (
     equal_jitter_backoff,
 )
@@ -100,6 +103,7 @@ class RunWorkflow:
         self.held = Holdings(self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts)
         self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
+        self.inbox = self._inbox(carry.nonces)
         # Model usage: what earlier workflows of this Run counted (continued as new only between attempts), and
         # each attempt's running total since.
         self.usage_carried = carry.status.usage or UsageStatus()
@@ -111,40 +115,63 @@ class RunWorkflow:
 
     # --- signals and query --------------------------------------------------------------------------------
 
-    @workflow.signal(name=RunSignal.CANCEL)
-    def cancel(self, reason: str | None = None) -> None:
+    def _inbox(self, nonces: list[str]) -> Inbox:
+        """Every signal the Run takes (workflows.inbox): only `cancel` from anyone; what users ask for (pause,
+        resume, input) and credential rotations from the bridge, which checked who asked; limits and slots from
+        the entity workflows."""
+        bridge = frozenset({Sender.BRIDGE})
+        entities = frozenset({Sender.WORKFLOW, Sender.WORKER})
+        return Inbox(
+            "RunWorkflow",
+            {
+                RunSignal.CANCEL: Handler(Accepts(str, optional=True, in_clear=True), self.cancel),
+                RunSignal.PAUSE: Handler(Accepts(str, optional=True, proven_by=bridge), self.pause),
+                RunSignal.RESUME: Handler(Accepts(proven_by=bridge), self.resume),
+                RunSignal.CREDENTIAL_REFRESHED: Handler(
+                    Accepts(str, optional=True, proven_by=bridge), self.credential_refreshed
+                ),
+                RunSignal.INPUT: Handler(Accepts(str, proven_by=bridge), self.input),
+                RunSignal.REFERENCES_UPDATED: Handler(Accepts(proven_by=bridge), self.references_updated),
+                RunSignal.CREDENTIAL_THROTTLED: Handler(
+                    Accepts(ThrottleNotice, proven_by=entities), self.credential_throttled
+                ),
+                RunSignal.SLOT_GRANTED: Handler(Accepts(SlotNotice, proven_by=entities), self.slot_granted),
+                RunSignal.SLOT_QUEUED: Handler(Accepts(SlotNotice, proven_by=entities), self.slot_queued),
+            },
+            nonces,
+        )
+
+    @workflow.signal(dynamic=True)
+    def signal(self, name: str, args: Sequence[RawValue]) -> None:
+        self.inbox.deliver(name, args)
+
+    def cancel(self, reason: str | None, _: Proof | None = None) -> None:
         """Cancel the run from any phase (also: `temporal workflow cancel`, kubectl delete, the annotation)."""
-        self.cancel_reason = reason or "cancel requested"
+        self.cancel_reason = printable(reason) if reason else "cancel requested"
         self.interrupts.pending = Interrupt.CANCEL
 
-    @workflow.signal(name=RunSignal.PAUSE)
-    def pause(self, reason: str | None = None) -> None:
+    def pause(self, reason: str | None, _: Proof | None) -> None:
         """Paused(Manual) until `resume`. From another pause (a rate limit, input, a credential) too: the manual
         pause takes over, and after `resume` the run waits again for what it was waiting for."""
-        self.pauses.requested(reason)
+        self.pauses.requested(printable(reason) if reason else None)
 
-    @workflow.signal(name=RunSignal.RESUME)
-    def resume(self) -> None:
+    def resume(self, _: None, __: Proof | None) -> None:
         self.pauses.resumed()
 
-    @workflow.signal(name=RunSignal.CREDENTIAL_REFRESHED)
-    def credential_refreshed(self, credential: str | None = None) -> None:
+    def credential_refreshed(self, credential: str | None, _: Proof | None) -> None:
         """A credential was rotated; `credential` ("<namespace>/<secret>") names which, None means any."""
         if credential is None or credential == self.route.credential_key():
             self.pauses.credential_refreshes += 1
 
-    @workflow.signal(name=RunSignal.INPUT)
-    def input(self, text: str) -> None:
+    def input(self, text: str, _: Proof | None) -> None:
         self.pauses.pending_input = text
 
-    @workflow.signal(name=RunSignal.REFERENCES_UPDATED)
-    def references_updated(self) -> None:
+    def references_updated(self, _: None, __: Proof | None) -> None:
         """From the embedded stack: an object this run may reference changed; resolve again now. (On a cluster
         the bridge sends none: a run waiting for references looks again on its backoff, at most 30 s apart.)"""
         self.references.changed = True
 
-    @workflow.signal(name=RunSignal.CREDENTIAL_THROTTLED)
-    def credential_throttled(self, notice: ThrottleNotice) -> None:
+    def credential_throttled(self, notice: ThrottleNotice, _: Proof | None = None) -> None:
         self.throttles.noticed(notice)
         in_flight = self.status.phase in (Phase.CLAIMING, Phase.RUNNING)
         # A notice of a limit that has already ended (it crossed the run's own resumption) stops nothing.
@@ -157,13 +184,30 @@ class RunWorkflow:
         ):
             self.interrupts.pending = Interrupt.THROTTLED
 
-    @workflow.signal(name=RunSignal.SLOT_GRANTED)
-    def slot_granted(self, notice: SlotNotice) -> None:
-        self.gates.granted(notice)
+    def slot_granted(self, notice: SlotNotice, proof: Proof | None) -> None:
+        if self._from_gate(RunSignal.SLOT_GRANTED, notice, proof):
+            self.gates.granted(notice)
 
-    @workflow.signal(name=RunSignal.SLOT_QUEUED)
-    def slot_queued(self, notice: SlotNotice) -> None:
-        self.gates.queued_at(notice)
+    def slot_queued(self, notice: SlotNotice, proof: Proof | None) -> None:
+        if self._from_gate(RunSignal.SLOT_QUEUED, notice, proof):
+            self.gates.queued_at(notice)
+
+    def _from_gate(self, signal: RunSignal, notice: SlotNotice, proof: Proof | None) -> bool:
+        """A slot's notice comes from that scope's own gate, for this execution of the run (not an earlier Run of
+        its name, whose notices a copy could bring)."""
+        if proof is None:
+            return True  # a history from before proofs
+        if proof.sender != gate_workflow_id(notice.scope):
+            refused(
+                "RunWorkflow", signal, Refused("wrong_sender", f"{notice.scope}'s notice from {proof.sender}")
+            )
+            return False
+        if notice.chain is not None and notice.chain != workflow.info().first_execution_run_id:
+            refused(
+                "RunWorkflow", signal, Refused("replayed", f"{notice.scope}'s notice for another execution")
+            )
+            return False
+        return True
 
     @workflow.query(name=STATE_QUERY)
     def state(self) -> RunStatus:
@@ -524,5 +568,6 @@ class RunWorkflow:
             throttles=self.throttles.state,
             slots=self.gates.slots,
             claim_fence=self.held.claim_fence,
+            nonces=self.inbox.nonces,
         )
         workflow.continue_as_new(self.run_input.model_copy(update={"carry": carry}))
