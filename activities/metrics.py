@@ -6,6 +6,7 @@ attempt to its end, so retries and queueing on a busy worker count: it is what a
     ksquad_sandbox_acquire_seconds{kind}       getting a sandbox: warm (a pod from a pool), cold (a Job), local
     ksquad_sandbox_acquire_failures_total{reason}
     ksquad_agent_call_seconds{outcome}         one A2A turn: completed, or the AgentError that ended it
+    ksquad_activities_refused_total{activity, reason}   acting activities refused: a copy of a Run, or unsealed
     ksquad_model_calls_total{namespace, credential, model, user}     model calls agents reported (each once)
     ksquad_model_tokens_total{namespace, credential, model, user, direction}   their tokens: input, output
 """
@@ -27,6 +28,11 @@ SANDBOX_ACQUIRE_SECONDS = Histogram(
 )
 SANDBOX_ACQUIRE_FAILURES = Counter(
     "ksquad_sandbox_acquire_failures", "sandbox acquisitions that failed, by reason", ["reason"]
+)
+ACTIVITIES_REFUSED = Counter(
+    "ksquad_activities_refused",
+    "acting activities the worker refused: a copy of a Run (reason copy) or not what the bridge sealed",
+    ["activity", "reason"],
 )
 AGENT_CALL_SECONDS = Histogram(
     "ksquad_agent_call_seconds", "one A2A turn with the agent, by outcome", ["outcome"], buckets=CALL_BUCKETS

@@ -25,9 +25,9 @@ from agent.model import complete
 from agent.scripted_model import ScriptedModel, build_app
 from bench.stats import percentiles, report
 from store import Store
+from testbed import warrants
 from testbed.asgi import serving
 from testbed.isolate import free_port
-from workflows.activity_types import AgentInvocation
 from workflows.contract import CredentialRef, ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 
 
@@ -75,12 +75,7 @@ async def main(iterations: int) -> None:
                     contract = base.model_copy(
                         update={"run": base.run.model_copy(update={"attempt": i + 1, "fence": i + 1})}
                     )
-                    inv = AgentInvocation(
-                        contract=contract,
-                        endpoint=f"http://127.0.0.1:{port}/",
-                        message_id=f"uid-bench-a{i + 1}",
-                        context_id=f"uid-bench-a{i + 1}",
-                    )
+                    inv = warrants.invocation(contract, f"http://127.0.0.1:{port}/")
                     t0 = time.perf_counter()
                     await ActivityEnvironment().run(acts.invoke_agent, inv)
                     invoked_ms = (time.perf_counter() - t0) * 1000

@@ -40,12 +40,12 @@ from bench.bridge import CRDS, holding_range
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report
 from bench.warm_claims import unready_pods
 from kube import ApiError, Config, Kube, path
-from testbed import chart
+from testbed import chart, warrants
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from testbed.kwok import KWOK_TAINT, SimulatedNodes
 from testbed.stack import RUN_API, apply_chart_rbac, service_account_kubeconfig
-from workflows.activity_types import RunRef, SandboxRelease, SandboxRequest
+from workflows.activity_types import SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import Placement, SandboxPolicy, Toleration
 
@@ -143,9 +143,7 @@ async def make_runs(admin: Kube, prefix: str, count: int, namespace: str = NAMES
 def claim_request(i: int, run: RunIdentity) -> SandboxRequest:
     agent = ResolvedAgent(name="claimer", model=MODEL, placement=PLACEMENT)
     contract = ExecutionContract(run=run, agent=agent, model=MODEL)
-    return SandboxRequest(
-        contract=contract, policy=SandboxPolicy(pool=f"p{i % POOLS}"), timeout_seconds=60, run_seconds=600
-    )
+    return warrants.sandbox_request(contract, 60, policy=SandboxPolicy(pool=f"p{i % POOLS}"), run_seconds=600)
 
 
 def ready_per_pool(sandboxes: KubernetesSandboxes, seen: set[str] | None = None) -> dict[str, int]:
@@ -192,10 +190,8 @@ async def measure(
 
     async def release(req: SandboxRequest, sandbox: Any) -> None:
         await asyncio.sleep(hold)
-        run = req.contract.run
-        ref = RunRef(namespace=run.namespace, name=run.name, uid=run.uid)
         try:
-            await sandboxes.release(SandboxRelease(run=ref, sandbox=sandbox))
+            await sandboxes.release(SandboxRelease(warrant=req.warrant, sandbox=sandbox))
         except Exception as err:  # counted: the pool's pod would be left behind
             errors.append(f"release {sandbox.name}: {err}")
 

@@ -18,9 +18,9 @@ from bench.bridge import CRDS
 from bench.sandbox_claims import chart_pools, make_runs, worker_settings
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
+from testbed import warrants
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
-from workflows.activity_types import RunRef, SandboxRelease, SandboxRequest
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.spec import SandboxPolicy
 
@@ -65,16 +65,14 @@ async def main(runs: int) -> None:
                     assert bound is not None, f"no warm pod bound for claim {i}"
                     t0 = time.perf_counter()
                     made = await sandboxes.start_cold(
-                        SandboxRequest(
-                            contract=contract(cold_owner),
-                            policy=SandboxPolicy(class_="batch"),
-                            timeout_seconds=60,
+                        warrants.sandbox_request(
+                            contract(cold_owner), 60, policy=SandboxPolicy(class_="batch")
                         )
                     )
                     cold.append((time.perf_counter() - t0) * 1000)
                     for sandbox, owner in ((bound, warm_owner), (made, cold_owner)):
-                        run = RunRef(namespace=NS, name=owner.name, uid=owner.uid)
-                        await sandboxes.release(SandboxRelease(run=run, sandbox=sandbox, confirm=False))
+                        release = warrants.sandbox_release(contract(owner), sandbox, confirm=False)
+                        await sandboxes.release(release)
             finally:
                 await sandboxes.close()
     finally:

@@ -23,7 +23,8 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from crd_bridge.activities import status_body
+from crd_bridge.activities import recorded_chain, status_body
+from crd_bridge.envelopes import Execution, check_chain, check_envelope, counted, execution_chain, refusal
 from crd_bridge.events import phase_records
 from crd_bridge.resolve import (
     ALLOWED_HOSTS_ANNOTATION,
@@ -35,14 +36,17 @@ from crd_bridge.resolve import (
 )
 from store import StoreError
 from store.objects import Applied, ObjectStore, StoredObject
+from temporal_client.chains import Chains
+from temporal_client.proofs import Signing, signing_as
 from temporal_client.runs import RunWorkflows
-from temporal_client.seal import Sealer
-from workflows.activity_types import Activity, ResolveRequest
+from temporal_client.seal import Copied, Sealer, Unsealed
+from workflows.activity_types import Activity, ResolveRequest, RunRef
 from workflows.contract import Resolution
+from workflows.inbox import Sender
 from workflows.model import InvalidObject, field_problems
 from workflows.run import RunInput
 from workflows.signals import RunSignal
-from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest
+from workflows.spec import API_VERSION, ObjectMeta, parse_run_manifest, run_workflow_id
 from workflows.status import Phase, StatusSnapshot, not_waiting_for_input
 
 log = logging.getLogger(__name__)
@@ -131,9 +135,11 @@ class EmbeddedBridge:
         local_model_url: str,
         local_model: str | None = None,
         sealer: Sealer | None = None,
+        chains: Chains | None = None,
     ) -> None:
         self.objects = objects
         self.sealer = sealer
+        self.chains = chains
         self.local_endpoint: dict[str, Any] = {
             "url": local_model_url,
             "credentialSecretRef": {"name": LOCAL_CREDENTIAL_SECRET, "key": "apiKey"},
@@ -143,14 +149,53 @@ class EmbeddedBridge:
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
-        """As the cluster bridge does: the Run as stored (by uid), resolved and sealed for the worker."""
-        namespace, name, uid = req.run.namespace, req.run.name, req.run.uid
+        """As the cluster bridge does (crd_bridge.envelopes): the Run as stored (by uid), for the execution of its
+        workflow recorded on it, resolved and sealed for the worker."""
+        envelope, execution = req.envelope, Execution.current()
+        namespace, name, uid = envelope.namespace, envelope.name, envelope.uid
         try:
-            run = await self.objects.get("Run", namespace, name)
+            check_envelope(self.sealer, envelope, execution)
+            run = await self._run(namespace, name)
+            if run is None or run.uid != uid:
+                return not_this_run(namespace, name, uid)
+            chain = await self._chain(run, execution)
+        except Unsealed as err:
+            await self._refused(Activity.RESOLVE_REFERENCES, envelope.run_ref, err, execution)
+            raise refusal(err) from None
+        resolution = await self._resolve(run)
+        return self.sealer.seal_warrant(envelope, chain, resolution) if self.sealer else resolution
+
+    async def _run(self, namespace: str, name: str) -> StoredObject | None:
+        try:
+            return await self.objects.get("Run", namespace, name)
         except StoreError as err:
             raise ApplicationError(str(err), type="StoreUnavailable") from None
-        if run is None or run.uid != uid:
-            return not_this_run(namespace, name, uid)
+
+    async def _chain(self, run: StoredObject, execution: Execution) -> str:
+        """The execution asking must be the one recorded on the Run (the first to ask records it, when none is)."""
+        recorded = recorded_chain(run.status)
+        chain = await execution_chain(self.chains, execution, recorded)
+        try:
+            recorded = (
+                await self.objects.record_run_chain(run.namespace, run.name, run.uid, chain) or recorded
+            )
+        except StoreError as err:
+            raise ApplicationError(str(err), type="StoreUnavailable") from None
+        check_chain(f"{run.namespace}/{run.name}", recorded, chain, execution)
+        return chain
+
+    async def _refused(self, activity_name: str, run: RunRef, err: Unsealed, execution: Execution) -> None:
+        counted(activity_name, err, execution)
+        if isinstance(
+            err, Copied
+        ):  # a sealed envelope: the Run it names is real, and its event stream says so
+            with contextlib.suppress(StoreError):
+                await self.objects.store.append_notice(
+                    run.uid, f"{run.namespace}/{run.name}", "refusal", str(err)
+                )
+
+    async def _resolve(self, run: StoredObject) -> Resolution:
+        namespace = run.namespace
         spec = stored_spec(run.spec)
         if isinstance(spec, Resolution):
             return spec
@@ -171,13 +216,32 @@ class EmbeddedBridge:
             return None
 
         try:
-            resolution = await resolve(namespace, spec, lookup)
+            return await resolve(namespace, spec, lookup)
         except StoreError as err:
             raise ApplicationError(str(err), type="StoreUnavailable") from None
-        return self.sealer.seal_resolution(namespace, uid, resolution) if self.sealer else resolution
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
+        """The status into the store, from the Run's own execution only (as the cluster bridge's)."""
+        execution = Execution.current()
+        run_ref = RunRef(namespace=snapshot.namespace, name=snapshot.name, uid=snapshot.uid)
+        claimed = snapshot.status.workflow.first_run_id if snapshot.status.workflow else None
+        try:
+            if execution.workflow_id != run_workflow_id(snapshot.namespace, snapshot.name):
+                raise Copied(
+                    f"workflow {execution.workflow_id} sent the status of Run {snapshot.namespace}/{snapshot.name}"
+                )
+            chain = await execution_chain(self.chains, execution, claimed)
+            if claimed is not None and claimed != chain:
+                raise Copied(
+                    f"workflow {execution.workflow_id} run {execution.run_id} claimed execution {claimed}"
+                )
+            run = await self._run(snapshot.namespace, snapshot.name)
+            if run is not None and run.uid == snapshot.uid:
+                check_chain(f"{run.namespace}/{run.name}", recorded_chain(run.status), chain, execution)
+        except Copied as err:
+            await self._refused(Activity.MIRROR_STATUS, run_ref, err, execution)
+            raise refusal(err) from None
         try:
             await self.objects.write_run_status(
                 snapshot.namespace,
@@ -197,9 +261,11 @@ class EmbeddedBridge:
 class EmbeddedRuns:
     """What kubectl and the bridge do on a cluster, for the runs of this machine."""
 
-    def __init__(self, objects: ObjectStore, temporal: Client, worker_task_queue: str) -> None:
+    def __init__(
+        self, objects: ObjectStore, temporal: Client, worker_task_queue: str, sealer: Sealer | None = None
+    ) -> None:
         self.objects = objects
-        self.workflows = RunWorkflows(temporal, worker_task_queue)
+        self.workflows = RunWorkflows(temporal, worker_task_queue, sealer)
         self.user = getpass.getuser()
 
     async def apply(self, docs: Iterable[Any]) -> list[dict[str, str]]:
@@ -225,7 +291,10 @@ class EmbeddedRuns:
     async def ensure_workflow(self, run: StoredObject) -> None:
         """Start the Run's workflow unless one of this Run (uid) exists; a second never starts. Raises
         EarlierRunStillRunning while an earlier Run of this name has its workflow still running."""
-        if await self.workflows.find(run.namespace, run.name, run.uid) is not None:
+        if (
+            await self.workflows.find(run.namespace, run.name, run.uid, recorded_chain(run.status))
+            is not None
+        ):
             return
         spec = parse_run_manifest(run.manifest()).spec
         run_input = RunInput(
@@ -236,7 +305,13 @@ class EmbeddedRuns:
             triggered_by=self.user,
             spec=spec,
         )
-        await self.workflows.start(run_input)
+        handle = await self.workflows.start(run_input)
+        if (
+            handle.first_execution_run_id
+        ):  # the execution this Run is, recorded at once (crd_bridge.envelopes)
+            await self.objects.record_run_chain(
+                run.namespace, run.name, run.uid, handle.first_execution_run_id
+            )
         log.info("started the workflow of Run %s/%s", run.namespace, run.name)
 
     async def resume_unfinished(self) -> int:
@@ -271,7 +346,9 @@ class EmbeddedRuns:
         if signal == RunSignal.INPUT and (why := not_waiting_for_input(run.status)):
             raise RunRefuses(f"run {namespace}/{name} is not waiting for input: {why}")
         try:
-            await self.workflows.handle(namespace, name).signal(signal, *args)
+            # Proven as the bridge's, for this Run's own execution (temporal_client.proofs).
+            with signing_as(Signing(Sender.BRIDGE, to_chain=recorded_chain(run.status) or "")):
+                await self.workflows.handle(namespace, name).signal(signal, *args)
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:  # ended since its status was read
                 raise

@@ -44,6 +44,7 @@ from dev.devserver import DevServer, ExternalTemporal, preferred_port
 from dev.embedded import LOCAL_CREDENTIAL_SECRET, EmbeddedBridge, EmbeddedRuns
 from store import Store
 from store.objects import ObjectStore
+from temporal_client.chains import Chains
 from temporal_client.codec import EncryptionCodec, ensure_key_file
 from temporal_client.connection import connect, with_signing
 from temporal_client.proofs import Signing
@@ -243,7 +244,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         agents = AgentActivities(store, keys=keys)
         stack.push_async_callback(agents.aclose)
         objects = ObjectStore(store)
-        bridge = EmbeddedBridge(objects, model_url, model_name, sealer)
+        bridge = EmbeddedBridge(objects, model_url, model_name, sealer, Chains(client))
         worker = build_worker(
             client,
             WORKER_TASK_QUEUE,
@@ -259,7 +260,7 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         if options.serve_worker:
             await stack.enter_async_context(worker)
         await stack.enter_async_context(Worker(client, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all()))
-        runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE)
+        runs = EmbeddedRuns(objects, client, WORKER_TASK_QUEUE, sealer)
         app = api_app(
             runs, store, token, loopback_names(api_port), codec, server.ui_url, item_key, server.namespace
         )

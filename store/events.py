@@ -111,6 +111,24 @@ class RunEvents(StoreBase):
         )
 
     @unavailable
+    async def append_notice(self, run_uid: str, run: str, kind: str, message: str, data: Any = None) -> int:
+        """A notice of ksquad's own into the run's log (unfenced: a copy of the Run refused, say); its number."""
+        async with self.transaction() as c:
+            bump = self._insert(run_sequences).values(run_uid=run_uid, last_seq=1)
+            seq = (
+                await c.execute(
+                    bump.on_conflict_do_update(
+                        index_elements=["run_uid"], set_={"last_seq": run_sequences.c.last_seq + 1}
+                    ).returning(run_sequences.c.last_seq)
+                )
+            ).scalar_one()
+            row = {"run_uid": run_uid, "run": run, "seq": seq, "fence": 0, "attempt": 0, "kind": kind}
+            await c.execute(
+                sa.insert(run_events), [{**row, "message": message, "data": data, "at": self.clock()}]
+            )
+            return int(seq)
+
+    @unavailable
     async def events(
         self, run_uid: str, after: int = 0, limit: int = 500, kind: str | None = None, newest: bool = False
     ) -> list[Event]:

@@ -1,26 +1,37 @@
 """A Run's workflow on Temporal, as both the CRD bridge and the embedded stack (`ksquad dev`) handle it: one
-workflow per Run, started at most once, and on deletion cancelled and waited for.
+workflow per Run, started at most once with its envelope sealed (workflows.envelope), and on deletion cancelled
+and waited for.
 
 The workflow id is the Run's `<namespace>/<name>`, so a Run deleted and created again under its old name meets
-the earlier Run's workflow there: the Run's uid in the memo tells the two apart. Starting uses Temporal's
-USE_EXISTING conflict policy, so two starts racing for one Run still make one workflow.
+the earlier Run's workflow there. Which workflow is the Run's is not taken from anything a client could write
+(the memo, a search attribute): it is the execution the bridge recorded on the Run when it started it (its first
+run id), and before that record exists, a workflow whose start input is an envelope sealed for this Run's uid.
+A workflow under the Run's id whose start input is not sealed at all was started by someone else, and is
+terminated, so that it can keep no Run from starting. Starting uses Temporal's USE_EXISTING conflict policy, so
+two starts racing for one Run still make one workflow.
 """
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import (
     SearchAttributePair,
     TypedSearchAttributes,
     WorkflowIDConflictPolicy,
     WorkflowIDReusePolicy,
 )
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from temporal_client.proofs import Signing, signing_as
+from temporal_client.seal import Sealer, Unsealed
 from workflows import search_attributes as sa
+from workflows.inbox import Sender
 from workflows.run import RunInput, RunWorkflow
 from workflows.signals import RunSignal
 from workflows.spec import run_workflow_id
@@ -35,6 +46,7 @@ CLOSED = frozenset(
         WorkflowExecutionStatus.TIMED_OUT,
     }
 )
+log = logging.getLogger(__name__)
 ENDED_POLL_SECONDS = 0.2  # how often a cancelled workflow is described until it has ended
 
 
@@ -52,7 +64,11 @@ class FoundWorkflow:
 
     handle: WorkflowHandle[RunWorkflow, RunStatus]
     status: WorkflowExecutionStatus | None
-    uid: str | None  # the uid of the Run it was started for (its memo)
+    uid: str | None  # the uid of the Run it was started for, when asked and it is a sealed Run's; else None
+    chain: str  # its execution: the first run id of its chain
+    # The Run's own ended and another workflow was started under its id since (the handle is that one's): the
+    # Run's own final state can no longer be read through it.
+    replaced: bool = False
 
     @property
     def closed(self) -> bool:
@@ -60,54 +76,92 @@ class FoundWorkflow:
 
 
 class RunWorkflows:
-    """The Runs' workflows on one Temporal namespace, started on the worker's `task_queue`."""
+    """The Runs' workflows on one Temporal namespace, started on the worker's `task_queue` with envelopes sealed
+    by `sealer` (None: unsealed, which the bridge and the worker refuse; tests of this class alone)."""
 
-    def __init__(self, client: Client, task_queue: str) -> None:
+    def __init__(self, client: Client, task_queue: str, sealer: Sealer | None = None) -> None:
         self.client = client
         self.task_queue = task_queue
+        self.sealer = sealer
 
     def handle(self, namespace: str, name: str) -> WorkflowHandle[RunWorkflow, RunStatus]:
         return self.client.get_workflow_handle_for(RunWorkflow.run, run_workflow_id(namespace, name))
 
-    async def find(self, namespace: str, name: str, uid: str) -> FoundWorkflow | None:
-        """The workflow of the Run `uid`, running or ended; None when it has none and one may be started.
+    async def find(
+        self, namespace: str, name: str, uid: str, chain: str | None = None
+    ) -> FoundWorkflow | None:
+        """The workflow of the Run `uid` (whose execution is `chain` once recorded), running or ended; None when
+        it has none and one may be started.
 
-        Raises EarlierRunStillRunning while the workflow under the Run's id is an earlier Run's that has not
-        ended; once it has, the Run's own workflow starts under the same id."""
-        found = await self._describe(namespace, name)
+        Raises EarlierRunStillRunning while the workflow under the Run's id is another's that has not ended; once
+        it has, the Run's own workflow starts under the same id. One that no bridge started (its start input is
+        not sealed) is terminated first."""
+        found = await self._describe(namespace, name, with_uid=chain is None)
         if found is None:
             return None
-        if found.uid == uid:
+        if (chain is not None and found.chain == chain) or (chain is None and found.uid == uid):
             return found
+        if chain is not None:  # the Run's own ended, and something was started under its id since
+            return dataclasses.replace(
+                found, status=WorkflowExecutionStatus.COMPLETED, chain=chain, replaced=True
+            )
         if not found.closed:
+            if found.uid is None and self.sealer is not None:
+                await found.handle.terminate(
+                    f"not started by ksquad: its start input is no envelope the bridge sealed; Run {namespace}/{name} "
+                    "starts in its place"
+                )
+                log.warning("terminated workflow %s: its start input is not sealed", found.handle.id)
+                return None
             raise EarlierRunStillRunning(namespace, name)
         return None
 
     async def start(self, run_input: RunInput) -> WorkflowHandle[Any, Any]:
-        """Start the Run's workflow, or return the one already running under its id (never a second one).
+        """Start the Run's workflow, or return the Run's own if it is already running (never a second one); the
+        handle of a new one names its execution (`first_execution_run_id`), which the caller records on the Run.
+        Raises EarlierRunStillRunning when another workflow runs under the id (started since `find` looked).
 
-        The Run's uid goes in the memo: a workflow of an earlier Run of the same name is told apart by it."""
+        The Run's uid goes in the memo (for people reading the Temporal UI; ksquad reads it from the sealed
+        envelope)."""
+        if self.sealer is not None:
+            run_input = self.sealer.seal_envelope(run_input)
         attributes = [
             SearchAttributePair(sa.PHASE, Phase.PENDING.value),
             SearchAttributePair(sa.NAMESPACE, run_input.namespace),
         ]
         if run_input.triggered_by:
             attributes.append(SearchAttributePair(sa.TRIGGERED_BY, run_input.triggered_by))
-        return await self.client.start_workflow(
-            "RunWorkflow",
-            run_input,
-            id=run_input.workflow_id,
-            task_queue=self.task_queue,
-            result_type=RunStatus,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            memo={"uid": run_input.uid, "generation": run_input.generation},
-            search_attributes=TypedSearchAttributes(attributes),
-            static_summary=f"Run {run_input.namespace}/{run_input.name}",
-        )
+        try:
+            return await self.client.start_workflow(
+                "RunWorkflow",
+                run_input,
+                id=run_input.workflow_id,
+                task_queue=self.task_queue,
+                result_type=RunStatus,
+                # Not USE_EXISTING: the workflow running under the id might be anyone's, and its run id must never
+                # be recorded as this Run's execution. Two starts racing: the second finds the first's.
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+                memo={"uid": run_input.uid, "generation": run_input.generation},
+                search_attributes=TypedSearchAttributes(attributes),
+                static_summary=f"Run {run_input.namespace}/{run_input.name}",
+            )
+        except WorkflowAlreadyStartedError as err:
+            found = await self._describe(run_input.namespace, run_input.name, with_uid=True)
+            if found is not None and found.uid == run_input.uid:  # this Run's own, started already
+                return self.client.get_workflow_handle_for(
+                    RunWorkflow.run, found.handle.id, run_id=err.run_id, first_execution_run_id=found.chain
+                )
+            raise EarlierRunStillRunning(run_input.namespace, run_input.name) from None
 
     async def cancel_and_wait(
-        self, namespace: str, name: str, uid: str | None, within: float, reason: str = "the Run was deleted"
+        self,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        within: float,
+        reason: str = "the Run was deleted",
+        chain: str | None = None,
     ) -> bool:
         """Cancel the Run's workflow if it is running (its status says `reason`, not "cancelled through
         Temporal"), then wait up to `within` seconds for it to end.
@@ -116,10 +170,12 @@ class RunWorkflows:
         Run's alone. With None, whichever Run's workflow runs under the id is (the embedded stack).
         False only when the cancelled workflow still runs after `within`. A cancel request that fails is
         waited out all the same (the workflow may have ended meanwhile); other errors from Temporal raise."""
-        found = await self._describe(namespace, name)
-        if found is None or found.closed or (uid is not None and found.uid != uid):
+        found = await self._describe(namespace, name, with_uid=uid is not None and chain is None)
+        if found is None or found.closed:
             return True
-        with contextlib.suppress(RPCError):
+        if uid is not None and not (found.chain == chain if chain is not None else found.uid == uid):
+            return True
+        with contextlib.suppress(RPCError), signing_as(Signing(Sender.BRIDGE, to_chain=found.chain)):
             # The signal, as the cancel annotation and `ksquad runs cancel` do: the Run's status says why.
             await found.handle.signal(RunSignal.CANCEL, reason)
         loop = asyncio.get_running_loop()
@@ -131,8 +187,9 @@ class RunWorkflows:
             await asyncio.sleep(ENDED_POLL_SECONDS)
         return False
 
-    async def _describe(self, namespace: str, name: str) -> FoundWorkflow | None:
-        """The newest workflow under the Run's id, or None when there is none."""
+    async def _describe(self, namespace: str, name: str, with_uid: bool = False) -> FoundWorkflow | None:
+        """The newest workflow under the Run's id, or None when there is none; `with_uid`: and whose sealed Run
+        it is (one read of its history)."""
         handle = self.handle(namespace, name)
         try:
             description = await handle.describe()
@@ -140,5 +197,27 @@ class RunWorkflows:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return None
             raise
-        uid = await description.memo_value("uid", default=None)
-        return FoundWorkflow(handle, description.status, str(uid) if uid is not None else None)
+        info = description.raw_description.workflow_execution_info
+        chain = info.first_run_id or description.run_id
+        uid = await self._sealed_uid(handle, description) if with_uid else None
+        return FoundWorkflow(handle, description.status, uid, chain)
+
+    async def _sealed_uid(
+        self, handle: WorkflowHandle[RunWorkflow, RunStatus], description: WorkflowExecutionDescription
+    ) -> str | None:
+        """The uid of the Run whose sealed envelope the workflow was started with; None for any other start.
+        Without a sealer, the memo's (tests of this class alone)."""
+        if self.sealer is None:
+            uid = await description.memo_value("uid", default=None)
+            return str(uid) if uid is not None else None
+        if description.workflow_type != "RunWorkflow":
+            return None
+        try:
+            async for event in handle.fetch_history_events():
+                started = event.workflow_execution_started_event_attributes
+                (envelope,) = await self.client.data_converter.decode(started.input.payloads, [RunInput])
+                self.sealer.check_envelope(envelope, handle.id)
+                return str(envelope.uid)
+        except (Unsealed, ValueError, TypeError):
+            return None
+        return None

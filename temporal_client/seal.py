@@ -21,18 +21,25 @@ import hmac
 import json
 import os
 from pathlib import Path
+from typing import TypeVar
 
 from temporal_client.codec import CodecKeyError, ensure_key_file, load_key
 from temporal_client.proofs import SignalKey
 from workflows.activity_types import Sandbox
-from workflows.contract import ExecutionContract, Resolution, ResolvedAgent
-from workflows.spec import SandboxPolicy
+from workflows.contract import ExecutionContract, Resolution
+from workflows.envelope import RunEnvelope, Warrant
+
+E = TypeVar("E", bound=RunEnvelope)
 
 SEAL_KEY_FILE_ENV = "KSQUAD_SEAL_KEY_FILE"
 
 
 class Unsealed(Exception):
     """What the worker was handed is not what the bridge resolved or the worker made."""
+
+
+class Copied(Unsealed):
+    """A sealed envelope or warrant, under a workflow or an execution it was not sealed for: a copy."""
 
 
 class Sealer:
@@ -53,44 +60,63 @@ class Sealer:
         message = "\0".join(parts).encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
-    # --- agents: sealed by the bridge, checked by the worker ---------------------------------------------
+    # --- envelopes and warrants: sealed by the bridge, checked by the bridge and the worker --------------
 
-    def _agent_mac(self, namespace: str, uid: str, agent: ResolvedAgent) -> str:
-        # A field added since agent-v1 goes into the MAC only when set: a resolution sealed before an upgrade
-        # (a run in flight across it) keeps its seal.
-        later = {name for name in ("project_fallback_model", "placement") if getattr(agent, name) is None}
-        body = agent.model_dump(mode="json", exclude={"seal", *later})
-        return self._mac("agent-v1", namespace, uid, json.dumps(body, sort_keys=True, separators=(",", ":")))
+    def _envelope_mac(self, envelope: RunEnvelope) -> str:
+        body = json.dumps(envelope.sealed_fields(), sort_keys=True, separators=(",", ":"))
+        return self._mac("envelope-v1", envelope.workflow_id, body)
 
-    def seal_agent(self, namespace: str, uid: str, agent: ResolvedAgent) -> ResolvedAgent:
-        return agent.model_copy(update={"seal": self._agent_mac(namespace, uid, agent)})
+    def seal_envelope(self, envelope: E) -> E:
+        """The start input, sealed (a RunInput keeps its other fields; a carry is never sealed)."""
+        return envelope.model_copy(update={"seal": self._envelope_mac(envelope)})
 
-    def seal_resolution(self, namespace: str, uid: str, resolution: Resolution) -> Resolution:
-        agents = [self.seal_agent(namespace, uid, agent) for agent in resolution.agents]
-        return resolution.model_copy(update={"agents": agents})
-
-    def check_contract(self, contract: ExecutionContract, policy: SandboxPolicy | None = None) -> None:
-        """The contract's agent is one the bridge resolved for this Run, its model that agent's own or its
-        fallback, and (for a sandbox) the policy the one the bridge resolved."""
-        run, agent = contract.run, contract.agent
-        expected = self._agent_mac(run.namespace, run.uid, agent)
-        if agent.seal is None or not hmac.compare_digest(agent.seal, expected):
+    def check_envelope(self, envelope: RunEnvelope, workflow_id: str) -> None:
+        """The envelope is one the bridge sealed, and it was started under the workflow id it was sealed for."""
+        if envelope.seal is None or not hmac.compare_digest(envelope.seal, self._envelope_mac(envelope)):
             raise Unsealed(
-                f"agent {agent.name} of Run {run.namespace}/{run.name} (uid {run.uid}) is not as the bridge "
-                f"resolved it (its seal is {'missing' if agent.seal is None else 'wrong'}): the worker acts only on "
-                f"resolutions sealed with the key it shares with the bridge ({SEAL_KEY_FILE_ENV})"
+                f"the start input of Run {envelope.namespace}/{envelope.name} is not one the bridge sealed "
+                f"(its seal is {'missing' if envelope.seal is None else 'wrong'}): the bridge and the worker act "
+                f"only on envelopes sealed with the key they share ({SEAL_KEY_FILE_ENV})"
             )
-        resolved = (agent.model, agent.fallback_model, agent.project_fallback_model)
-        if contract.model not in [m for m in resolved if m is not None]:
+        if workflow_id != envelope.workflow_id:
+            raise Copied(
+                f"workflow {workflow_id} was started with the envelope of Run {envelope.namespace}/{envelope.name}, "
+                f"sealed for workflow {envelope.workflow_id}: a copy, refused"
+            )
+
+    def _warrant_mac(self, envelope_seal: str, resolution: Resolution) -> str:
+        body = resolution.model_dump(mode="json", exclude={"seal"})
+        return self._mac("warrant-v1", envelope_seal, json.dumps(body, sort_keys=True, separators=(",", ":")))
+
+    def seal_warrant(self, envelope: RunEnvelope, chain: str, resolution: Resolution) -> Resolution:
+        """The resolution of a checked envelope, for the execution `chain` (the first run id of the workflow's
+        chain) and no other."""
+        assert envelope.seal is not None
+        bound = resolution.model_copy(update={"chain": chain, "envelope_seal": envelope.seal, "seal": None})
+        return bound.model_copy(update={"seal": self._warrant_mac(envelope.seal, bound)})
+
+    def check_warrant(self, warrant: Warrant, workflow_id: str) -> str:
+        """The warrant is the bridge's, for an envelope it sealed and started under `workflow_id`; returns the
+        execution (chain) it is for, which the caller compares with the server's word."""
+        envelope, resolution = warrant.envelope, warrant.resolution
+        self.check_envelope(envelope, workflow_id)
+        expected = self._warrant_mac(resolution.envelope_seal or "", resolution)
+        if (
+            resolution.seal is None
+            or resolution.chain is None
+            or resolution.envelope_seal != envelope.seal
+            or not hmac.compare_digest(resolution.seal, expected)
+        ):
             raise Unsealed(
-                f"model {contract.model.name} at {contract.model.url} is neither agent {agent.name}'s model nor "
-                "a fallback (its own, its Project's) as the bridge resolved them"
+                f"the resolution of Run {envelope.namespace}/{envelope.name} is not one the bridge sealed for its "
+                "envelope: the worker acts only on warrants of the key it shares with the bridge "
+                f"({SEAL_KEY_FILE_ENV})"
             )
-        if policy is not None and policy != agent.sandbox_policy:
+        if resolution.outcome != "resolved":
             raise Unsealed(
-                f"sandbox policy {policy.model_dump(by_alias=True)} is not the one the bridge resolved for Run "
-                f"{run.namespace}/{run.name}"
+                f"the warrant of Run {envelope.namespace}/{envelope.name} resolved nothing to act on"
             )
+        return resolution.chain
 
     # --- sandboxes: sealed and checked by the worker -----------------------------------------------------
 

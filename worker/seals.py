@@ -24,17 +24,20 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
-from temporal_client.chains import Chains
+from activities.metrics import ACTIVITIES_REFUSED
+from temporal_client.chains import Chains, ChainUnknown
 from temporal_client.proofs import SignalKey, Signing, signing_as
-from temporal_client.seal import Sealer, Unsealed
+from temporal_client.seal import Copied, Sealer, Unsealed
 from workflows.activity_types import (
+    ACTING,
+    COPY_REFUSED,
     UNSEALED,
     Activity,
     AgentInvocation,
-    EntitySignal,
     Sandbox,
     SandboxRequest,
 )
+from workflows.envelope import NotInWarrant, Warrant
 from workflows.inbox import SIGNAL_PROOF, Sender
 
 log = logging.getLogger(__name__)
@@ -112,38 +115,45 @@ class _Checked(ActivityInboundInterceptor):
         self.chains = chains
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        with signing_as(self._signing(input)):
-            return await self._checked(input)
-
-    def _signing(self, input: ExecuteActivityInput) -> Signing:
-        """The signals an activity sends go as the worker, for the workflow it runs for; a run's messages to its
-        entities also say which execution of the run sends them (the gates key their slots by it). They come
-        from a local activity, whose input never left this worker: the chain is the workflow's own."""
         info = activity.info()
-        chain = ""
-        if info.activity_type == Activity.SIGNAL_WITH_START and info.is_local:
-            (message,) = input.args
-            assert isinstance(message, EntitySignal)
-            chain = message.chain or ""
-        return Signing(Sender.WORKER, info.workflow_id or "", chain)
-
-    async def _checked(self, input: ExecuteActivityInput) -> Any:
-        kind = activity.info().activity_type
+        kind = info.activity_type
+        if kind not in ACTING:
+            with signing_as(Signing(Sender.WORKER, info.workflow_id or "")):
+                return await super().execute_activity(input)
+        (request,) = input.args
         try:
-            if kind == Activity.ACQUIRE_SANDBOX:
-                (request,) = input.args
-                assert isinstance(request, SandboxRequest)
-                self.sealer.check_contract(request.contract, request.policy)
-                sandbox = await super().execute_activity(input)
-                assert isinstance(sandbox, Sandbox)
-                return self.sealer.seal_sandbox(request.contract, sandbox)
+            warrant = request.warrant
+            chain = await self._check(warrant, info)
             if kind == Activity.INVOKE_AGENT:
-                (invocation,) = input.args
-                assert isinstance(invocation, AgentInvocation)
-                self.sealer.check_contract(invocation.contract)
-                self.sealer.check_endpoint(invocation.contract, invocation.endpoint, invocation.sandbox)
-        except Unsealed as err:
-            info = activity.info()
-            log.warning("refused %s of workflow %s: %s", kind, info.workflow_id, err)
-            raise ApplicationError(str(err), type=UNSEALED, non_retryable=True) from None
-        return await super().execute_activity(input)
+                assert isinstance(request, AgentInvocation)
+                self.sealer.check_endpoint(request.contract, request.endpoint, request.sandbox)
+        except (Unsealed, NotInWarrant, ChainUnknown) as err:
+            refused(kind, info, err)
+            kind_of = COPY_REFUSED if isinstance(err, Copied) else UNSEALED
+            raise ApplicationError(str(err), type=kind_of, non_retryable=True) from None
+        # The signals it sends (a run's messages to its entities) go as the worker, for this execution of the run.
+        with signing_as(Signing(Sender.WORKER, info.workflow_id or "", chain)):
+            result = await super().execute_activity(input)
+        if kind == Activity.ACQUIRE_SANDBOX:
+            assert isinstance(request, SandboxRequest) and isinstance(result, Sandbox)
+            return self.sealer.seal_sandbox(request.contract, result)
+        return result
+
+    async def _check(self, warrant: Warrant, info: activity.Info) -> str:
+        """The warrant is the bridge's, for this activity's own workflow id and execution, as the server says."""
+        chain = self.sealer.check_warrant(warrant, info.workflow_id or "")
+        run_id = info.workflow_run_id or ""
+        if await self.chains.of(warrant.workflow_id, run_id, expected=chain) != chain:
+            raise Copied(
+                f"workflow {info.workflow_id} run {run_id} presented the warrant of Run "
+                f"{warrant.envelope.namespace}/{warrant.envelope.name}'s execution {chain}, which it is not part "
+                "of: a copy of that Run, refused"
+            )
+        return chain
+
+
+def refused(kind: str, info: activity.Info, err: Exception) -> None:
+    """A refusal is visible: a log line naming the workflow, and a counter."""
+    reason = "copy" if isinstance(err, Copied) else "unsealed"
+    log.warning("refused %s of workflow %s run %s: %s", kind, info.workflow_id, info.workflow_run_id, err)
+    ACTIVITIES_REFUSED.labels(kind, reason).inc()

@@ -13,6 +13,8 @@ from temporalio import activity
 
 from workflows.contract import ExecutionContract, Resolution
 from workflows.entity_types import LimitAnnouncement, ResumePlaceRequest, ThrottleNotice
+from workflows.envelope import NotInWarrant, RouteChoice, RunEnvelope, Warrant
+from workflows.envelope import RunRef as RunRef  # where the activities' callers have always found it
 from workflows.model import KsquadModel
 from workflows.spec import RunSpec, SandboxPolicy
 from workflows.status import Artifact, SandboxStatus, StatusSnapshot, UsageStatus
@@ -42,29 +44,62 @@ class Activity(StrEnum):
     ANNOUNCE_CREDENTIAL_LIMIT = "announce_credential_limit"  # a limit, to every run subscribed in the store
 
 
-class RunRef(KsquadModel):
-    namespace: str
-    name: str
-    uid: str
-    triggered_by: str | None = None
+# Every activity that acts takes the Run's warrant (workflows.envelope) and builds what it acts on from it: the
+# worker checks the warrant against the activity's own workflow and run before it runs (worker.seals).
+ACTING = frozenset(
+    {
+        Activity.CLAIM_WORK_ITEM,
+        Activity.FENCE_WORK_ITEM,
+        Activity.RENEW_CLAIM,
+        Activity.RELEASE_WORK_ITEM,
+        Activity.ACQUIRE_SANDBOX,
+        Activity.RELEASE_SANDBOX,
+        Activity.INVOKE_AGENT,
+        Activity.PUBLISH_OUTPUTS,
+        Activity.SIGNAL_WITH_START,
+        Activity.RESERVE_RESUME_PLACE,
+    }
+)
+
+
+class Warranted(KsquadModel):
+    """An acting activity's argument: the warrant, and what the workflow chose within it."""
+
+    warrant: Warrant
+
+    @property
+    def run(self) -> RunRef:
+        return self.warrant.run_ref
 
 
 # --- references -------------------------------------------------------------------------------------------
 
 
 class ResolveRequest(KsquadModel):
-    run: RunRef
-    spec: RunSpec
+    """The Run's envelope, as the workflow was started with it (its carry aside)."""
+
+    envelope: RunEnvelope
+
+    @property
+    def run(self) -> RunRef:
+        return self.envelope.run_ref
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.envelope.spec
 
 
 # --- claims -----------------------------------------------------------------------------------------------
 
 
-class ClaimRequest(KsquadModel):
-    run: RunRef
-    work_item_ref: str
+class ClaimRequest(Warranted):
     attempt: int
     lease_seconds: int
+
+    @property
+    def work_item_ref(self) -> str:
+        """The work item claimed: the Run's own (a Run without one claims nothing)."""
+        return claimed_item(self.warrant)
 
 
 class Claim(KsquadModel):
@@ -74,23 +109,46 @@ class Claim(KsquadModel):
     item: bool = False  # the ref names a work item of the namespace (else it is a lock key alone)
 
 
-class ClaimUpdate(KsquadModel):
+class ClaimUpdate(Warranted):
     """Renew, fence or release a claim held with `fence`."""
 
-    run: RunRef
-    work_item_ref: str
     fence: int
     lease_seconds: int = 0
+
+    @property
+    def work_item_ref(self) -> str:
+        return claimed_item(self.warrant)
+
+
+def claimed_item(warrant: Warrant) -> str:
+    ref = warrant.envelope.spec.work_item_ref
+    if ref is None:
+        raise NotInWarrant(f"Run {warrant.envelope.namespace}/{warrant.envelope.name} names no work item")
+    return ref
 
 
 # --- sandboxes --------------------------------------------------------------------------------------------
 
 
-class SandboxRequest(KsquadModel):
-    contract: ExecutionContract
-    policy: SandboxPolicy
+class SandboxRequest(Warranted):
+    route: RouteChoice
+    attempt: int
+    fence: int
     timeout_seconds: int  # to become ready
-    run_seconds: int = 3600  # how long the attempt may run: bounds the sandbox's life (activeDeadlineSeconds)
+
+    @property
+    def contract(self) -> ExecutionContract:
+        return self.warrant.contract(self.route, self.attempt, self.fence)
+
+    @property
+    def policy(self) -> SandboxPolicy:
+        """Where the sandbox may run, as the bridge resolved it for the agent."""
+        return self.warrant.agent(self.route).sandbox_policy
+
+    @property
+    def run_seconds(self) -> int:
+        """How long the attempt may run: bounds the sandbox's life (activeDeadlineSeconds)."""
+        return self.warrant.envelope.spec.timeouts.run_seconds
 
 
 class Sandbox(KsquadModel):
@@ -104,8 +162,7 @@ class Sandbox(KsquadModel):
         return SandboxStatus(name=self.name, kind=self.kind)
 
 
-class SandboxRelease(KsquadModel):
-    run: RunRef
+class SandboxRelease(Warranted):
     sandbox: Sandbox
     # the fence step of fence-then-release: wait until the sandbox is gone, fail closed when unsure
     confirm: bool = False
@@ -122,17 +179,36 @@ class ContinueTask(KsquadModel):
     text: str = ""
 
 
-class AgentInvocation(KsquadModel):
-    contract: ExecutionContract
-    endpoint: str
-    sandbox: Sandbox | None = (
-        None  # the sandbox `endpoint` is, as the worker sealed it (None: the agent's own)
+class AgentInvocation(Warranted):
+    route: RouteChoice
+    attempt: int
+    fence: int
+    # Where the agent runs: a sandbox the worker made and sealed for the attempt, or (kind "external") the
+    # resolved agent's own endpoint.
+    sandbox: Sandbox
+    turn: int = (
+        0  # the attempt's messages: 0 first, then one more for each fallback, input or refreshed credential
     )
-    message_id: str  # "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after
-    context_id: str
     continue_task: ContinueTask | None = None
     # Tokens the Run may still use (its token budget less what it used): the call that reaches it ends the run.
     token_budget_left: int | None = None
+
+    @property
+    def contract(self) -> ExecutionContract:
+        return self.warrant.contract(self.route, self.attempt, self.fence)
+
+    @property
+    def endpoint(self) -> str:
+        return self.sandbox.endpoint
+
+    @property
+    def context_id(self) -> str:
+        return f"{self.warrant.envelope.uid}-a{self.attempt}"
+
+    @property
+    def message_id(self) -> str:
+        """ "<run-uid>-a<attempt>" for an attempt's first message, "-t<turn>" after."""
+        return self.context_id + (f"-t{self.turn}" if self.turn else "")
 
 
 class AgentResult(KsquadModel):
@@ -165,6 +241,9 @@ class AgentError(StrEnum):
 SANDBOX_MISCONFIGURED = "SandboxMisconfigured"
 # The worker refused what it was handed: not what the bridge resolved or the worker made (temporal_client.seal).
 UNSEALED = "Unsealed"
+# The bridge or the worker refused a copy of a Run: a sealed envelope under another workflow id, or another execution
+# than the one the bridge started (workflows.envelope).
+COPY_REFUSED = "CopyRefused"
 
 
 class RateLimitDetails(KsquadModel):
@@ -194,8 +273,7 @@ class FailureDetails(KsquadModel):
 # --- outputs ----------------------------------------------------------------------------------------------
 
 
-class OutputsRequest(KsquadModel):
-    run: RunRef
+class OutputsRequest(Warranted):
     attempt: int
     fence: int
     outputs: dict[str, str]
@@ -213,11 +291,11 @@ class PublishedOutputs(KsquadModel):
 class EntitySignal(KsquadModel):
     """Signal-with-start of an entity workflow (a credential's throttle, a concurrency gate)."""
 
+    warrant: Warrant  # of the run that sends it (its execution: the warrant's chain)
     workflow: Literal["CredentialThrottle", "ConcurrencyGate"]
     workflow_id: str
     signal: str
     arg: dict[str, object]
-    chain: str | None = None  # the sending run's first run id (its execution), as its workflow knows it
 
 
 class WorkflowIds(KsquadModel):

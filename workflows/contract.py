@@ -98,8 +98,8 @@ class ResolvedAgent(KsquadModel):
     sandbox_policy: SandboxPolicy = Field(default_factory=SandboxPolicy)
     # The Agent's placement with the Run's over it (within the chart's allow-lists); None: the chart's defaults.
     placement: Placement | None = None
-    # The bridge's HMAC over all of the above, the Run's namespace and uid (temporal_client.seal): the worker
-    # acts on no agent without it.
+    # Sealed one by one before warrants (a resolution in a history of then); the warrant seals the whole
+    # resolution now, and this is neither set nor read.
     seal: str | None = None
 
     @property
@@ -165,3 +165,8 @@ class Resolution(KsquadModel):
     scopes: list[ConcurrencyScope] = Field(default_factory=list)
     token_budget: int | None = None  # the Team's, for a Run that sets none
     share: FairShare = Field(default_factory=FairShare)
+    # The bridge's warrant (workflows.envelope): the execution it was made for (the first run id of the Run's
+    # workflow chain), the seal of the envelope it was made from, and its HMAC over all of it.
+    chain: str | None = None
+    envelope_seal: str | None = None
+    seal: str | None = None

@@ -37,6 +37,7 @@ from workflows.entity_types import (
     key_run,
     run_key,
 )
+from workflows.envelope import continued_by_itself
 from workflows.inbox import Accepts, Handler, Inbox, Proof, Refused, Sender, refused
 from workflows.model import KsquadModel
 
@@ -56,10 +57,9 @@ def carried(state: S) -> S:
     """An entity's state comes from its own continue-as-new only. Started by anyone else (a client of the
     namespace could start a gate full of holders, or with a cron schedule or retry policy that would carry such a
     state on), it starts empty; only its renewal pace is taken."""
-    info = workflow.info()
-    if info.continued_run_id is not None and not info.cron_schedule and info.retry_policy is None:
+    if continued_by_itself():
         return state
-    key = info.workflow_id.split("/", 1)[1]
+    key = workflow.info().workflow_id.split("/", 1)[1]
     if isinstance(state, GateState):
         return GateState(scope=key, signals_per_run=state.signals_per_run)
     return type(state)(key=key, signals_per_run=state.signals_per_run)

@@ -5,6 +5,7 @@ from datetime import datetime
 
 from pydantic import Field
 
+from workflows.envelope import Warrant
 from workflows.model import KsquadModel
 from workflows.signals import RunSignal
 
@@ -65,6 +66,9 @@ class ResumePlaceRequest(KsquadModel):
     run_id: str | None = None
     tenant: str = ""
     weight: float = Field(default=1.0, ge=1, le=100)
+    # The run's warrant: who asks (its workflow) and its share are the warrant's, not the fields above. None:
+    # asked before warrants.
+    warrant: Warrant | None = None
 
 
 # The server refuses signals past 10,000 per execution (history.maximumSignalsPerExecution): an entity that

@@ -101,6 +101,9 @@ class WorkflowRef(KsquadModel):
     """Its workflow id: <namespace>/<name>."""
     run_id: str | None = None
     """Its run id (a new one after continue-as-new)."""
+    first_run_id: str | None = None
+    """The execution the bridge started for this Run: the first run id of its workflow chain. Set once; the
+    bridge acts for no other execution (a copy of the Run's start input is refused)."""
 
 
 class Artifact(KsquadModel):

@@ -9,6 +9,7 @@ objects on behalf of a workflow.
   event streams), once per revision.
 """
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -18,15 +19,18 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from crd_bridge.envelopes import Execution, check_chain, check_envelope, counted, execution_chain, refusal
 from crd_bridge.events import RUN_API, EventRecorder, phase_records
 from crd_bridge.metrics import APPLY_TO_STATUS_SECONDS, MIRROR_LAG_SECONDS, RUNS_BY_PHASE, STATUS_WRITES
 from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, not_this_run, resolve, stored_spec
 from crd_bridge.resources import PLURALS
 from kube import ApiError, Kube, Unreachable, path
 from store import Store, StoreError
-from temporal_client.seal import Sealer
-from workflows.activity_types import Activity, ResolveRequest
+from temporal_client.chains import Chains
+from temporal_client.seal import Copied, Sealer, Unsealed
+from workflows.activity_types import Activity, ResolveRequest, RunRef
 from workflows.contract import Resolution
+from workflows.spec import run_workflow_id
 from workflows.status import StatusSnapshot
 
 log = logging.getLogger(__name__)
@@ -44,12 +48,14 @@ def status_body(snapshot: StatusSnapshot) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SeenRun:
-    """What a status write needs of a Run: which Run it is, its version, and the revision its status has."""
+    """What a status write needs of a Run: which Run it is, its version, the revision its status has, and the
+    execution of its workflow the bridge started (crd_bridge.envelopes)."""
 
     uid: str
     resource_version: str
     revision: int
     phase: str | None = None
+    chain: str | None = None
 
 
 class BridgeActivities:
@@ -61,8 +67,11 @@ class BridgeActivities:
         allow: AllowLists = ANYTHING,
         store: Store | None = None,
         sealer: Sealer | None = None,
+        chains: Chains | None = None,
     ) -> None:
         self.kube = kube
+        # Which execution each activity runs for, as the Temporal server says (None: tests of the activities alone).
+        self.chains = chains
         # Seals every resolution for the worker (temporal_client.seal); None: unsealed, which a worker refuses.
         self.sealer = sealer
         # Where phase changes are logged for the event streams of the cluster API (None: Events only).
@@ -95,21 +104,82 @@ class BridgeActivities:
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
-        """The Run's references, resolved from the Run as the API server stores it (the request's spec is the
-        workflow's word, and anyone who can start a workflow could write it), sealed for the worker."""
-        namespace, name, uid = req.run.namespace, req.run.name, req.run.uid
+        """The Run's references, resolved from the Run as the API server stores it, for the execution of its
+        workflow the bridge started, and sealed for it (the warrant, crd_bridge.envelopes): a workflow started with
+        a copy of the Run's envelope gets none."""
+        envelope, execution = req.envelope, Execution.current()
+        namespace, name, uid = envelope.namespace, envelope.name, envelope.uid
         try:
-            run = await self.kube.get(run_path(namespace, name))
+            check_envelope(self.sealer, envelope, execution)
+        except Unsealed as err:
+            await self.refused(Activity.RESOLVE_REFERENCES, envelope.run_ref, err, execution)
+            raise refusal(err) from None
+        run = await self._read_run(namespace, name)
+        if run is None or run["metadata"].get("uid") != uid:
+            return not_this_run(namespace, name, uid)
+        try:
+            chain = await self._chain(run, execution)
+        except Copied as err:
+            await self.refused(Activity.RESOLVE_REFERENCES, envelope.run_ref, err, execution)
+            raise refusal(err) from None
+        resolution = await self._resolve(namespace, run)
+        return self.sealer.seal_warrant(envelope, chain, resolution) if self.sealer else resolution
+
+    async def _read_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self.kube.get(run_path(namespace, name))
+            return found
         except ApiError as err:
             if err.status != 404:
                 raise ApplicationError(
                     f"reading Run {namespace}/{name}: {err}", type="KubernetesError"
                 ) from None
-            run = None
+            return None
         except Unreachable as err:
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
-        if run is None or run["metadata"].get("uid") != uid:
-            return not_this_run(namespace, name, uid)
+
+    async def _chain(self, run: dict[str, Any], execution: Execution) -> str:
+        """The execution asking, which must be the one recorded on the Run; the first to ask records it when none
+        is recorded yet (the bridge records the one it starts at once: the first to ask is that one)."""
+        meta = run["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        for _ in range(10):
+            recorded = recorded_chain(run.get("status"))
+            chain = await execution_chain(self.chains, execution, recorded)
+            check_chain(key, recorded, chain, execution)
+            if recorded is not None:
+                return chain
+            body = {
+                "metadata": {"resourceVersion": meta["resourceVersion"]},
+                "status": {"workflow": {"id": execution.workflow_id, "firstRunId": chain}},
+            }
+            try:
+                self.saw(await self.kube.patch(run_path(meta["namespace"], meta["name"], "status"), body))
+                return chain
+            except ApiError as err:
+                if err.status != 409:
+                    raise ApplicationError(
+                        f"recording {key}'s execution: {err}", type="KubernetesError"
+                    ) from None
+            fresh = await self._read_run(meta["namespace"], meta["name"])
+            if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
+                raise ApplicationError(f"Run {key} is gone", type="RunGone", non_retryable=True)
+            run, meta = fresh, fresh["metadata"]
+        raise ApplicationError(f"recording {key}'s execution: too many conflicts", type="Conflict")
+
+    async def refused(self, activity_name: str, run: RunRef, err: Unsealed, execution: Execution) -> None:
+        """Counted and logged; a copy (a sealed envelope: the Run it names is real) is also an Event on the Run."""
+        counted(activity_name, err, execution)
+        if not isinstance(err, Copied):
+            return
+        await self.events.refusal(
+            run.namespace, run.name, run.uid, execution.workflow_id, execution.run_id, err
+        )
+        if self.store is not None:
+            with contextlib.suppress(StoreError):
+                await self.store.append_notice(run.uid, f"{run.namespace}/{run.name}", "refusal", str(err))
+
+    async def _resolve(self, namespace: str, run: dict[str, Any]) -> Resolution:
         spec = stored_spec(run.get("spec"))
         if isinstance(spec, Resolution):
             return spec
@@ -137,15 +207,37 @@ class BridgeActivities:
             return spec
 
         try:
-            resolution = await resolve(namespace, spec, lookup, self.namespace_limit, self.allow)
+            return await resolve(namespace, spec, lookup, self.namespace_limit, self.allow)
         except Unreachable as err:
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
-        return self.sealer.seal_resolution(namespace, uid, resolution) if self.sealer else resolution
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
+        """The workflow's status onto its Run, from the execution the bridge started for it and no other: a copy
+        of the Run's workflow (under another id, or the same id once the Run's workflow closed) writes nothing."""
+        execution = Execution.current()
+        run = RunRef(namespace=snapshot.namespace, name=snapshot.name, uid=snapshot.uid)
+        claimed = snapshot.status.workflow.first_run_id if snapshot.status.workflow else None
         try:
-            written = await self.write_status(snapshot)
+            if execution.workflow_id != run_workflow_id(snapshot.namespace, snapshot.name):
+                raise Copied(
+                    f"workflow {execution.workflow_id} sent the status of Run {run.namespace}/{run.name}"
+                )
+            chain = await execution_chain(self.chains, execution, claimed)
+            if claimed is not None and claimed != chain:
+                raise Copied(
+                    f"workflow {execution.workflow_id} run {execution.run_id} claimed execution {claimed}"
+                )
+            await self.mirror(snapshot, chain)
+        except Copied as err:
+            await self.refused(Activity.MIRROR_STATUS, run, err, execution)
+            raise refusal(err) from None
+
+    async def mirror(self, snapshot: StatusSnapshot, chain: str | None = None) -> None:
+        """Write the snapshot and its events; with `chain`, only onto a Run whose workflow is that execution (or
+        has none recorded yet: then it is recorded)."""
+        try:
+            written = await self.write_status(snapshot, chain)
         except Unreachable as err:  # retried by Temporal; the run goes on meanwhile
             STATUS_WRITES.labels("failed").inc()
             raise ApplicationError(str(err), type="KubernetesUnreachable") from None
@@ -166,8 +258,9 @@ class BridgeActivities:
             except StoreError as err:  # the mirror sends these events again with its next status
                 raise ApplicationError(str(err), type="StoreUnavailable") from None
 
-    async def write_status(self, snapshot: StatusSnapshot) -> bool:
-        """Write the snapshot unless the Run has a newer one, or is gone, or is another Run of that name."""
+    async def write_status(self, snapshot: StatusSnapshot, chain: str | None = None) -> bool:
+        """Write the snapshot unless the Run has a newer one, or is gone, or is another Run of that name. With
+        `chain`, the Run's recorded execution must be that one (raises Copied)."""
         url = run_path(snapshot.namespace, snapshot.name)
         for attempt in range(10):
             seen = self.seen.get((snapshot.namespace, snapshot.name)) if attempt == 0 else None
@@ -180,6 +273,8 @@ class BridgeActivities:
                     raise
                 if seen.uid != snapshot.uid:
                     return False
+            if chain is not None:
+                check_chain(f"{snapshot.namespace}/{snapshot.name}", seen.chain, chain, Execution.current())
             if snapshot.status.revision <= seen.revision:
                 STATUS_WRITES.labels("stale").inc()
                 log.debug(
@@ -211,9 +306,20 @@ class BridgeActivities:
         return [self.resolve_references, self.mirror_status]
 
 
+def recorded_chain(status: dict[str, Any] | None) -> str | None:
+    """The execution of the Run's workflow the bridge started (crd_bridge.envelopes), if recorded yet, from the
+    Run's status (as the API server or the embedded store keeps it)."""
+    chain = ((status or {}).get("workflow") or {}).get("firstRunId")
+    return str(chain) if chain else None
+
+
 def _seen(run: dict[str, Any]) -> SeenRun:
     meta = run["metadata"]
     status = run.get("status") or {}
     return SeenRun(
-        meta["uid"], meta["resourceVersion"], int(status.get("revision") or 0), status.get("phase")
+        meta["uid"],
+        meta["resourceVersion"],
+        int(status.get("revision") or 0),
+        status.get("phase"),
+        recorded_chain(status),
     )

@@ -129,3 +129,35 @@ class EventRecorder:
                 },
             },
         )
+
+    async def refusal(
+        self, namespace: str, run: str, uid: str, workflow_id: str, run_id: str, why: Exception
+    ) -> None:
+        """A Warning Event on the Run: a copy of its workflow was refused (one per copy: its run id names it)."""
+        digest = hashlib.sha256(f"{uid}|copy|{workflow_id}|{run_id}".encode()).hexdigest()[:16]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{run[:200]}.{digest}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": RUN_API,
+                "kind": "Run",
+                "name": run,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": "CopyRefused",
+            "message": str(why)[:1024],
+            "type": "Warning",
+            "source": {"component": "ksquad-bridge"},
+            "reportingComponent": "ksquad.io/bridge",
+            "reportingInstance": self.instance,
+            "action": "Refused",
+            "eventTime": _micro_time(datetime.now(UTC)),
+            "count": 1,
+        }
+        try:
+            await self.kube.create(path("v1", "events", namespace), body)
+        except ApiError as err:
+            if err.status != 409:  # the same copy, refused again: its Event is there
+                log.warning("event on %s/%s: %s", namespace, run, err)

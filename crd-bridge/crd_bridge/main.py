@@ -50,6 +50,7 @@ from crd_bridge.settings import BridgeSettings
 from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store
+from temporal_client.chains import Chains
 from temporal_client.connection import codec_from_env, stop_when_changed, temporal_answers, with_signing
 from temporal_client.proofs import Signing
 from temporal_client.seal import sealer_from_env
@@ -106,7 +107,13 @@ async def serve(settings: BridgeSettings) -> int:
         )
         await resources.enter_async_context(probes)
         bridge = BridgeActivities(
-            kube, settings.identity, settings.namespace_max_concurrent_runs, settings.allow, store, sealer
+            kube,
+            settings.identity,
+            settings.namespace_max_concurrent_runs,
+            settings.allow,
+            store,
+            sealer,
+            Chains(temporal),
         )
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0

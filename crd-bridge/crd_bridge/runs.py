@@ -22,7 +22,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from crd_bridge.activities import BridgeActivities, run_path, status_body
+from crd_bridge.activities import BridgeActivities, recorded_chain, run_path, status_body
 from crd_bridge.metrics import RECONCILES
 from crd_bridge.resources import (
     CANCEL_ANNOTATION,
@@ -32,7 +32,9 @@ from crd_bridge.resources import (
 )
 from crd_bridge.settings import BridgeSettings
 from kube import ApiError, Kube, reflect
+from temporal_client.proofs import Signing, signing_as
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
+from workflows.inbox import Sender
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
 from workflows.signals import RunSignal
@@ -44,12 +46,18 @@ log = logging.getLogger(__name__)
 FINALIZER = "ksquad.io/workflow"
 
 
+def for_the_run(run: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """Signals sent in this context carry the bridge's proof, for the execution of the Run's workflow the bridge
+    recorded (temporal_client.proofs): a copy of one, sent to another execution, does not verify."""
+    return signing_as(Signing(Sender.BRIDGE, to_chain=recorded_chain(run.get("status")) or ""))
+
+
 class RunReconciler:
     def __init__(
         self, kube: Kube, temporal: Client, settings: BridgeSettings, bridge: BridgeActivities
     ) -> None:
         self.kube = kube
-        self.workflows = RunWorkflows(temporal, settings.worker_task_queue)
+        self.workflows = RunWorkflows(temporal, settings.worker_task_queue, bridge.sealer)
         self.settings = settings
         self.bridge = bridge
         self.started: set[str] = set()  # uids whose workflow exists (a cache; Temporal is the truth)
@@ -148,13 +156,13 @@ class RunReconciler:
         annotation = meta.get("annotations", {}).get(CANCEL_ANNOTATION)
         if annotation is not None and meta["uid"] not in self.cancel_sent:
             handle = self.workflows.handle(meta["namespace"], meta["name"])
-            with contextlib.suppress(RPCError):
+            with contextlib.suppress(RPCError), for_the_run(run):
                 await handle.signal(RunSignal.CANCEL, annotation or f"annotation {CANCEL_ANNOTATION}")
                 self.cancel_sent.add(meta["uid"])
         pause = meta.get("annotations", {}).get(PAUSE_ANNOTATION)
         if (pause is not None) != self.paused.get(meta["uid"], False):
             handle = self.workflows.handle(meta["namespace"], meta["name"])
-            with contextlib.suppress(RPCError):
+            with contextlib.suppress(RPCError), for_the_run(run):
                 await (
                     handle.signal(RunSignal.PAUSE, pause or "paused")
                     if pause is not None
@@ -177,7 +185,9 @@ class RunReconciler:
             if (status.get("phase"), status.get("pauseReason")) != (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
                 return False  # the watch brings the status that asks
             try:
-                await self.workflows.handle(meta["namespace"], meta["name"]).signal(RunSignal.INPUT, text)
+                with for_the_run(run):
+                    handle = self.workflows.handle(meta["namespace"], meta["name"])
+                    await handle.signal(RunSignal.INPUT, text)
             except RPCError as err:
                 log.warning("forwarding input to %s/%s: %s", meta["namespace"], meta["name"], err)
                 return True
@@ -201,12 +211,13 @@ class RunReconciler:
         if uid in self.started:
             return False
         try:
-            existing = await self.workflows.find(namespace, name, uid)
+            existing = await self.workflows.find(namespace, name, uid, recorded_chain(run.get("status")))
         except EarlierRunStillRunning:
             return True  # the workflow of an earlier Run of this name is still ending: wait for it
         if existing is not None:
             self.started.add(uid)
-            if existing.closed and not Phase(run.get("status", {}).get("phase", "Pending")).terminal:
+            terminal = Phase(run.get("status", {}).get("phase", "Pending")).terminal
+            if existing.closed and not existing.replaced and not terminal:
                 await self.reconcile_closed(run, existing.handle)
             return False
         try:
@@ -224,11 +235,18 @@ class RunReconciler:
             triggered_by=triggered_by,
             spec=spec,
         )
-        handle = await self.workflows.start(run_input)
+        try:
+            handle = await self.workflows.start(run_input)
+        except EarlierRunStillRunning:
+            return True  # one was started under the id since `find` looked: look again
         self.started.add(uid)
         log.info("started workflow %s for Run uid %s", handle.id, uid)
         if not (run.get("status") or {}).get("phase"):
-            await self.acknowledge(run, WorkflowRef(id=handle.id, run_id=handle.result_run_id))
+            # The execution the bridge started is recorded with it: the bridge acts for no other (envelopes).
+            workflow = WorkflowRef(
+                id=handle.id, run_id=handle.result_run_id, first_run_id=handle.first_execution_run_id
+            )
+            await self.acknowledge(run, workflow)
         return False
 
     async def acknowledge(self, run: dict[str, Any], workflow: WorkflowRef) -> None:
@@ -291,7 +309,7 @@ class RunReconciler:
                 )
             ],
         )
-        await self.bridge.mirror_status(snapshot)
+        await self.bridge.mirror(snapshot)
 
     async def finalize(self, run: dict[str, Any]) -> bool:
         """Deletion: cancel the workflow, wait (bounded) for it to end, then let the Run go."""
@@ -299,7 +317,10 @@ class RunReconciler:
         if FINALIZER not in meta.get("finalizers", []):
             return False
         wait = self.settings.cancel_wait_seconds
-        if not await self.workflows.cancel_and_wait(meta["namespace"], meta["name"], meta["uid"], wait):
+        chain = recorded_chain(run.get("status"))
+        if not await self.workflows.cancel_and_wait(
+            meta["namespace"], meta["name"], meta["uid"], wait, chain=chain
+        ):
             workflow_id = run_workflow_id(meta["namespace"], meta["name"])
             log.warning("%s did not end within %.0fs; removing the finalizer anyway", workflow_id, wait)
         try:

@@ -13,6 +13,7 @@ from activities.claims import ClaimActivities, keep_lease
 from dev.devserver import DevServer
 from store import Holder, Store, WorkItemHeld
 from testbed.postgres import PostgresServer
+from testbed.warrants import run_warrant
 from tests.workflows.world import World, run_input, running_world_on, start_run
 from workflows.activity_types import Activity, ClaimRequest, ClaimUpdate, RunRef
 from workflows.status import Phase
@@ -25,27 +26,31 @@ async def test_activities_map_store_outcomes_to_retryable_and_final_errors(store
     acts = ClaimActivities(store)
     env = ActivityEnvironment()
     claim = await env.run(
-        acts.claim_work_item, ClaimRequest(run=RUN_A, work_item_ref="wi-1", attempt=1, lease_seconds=60)
+        acts.claim_work_item, ClaimRequest(warrant=run_warrant(RUN_A, "wi-1"), attempt=1, lease_seconds=60)
     )
     assert claim.fence == 1
     with pytest.raises(ApplicationError) as held:
         await env.run(
-            acts.claim_work_item, ClaimRequest(run=RUN_B, work_item_ref="wi-1", attempt=1, lease_seconds=60)
+            acts.claim_work_item,
+            ClaimRequest(warrant=run_warrant(RUN_B, "wi-1"), attempt=1, lease_seconds=60),
         )
     assert (held.value.type, held.value.non_retryable) == ("WorkItemHeld", False)
     assert "held by payments/run-a" in str(held.value)
 
     fenced = await env.run(
-        acts.fence_work_item, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=claim.fence)
+        acts.fence_work_item, ClaimUpdate(warrant=run_warrant(RUN_A, "wi-1"), fence=claim.fence)
     )
     with pytest.raises(ApplicationError) as stale:
-        await env.run(acts.release_work_item, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=claim.fence))
+        await env.run(
+            acts.release_work_item, ClaimUpdate(warrant=run_warrant(RUN_A, "wi-1"), fence=claim.fence)
+        )
     assert (stale.value.type, stale.value.non_retryable) == ("StaleFence", True)
     renewed = await env.run(
-        acts.renew_claim, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=fenced.fence, lease_seconds=600)
+        acts.renew_claim,
+        ClaimUpdate(warrant=run_warrant(RUN_A, "wi-1"), fence=fenced.fence, lease_seconds=600),
     )
     assert renewed.lease_expires_at is not None
-    await env.run(acts.release_work_item, ClaimUpdate(run=RUN_A, work_item_ref="wi-1", fence=fenced.fence))
+    await env.run(acts.release_work_item, ClaimUpdate(warrant=run_warrant(RUN_A, "wi-1"), fence=fenced.fence))
     assert await store.holder_of("payments/wi-1") == (None, fenced.fence)
 
 
@@ -55,7 +60,7 @@ async def test_an_unreachable_database_is_a_retryable_failure_never_a_success(tm
         with pytest.raises(ApplicationError) as caught:
             await ActivityEnvironment().run(
                 ClaimActivities(store).claim_work_item,
-                ClaimRequest(run=RUN_A, work_item_ref="wi-1", attempt=1, lease_seconds=60),
+                ClaimRequest(warrant=run_warrant(RUN_A, "wi-1"), attempt=1, lease_seconds=60),
             )
     finally:
         await store.close()
@@ -69,19 +74,19 @@ async def test_a_ref_in_another_namespace_is_another_item_its_holder_unseen(stor
     acts = ClaimActivities(store)
     env = ActivityEnvironment()
     mine = await env.run(
-        acts.claim_work_item, ClaimRequest(run=RUN_A, work_item_ref="wi-1", attempt=1, lease_seconds=60)
+        acts.claim_work_item, ClaimRequest(warrant=run_warrant(RUN_A, "wi-1"), attempt=1, lease_seconds=60)
     )
     other_tenant = RunRef(namespace="billing", name="run-x", uid="uid-x", triggered_by="mallory@example.com")
     theirs = await env.run(
         acts.claim_work_item,
-        ClaimRequest(run=other_tenant, work_item_ref="wi-1", attempt=1, lease_seconds=60),
+        ClaimRequest(warrant=run_warrant(other_tenant, "wi-1"), attempt=1, lease_seconds=60),
     )
     assert (mine.fence, theirs.fence) == (1, 1), "two items, each claimed once"
     assert (await store.holder_of("payments/wi-1"))[0] == "uid-a"
     assert (await store.holder_of("billing/wi-1"))[0] == "uid-x"
     assert [h.holder_run for h in await store.claim_history("billing/wi-1")] == ["billing/run-x"]
     await env.run(
-        acts.release_work_item, ClaimUpdate(run=other_tenant, work_item_ref="wi-1", fence=theirs.fence)
+        acts.release_work_item, ClaimUpdate(warrant=run_warrant(other_tenant, "wi-1"), fence=theirs.fence)
     )
     assert (await store.holder_of("payments/wi-1"))[0] == "uid-a", "releasing theirs leaves mine held"
 

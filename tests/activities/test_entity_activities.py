@@ -11,6 +11,7 @@ the rows of a limit (`announce_credential_limit`): every subscriber but the runs
 forgetting the runs that are gone."""
 
 import asyncio
+import secrets
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +21,10 @@ from temporalio.testing import ActivityEnvironment
 from activities.entities import EntityActivities
 from dev.devserver import DevServer
 from store import Store
+from temporal_client.connection import with_signing
+from temporal_client.proofs import Signing
+from temporal_client.seal import Sealer
+from testbed.warrants import plain_warrant
 from worker.registry import build_worker
 from workflows.activity_types import EntitySignal
 from workflows.entities import CredentialAnnouncerWorkflow
@@ -33,10 +38,12 @@ from workflows.entity_types import (
     credential_announcer_id,
     credential_workflow_id,
 )
+from workflows.inbox import Sender
 
 
 def message(key: str, signal: str, arg: CredentialLimit | CredentialSubscription) -> EntitySignal:
     return EntitySignal(
+        warrant=plain_warrant(),
         workflow="CredentialThrottle",
         workflow_id=credential_workflow_id(key),
         signal=signal,
@@ -215,12 +222,19 @@ async def test_the_announcer_tells_subscribers_of_each_limit_and_renews_itself_c
         await store.subscribe_to_credential(key, workflow_id)
     announcer = client.get_workflow_handle(credential_announcer_id(key))
     try:
-        async with build_worker(client, queue, workflows=[CredentialAnnouncerWorkflow], store=store):
+        sealer = Sealer(secrets.token_bytes(32))  # the worker's and the bridge's key: the messages are proven
+        worker = build_worker(
+            client, queue, workflows=[CredentialAnnouncerWorkflow], store=store, sealer=sealer
+        )
+        reporter = with_signing(
+            client, sealer, Signing(Sender.WORKER, "run/reporter")
+        )  # as its signal_with_start
+        async with worker:
             first = None
             for minutes in (10, 20, 30):  # three limits, each later: each is announced (or coalesced)
                 until = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=minutes)
                 await store.record_credential_limit(key, until)
-                started = await client.start_workflow(
+                started = await reporter.start_workflow(
                     "CredentialAnnouncer",
                     AnnouncerState(key=key, signals_per_run=2),
                     id=credential_announcer_id(key),
@@ -238,8 +252,11 @@ async def test_the_announcer_tells_subscribers_of_each_limit_and_renews_itself_c
                 ]
                 if not told:
                     return None
-                (notice,) = await client.data_converter.decode(told[-1].input.payloads, [ThrottleNotice])
-                return ThrottleNotice.model_validate(notice)
+                (signed,) = await client.data_converter.decode(told[-1].input.payloads, [dict])
+                assert signed["ksquadProof"]["by"] == "worker", (
+                    "the announcer's notice carries the worker's proof"
+                )
+                return ThrottleNotice.model_validate(signed["body"])
 
             # The subscribers hear of the limit from the announcement's activity, and the announcer continues as
             # new in its next workflow task, after it: wait for both.

@@ -7,9 +7,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.agents import AgentActivities
 from activities.sandboxes import LocalModel, LocalSandboxes, SandboxActivities, SandboxSettings
 from store import Store
+from testbed import warrants
 from testbed.agents import MODEL_KEY, ModelEndpoint, contract
-from workflows.activity_types import AgentInvocation, RunRef, SandboxRelease, SandboxRequest
-from workflows.spec import SandboxPolicy
 
 
 async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
@@ -24,16 +23,12 @@ async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
         log_dir=tmp_path,
     )
     acts = SandboxActivities(backend)
-    sandbox = await ActivityEnvironment().run(
-        acts.acquire_sandbox, SandboxRequest(contract=c, policy=SandboxPolicy(), timeout_seconds=30)
-    )
+    sandbox = await ActivityEnvironment().run(acts.acquire_sandbox, warrants.sandbox_request(c, 30))
     assert sandbox.kind == "local"
     assert sandbox.endpoint.startswith("http://127.0.0.1:")
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
     try:
-        inv = AgentInvocation(
-            contract=c, endpoint=sandbox.endpoint, message_id="uid-r-a1", context_id="uid-r-a1"
-        )
+        inv = warrants.invocation(c, sandbox)
         result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, inv)
     finally:
         await store.close()
@@ -41,9 +36,7 @@ async def test_a_local_sandbox_runs_the_agent_and_is_gone_after_release(
     process = backend.processes[sandbox.name]
     await ActivityEnvironment().run(
         acts.release_sandbox,
-        SandboxRelease(
-            run=RunRef(namespace="payments", name="r", uid="uid-r"), sandbox=sandbox, confirm=True
-        ),
+        warrants.sandbox_release(c, sandbox, confirm=True),
     )
     assert process.returncode is not None, "the agent process ended"
     assert (tmp_path / "payments_r-exec-1.log").is_file()

@@ -26,11 +26,11 @@ from activities.sandboxes import (
 )
 from kube import ApiError, Config, Kube, path
 from store import Store
-from testbed import chart
+from testbed import chart, warrants
 from testbed.agents import MODEL_KEY, ModelEndpoint, contract
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE, KSQUAD_IMAGE
-from workflows.activity_types import AgentInvocation, OutputsRequest, RunRef, SandboxRelease, SandboxRequest
+from workflows.activity_types import SandboxRequest
 from workflows.contract import ExecutionContract, SkillRequirements, SkillSpec
 from workflows.spec import SandboxPolicy
 
@@ -98,9 +98,7 @@ def create_run(cluster: ControlPlane, namespace: str, name: str) -> str:
 
 
 def request(c: ExecutionContract, policy: SandboxPolicy | None = None, timeout: int = 60) -> SandboxRequest:
-    return SandboxRequest(
-        contract=c, policy=policy or SandboxPolicy(), timeout_seconds=timeout, run_seconds=600
-    )
+    return warrants.sandbox_request(c, timeout, policy=policy, run_seconds=600)
 
 
 async def acquire(backend: KubernetesSandboxes, req: SandboxRequest) -> Any:
@@ -110,9 +108,8 @@ async def acquire(backend: KubernetesSandboxes, req: SandboxRequest) -> Any:
 async def release(
     backend: KubernetesSandboxes, c: ExecutionContract, sandbox: Any, confirm: bool = True
 ) -> None:
-    run = RunRef(namespace=c.run.namespace, name=c.run.name, uid=c.run.uid)
     await ActivityEnvironment().run(
-        SandboxActivities(backend).release_sandbox, SandboxRelease(run=run, sandbox=sandbox, confirm=confirm)
+        SandboxActivities(backend).release_sandbox, warrants.sandbox_release(c, sandbox, confirm)
     )
 
 
@@ -146,9 +143,7 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
 
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
     try:
-        invocation = AgentInvocation(
-            contract=c, endpoint=sandbox.endpoint, message_id=f"{uid}-a1", context_id=f"{uid}-a1"
-        )
+        invocation = warrants.invocation(c, sandbox)
         result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, invocation)
     finally:
         await store.close()
@@ -157,12 +152,7 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
 
     published = await ActivityEnvironment().run(
         SandboxActivities(backend).publish_outputs,
-        OutputsRequest(
-            run=RunRef(namespace=run_ns, name="fix-flaky-tests", uid=uid),
-            attempt=1,
-            fence=1,
-            outputs=result.outputs,
-        ),
+        warrants.outputs_request(c, result.outputs),
     )
     assert published.config_map == "fix-flaky-tests-outputs"
     config_map = await kube.get(path("v1", "configmaps", run_ns, "fix-flaky-tests-outputs"))
@@ -619,9 +609,7 @@ async def test_a_pod_labelled_for_the_attempts_job_is_not_its_sandbox_nor_a_job_
     assert pod["spec"]["runtimeClassName"] == "gvisor"
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
     try:
-        inv = AgentInvocation(
-            contract=c, endpoint=sandbox.endpoint, message_id=f"{uid}-a1", context_id=f"{uid}-a1"
-        )
+        inv = warrants.invocation(c, sandbox)
         result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, inv)
     finally:
         await store.close()
@@ -713,9 +701,7 @@ async def test_a_pod_labelled_warm_is_claimed_only_when_the_pools_replicaset_mad
     assert bound is not None and bound.name == made["metadata"]["name"]
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
     try:
-        inv = AgentInvocation(
-            contract=c, endpoint=bound.endpoint, message_id=f"{uid}-a1", context_id=f"{uid}-a1"
-        )
+        inv = warrants.invocation(c, bound)
         result = await ActivityEnvironment().run(AgentActivities(store).invoke_agent, inv)
     finally:
         await store.close()

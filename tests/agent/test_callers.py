@@ -30,11 +30,11 @@ from agent.credentials import host_allowed
 from agent.scripted_model import fingerprint
 from agent.server import agent_card
 from store import Store
+from testbed import warrants
 from testbed.agents import AgentFactory, ModelEndpoint, contract, serving_model
 from testbed.asgi import serving
-from workflows.activity_types import AgentInvocation, RunRef, SandboxRelease, SandboxRequest
+from workflows.activity_types import AgentInvocation
 from workflows.contract import CredentialRef, ExecutionContract, ModelRef
-from workflows.spec import SandboxPolicy
 
 FAST = Timing(heartbeat_seconds=0.5, stall_seconds=2.0, probe_seconds=1.0, cancel_wait_seconds=5.0)
 LOCAL_KEY = "sk-the-developers-own-key"
@@ -58,8 +58,7 @@ async def attacker() -> AsyncIterator[ModelEndpoint]:
 
 
 def invocation(c: ExecutionContract, endpoint: str) -> AgentInvocation:
-    message_id = f"{c.run.uid}-a{c.run.attempt}"
-    return AgentInvocation(contract=c, endpoint=endpoint, message_id=message_id, context_id=message_id)
+    return warrants.invocation(c, endpoint)
 
 
 async def invoke(store: Store, inv: AgentInvocation, keys: CallerKeys | None = None) -> Any:
@@ -105,9 +104,7 @@ async def test_a_local_user_without_the_token_cannot_have_a_local_agent_send_the
         log_dir=tmp_path / "sandboxes",
     )
     honest = pointed_at(contract(model, work_item_ref=None), model.url, local_credential)
-    sandbox = await sandboxes.acquire(
-        SandboxRequest(contract=honest, policy=SandboxPolicy(), timeout_seconds=30)
-    )
+    sandbox = await sandboxes.acquire(warrants.sandbox_request(honest, 30))
     try:
         stolen = CredentialRef(
             secret_name="local-model", env=local_credential.env, allowed_hosts=[urlsplit(attacker.url).netloc]
@@ -123,7 +120,7 @@ async def test_a_local_user_without_the_token_cannot_have_a_local_agent_send_the
         assert result.outputs == {"answer": "done locally"}
         assert [c.credential for c in model.state.calls] == [fingerprint(f"Bearer {LOCAL_KEY}")]
     finally:
-        await sandboxes.release(SandboxRelease(run=_ref(honest), sandbox=sandbox))
+        await sandboxes.release(warrants.sandbox_release(honest, sandbox))
 
 
 async def test_the_worker_does_not_follow_a_card_that_points_elsewhere(
@@ -255,7 +252,3 @@ async def test_a_shared_endpoint_answers_signed_callers_only_and_reads_only_the_
 )
 def test_allowed_hosts_are_hosts_host_ports_or_cidrs(url: str, allowed: list[str], expected: bool) -> None:
     assert host_allowed(url, allowed) is expected
-
-
-def _ref(c: ExecutionContract) -> RunRef:
-    return RunRef(namespace=c.run.namespace, name=c.run.name, uid=c.run.uid)

@@ -23,6 +23,7 @@ from activities.agents.callers import BearerToken, process_keys
 from agent.callers import TOKEN_SHA256_ANNOTATION
 from agent.server import agent_card
 from store import Holder, StaleFence, Store, work_item_key
+from testbed import warrants
 from testbed.agents import MODEL_KEY, AgentFactory, ModelEndpoint, ToolServer, contract
 from testbed.asgi import serving
 from workflows.activity_types import AgentInvocation, ContinueTask, RateLimitDetails, TaskPause
@@ -56,14 +57,7 @@ def invocation(
     **kw: Any,
 ) -> AgentInvocation:
     c = contract(model, tools, fence=fence, **kw)
-    suffix = f"-t{turn}" if turn else ""
-    return AgentInvocation(
-        contract=c,
-        endpoint=endpoint,
-        message_id=f"{c.run.uid}-a{c.run.attempt}{suffix}",
-        context_id=f"{c.run.uid}-a{c.run.attempt}",
-        continue_task=follow_up,
-    )
+    return warrants.invocation(c, endpoint, turn=turn, continue_task=follow_up)
 
 
 async def invoke(store: Store, inv: AgentInvocation, env: ActivityEnvironment | None = None) -> Any:

@@ -15,9 +15,9 @@ from agent.callers import SANDBOX_KEY_ENV, TOKEN_SHA256_ANNOTATION, read_key
 from dev.devserver import DevServer
 from store import Holder, Store, work_item_key
 from temporal_client.connection import connect
+from testbed import warrants
 from testbed.agents import AgentFactory, ModelEndpoint, contract
 from tests.support.workflows import InvokeAgentOnce
-from workflows.activity_types import AgentInvocation
 
 
 def start_worker(
@@ -50,7 +50,7 @@ async def test_a_killed_worker_does_not_make_the_agent_run_twice(
     digest = CallerKeys(read_key(key)).sandbox_token_sha256(c.run)
     annotations.write_text(f'{TOKEN_SHA256_ANNOTATION}="{digest}"\n')
     agent = await start_agent(c, annotations=annotations)
-    invocation = AgentInvocation(contract=c, endpoint=agent.url, message_id="uid-r-a1", context_id="uid-r-a1")
+    invocation = warrants.invocation(c, agent.url)
     task_queue = f"crash-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "workers.log"
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import pytest
 import yaml
 from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
 from activities.sandboxes import KubernetesSandboxes, PoolRef, SandboxSettings, job_manifest
 from crd_bridge.activities import BridgeActivities
@@ -24,8 +25,10 @@ from kube import ApiError, Config, Kube, path
 from testbed import chart
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
+from testbed.warrants import run_warrant
 from workflows.activity_types import OutputsRequest, ResolveRequest, RunRef, Sandbox, SandboxRelease
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
+from workflows.envelope import RunEnvelope
 from workflows.spec import Placement, SandboxPolicy, parse_run_spec
 from workflows.status import Phase, RunStatus, StatusSnapshot
 
@@ -75,7 +78,9 @@ def contract(f: Fixture, name: str = "subject", placement: Placement | None = No
 # credential's labels; the leader election reads, makes and renews its Lease; a status write patches runs/status.
 async def resolve_references(kube: Kube, f: Fixture) -> Any:
     spec = parse_run_spec({"agents": ["subject"], "teamRef": "subject", "projectRef": "subject"})
-    resolution = await BridgeActivities(kube, "rbac").resolve_references(ResolveRequest(run=f.run, spec=spec))
+    envelope = RunEnvelope(namespace=f.ns, name="subject", uid=f.run_uid, spec=spec)
+    resolve = BridgeActivities(kube, "rbac").resolve_references
+    resolution = await ActivityEnvironment().run(resolve, ResolveRequest(envelope=envelope))
     assert resolution.outcome == "resolved", resolution  # every kind was read, none was skipped
     return resolution
 
@@ -105,7 +110,8 @@ async def create_job(kube: Kube, f: Fixture) -> Any:
 
 async def release(kube: Kube, f: Fixture, kind: Literal["cold", "warm"]) -> Any:
     sandbox = Sandbox(name="victim", kind=kind, endpoint="http://x/")
-    return await sandboxes(kube).release(SandboxRelease(run=f.run, sandbox=sandbox, confirm=True))
+    warrant = run_warrant(f.run)
+    return await sandboxes(kube).release(SandboxRelease(warrant=warrant, sandbox=sandbox, confirm=True))
 
 
 async def claim_warm(kube: Kube, f: Fixture) -> Any:
@@ -121,7 +127,7 @@ async def why_no_pod(kube: Kube, f: Fixture) -> Any:
 
 
 async def publish_outputs(kube: Kube, f: Fixture) -> Any:
-    request = OutputsRequest(run=f.run, attempt=1, fence=1, outputs={"answer": "rbac"})
+    request = OutputsRequest(warrant=run_warrant(f.run), attempt=1, fence=1, outputs={"answer": "rbac"})
     return await sandboxes(kube).publish_outputs(request)
 
 

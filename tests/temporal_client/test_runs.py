@@ -1,11 +1,14 @@
 """A Run's workflow, as the bridge and the embedded stack handle it (temporal_client.runs): started once per
-Run, an earlier Run's of the same name told apart by the uid in its memo, cancelled and waited for. On the dev
-server: the time-skipping one cannot describe a workflow with ksquad's datetime search attribute."""
+Run with its envelope sealed, an earlier Run's of the same name told apart by the uid of its sealed envelope (never
+by its memo, which any client writes), one started under the Run's id by someone else terminated, cancelled and
+waited for. On the dev server: the time-skipping one cannot describe a workflow with ksquad's datetime search
+attribute."""
 
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 
 from dev.devserver import DevServer
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
@@ -18,7 +21,7 @@ async def served(dev_server: DevServer) -> AsyncIterator[tuple[RunWorkflows, Wor
     """The Runs' workflows on the dev server, and the world of fake activities they run against."""
     world = World()
     async with running_world_on(dev_server.target, world) as client:
-        yield RunWorkflows(client, WORKER_TASK_QUEUE), world
+        yield RunWorkflows(client, WORKER_TASK_QUEUE, world.sealer), world
 
 
 @pytest.fixture
@@ -72,3 +75,42 @@ async def test_cancel_and_wait_says_when_the_workflow_did_not_end_in_time(
     assert await workflows.cancel_and_wait(ns, "r", None, within=30), "whichever Run's, without a uid"
     ended = await workflows.find(ns, "r", "uid-1")
     assert ended is not None and ended.closed
+
+
+async def test_a_workflow_started_under_a_runs_id_by_someone_else_keeps_no_run_from_starting(
+    served: tuple[RunWorkflows, World], ns: str
+) -> None:
+    """A client of the namespace starts a workflow under the id a Run will have, its memo naming the Run's uid:
+    it is not taken for the Run's own (its start input is no sealed envelope), it is terminated, and the Run's own
+    starts. A sealed envelope of an earlier Run of that name, started again by someone, is waited out instead (the
+    bridge refuses it anything, so it ends)."""
+    workflows, world = served
+    client = workflows.client
+    squatter = await client.start_workflow(
+        "RunWorkflow",
+        run_input("r", namespace=ns, uid="uid-1"),  # unsealed, with the Run's own uid
+        id=f"{ns}/r",
+        task_queue="nobody-polls-this",
+        memo={"uid": "uid-1"},
+    )
+    assert await workflows.find(ns, "r", "uid-1") is None, "not the Run's: terminated, the Run's may start"
+    assert (await squatter.describe()).status == WorkflowExecutionStatus.TERMINATED
+    world.scripts["r"] = [hang()]
+    own = await workflows.start(run_input("r", namespace=ns, uid="uid-1"))
+    found = await workflows.find(ns, "r", "uid-1")
+    assert found is not None and found.chain == own.first_execution_run_id
+    assert await workflows.cancel_and_wait(ns, "r", "uid-1", within=30)
+
+    copy = await client.start_workflow(
+        "RunWorkflow",
+        world.sealer.seal_envelope(run_input("r", namespace=ns, uid="uid-1")),
+        id=f"{ns}/r",
+        task_queue="nobody-polls-this",
+    )
+    with pytest.raises(EarlierRunStillRunning):  # a sealed envelope: another Run's to this Run, waited out
+        await workflows.find(ns, "r", "uid-2")
+    replaced = await workflows.find(ns, "r", "uid-1", chain=own.first_execution_run_id)
+    assert replaced is not None and replaced.closed and replaced.replaced, (
+        "the Run's own ended; this one is not it"
+    )
+    await copy.terminate("test over")

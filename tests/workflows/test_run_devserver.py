@@ -160,3 +160,25 @@ async def test_the_sandbox_and_agent_activities_carry_the_runs_namespace_as_thei
         if e.HasField("activity_task_scheduled_event_attributes")
     }
     assert keys[Activity.ACQUIRE_SANDBOX.value] == ns and keys[Activity.INVOKE_AGENT.value] == ns, keys
+
+
+async def test_a_run_continued_as_new_during_a_limit_resumes_in_one_attempt(world: World) -> None:
+    # A run continues as new between attempts, its carried status still saying Running. Subscribing again, it
+    # learns the limit it is already waiting out: that must not count as stopping an attempt in flight. It did:
+    # the next attempt ended at once (fenced, claim kept) and another began (seen as attempt 5 of 4 in CI). A
+    # server that suggests continue-as-new early makes the run continue as new right after its 429.
+    server = DevServer(
+        ui=False, extra_args=["--dynamic-config-value", "limit.historyCount.suggestContinueAsNew=20"]
+    )
+    async with server, running_world_on(server.target, world) as client:
+        world.scripts["b"] = [rate_limited("3"), ok()]
+        handle = await start_run(client, run_input("b"))
+        status = await handle.result(follow_runs=True)
+        runs = [h async for h in client.list_workflows(f"WorkflowId = '{handle.id}'")]
+        assert len(runs) >= 2, "the run continued as new during its limit"
+        assert (status.phase, status.attempt) == (Phase.SUCCEEDED, 2), "one attempt after the limited one"
+        calls = world.calls_of(Activity.INVOKE_AGENT, "b")
+        assert len(calls) == 2
+        paused = [s for s in world.mirrored["b"] if s.phase == Phase.PAUSED and s.resume_at is not None]
+        assert paused, "it paused for the limit"
+        assert calls[1].at >= paused[0].resume_at, "no call before the limit ended"  # type: ignore[operator]

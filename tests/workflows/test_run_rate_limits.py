@@ -8,8 +8,6 @@ from temporalio.client import Client
 
 from tests.workflows.world import World, agent, block, ok, rate_limited, run_input, start_run
 from workflows.activity_types import Activity
-from workflows.contract import Resolution
-from workflows.run.state import RunCarry, ThrottleState
 from workflows.status import PauseReason, Phase, RunStatus
 
 
@@ -311,31 +309,3 @@ async def test_runs_paused_by_one_limit_resume_one_by_one_at_the_endpoints_rate(
     assert len(world.calls_of(Activity.INVOKE_AGENT, "late")) == 1, (
         "late made only the one call, after its place"
     )
-
-
-async def test_a_run_continued_as_new_during_a_limit_resumes_in_one_attempt(
-    client: Client, world: World
-) -> None:
-    # A run continues as new between attempts, its carried status still saying Running. Subscribing again, it
-    # learns the limit it is already waiting out: that must not count as stopping an attempt in flight. It did:
-    # the next attempt ended at once (fenced, claim kept) and another began (seen as attempt 5 of 4 in CI).
-    world.agents["dev-a"] = agent("dev-a", "shared-key")
-    world.scripts["x"] = [rate_limited("600"), ok()]
-    world.scripts["b"] = [ok()]
-    x = await start_run(client, run_input("x", agents=["dev-a"]))
-    until = (await world.until_phase("x", "Paused")).resume_at
-    assert until is not None
-    key = world.agents["dev-a"].model.throttle_key("ksquad-system")
-    carried = RunCarry(
-        status=RunStatus(phase=Phase.RUNNING, attempt=1, revision=5),
-        resolution=world.sealer.seal_resolution(
-            "ksquad-system", "uid-b", Resolution(outcome="resolved", agents=[world.agents["dev-a"]])
-        ),
-        throttles=ThrottleState(until={key: until}, unplaced=[key]),
-    )
-    b = await start_run(client, run_input("b", agents=["dev-a"]).model_copy(update={"carry": carried}))
-    status = await b.result()
-    assert (status.phase, status.attempt) == (Phase.SUCCEEDED, 2), "one attempt after the carried one"
-    assert len(world.calls_of(Activity.INVOKE_AGENT, "b")) == 1
-    assert world.calls_of(Activity.INVOKE_AGENT, "b")[0].at >= until, "no call before the limit ended"
-    assert (await x.result()).phase == Phase.SUCCEEDED

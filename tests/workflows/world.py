@@ -53,6 +53,8 @@ from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec
 from workflows.status import PhaseEvent, RunStatus, StatusSnapshot
 
+WORLD_SEALER = Sealer(secrets.token_bytes(32))
+
 
 @dataclass
 class Outcome:
@@ -163,8 +165,9 @@ class World:
         self.blocked_claims: set[str] = set()  # runs whose claims hang until cancelled
         self.stalled_mirrors: dict[str, int] = {}  # run name -> how many status writes hang (then fail)
         self.slow_renewals: dict[str, float] = {}  # run name -> seconds each lease renewal takes to answer
-        # The key the world's bridge seals resolutions and signs signals with, as the worker checks them.
-        self.sealer = Sealer(secrets.token_bytes(32))
+        # The key the world's bridge seals envelopes and resolutions and signs signals with, as the worker checks
+        # them (one per test process: start_run seals with it).
+        self.sealer = WORLD_SEALER
 
     def _entered(self, name: Activity, run: str) -> asyncio.Event:
         return self.entered.setdefault((name.value, run), asyncio.Event())
@@ -226,7 +229,9 @@ class World:
             scopes=self.scopes.get(run, []),
             share=self.shares.get(run, FairShare()),
         )
-        return self.sealer.seal_resolution(req.run.namespace, req.run.uid, resolution)
+        # As the bridge does: for the execution asking (here, its run: the world resolves before any
+        # continue-as-new), which the worker checks every acting activity against.
+        return self.sealer.seal_warrant(req.envelope, activity.info().workflow_run_id or "", resolution)
 
     @activity.defn(name=Activity.MIRROR_STATUS)
     async def mirror_status(self, snapshot: StatusSnapshot) -> None:
@@ -463,5 +468,11 @@ async def serving(client: Client, world: World, real: Sequence[Any] = ()) -> Asy
         yield with_signing(client, world.sealer, Signing(Sender.BRIDGE))
 
 
-async def start_run(client: Client, inp: RunInput) -> WorkflowHandle[RunWorkflow, RunStatus]:
-    return await client.start_workflow(RunWorkflow.run, inp, id=inp.workflow_id, task_queue=WORKER_TASK_QUEUE)
+async def start_run(
+    client: Client, inp: RunInput, sealer: Sealer | None = None
+) -> WorkflowHandle[RunWorkflow, RunStatus]:
+    """Start the Run's workflow as the bridge does: its envelope sealed (with the world's key, `sealer`)."""
+    sealed = (sealer or WORLD_SEALER).seal_envelope(inp)
+    return await client.start_workflow(
+        RunWorkflow.run, sealed, id=inp.workflow_id, task_queue=WORKER_TASK_QUEUE
+    )

@@ -7,15 +7,22 @@ from workflows.contract import ConcurrencyScope, FairShare
 from workflows.entity_types import SlotNotice, SlotRelease, SlotRequest, gate_workflow_id
 from workflows.run.interrupts import CANCEL_OR_PAUSE, Interrupted, Interrupts
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import entity_signal, later
+from workflows.run.options import WarrantOf, entity_signal, later
 from workflows.run.outcomes import RunFailed
 from workflows.status import ConditionType, Phase
 
 
 class Gates:
     def __init__(
-        self, slots: list[str], run_id: str, queued_seconds: int, mirror: StatusMirror, interrupts: Interrupts
+        self,
+        slots: list[str],
+        run_id: str,
+        queued_seconds: int,
+        mirror: StatusMirror,
+        interrupts: Interrupts,
+        warrant: WarrantOf,
     ) -> None:
+        self.warrant = warrant
         self.slots = slots  # scopes whose slot the run holds (carried over continue-as-new)
         self.queued: dict[str, int] = {}  # scope -> position, while waiting for its slot
         self.run_id = run_id
@@ -37,7 +44,9 @@ class Gates:
         the Teams that wait, by `share`). A cancel or a pause withdraws the request and raises Interrupted: after
         a pause the run asks again, at the back of its Team."""
         request = SlotRequest(run_id=self.run_id, limit=scope.limit, **share.model_dump())
-        await entity_signal("ConcurrencyGate", gate_workflow_id(scope.key), "acquire", request)
+        await entity_signal(
+            self.warrant(), "ConcurrencyGate", gate_workflow_id(scope.key), "acquire", request
+        )
         deadline = later(self.queued_seconds)
 
         def granted_or_queued() -> bool:
@@ -70,7 +79,7 @@ class Gates:
     async def withdraw(self, scope: str) -> None:
         self.queued.pop(scope, None)
         release = SlotRelease(run_id=self.run_id)
-        await entity_signal("ConcurrencyGate", gate_workflow_id(scope), "release", release)
+        await entity_signal(self.warrant(), "ConcurrencyGate", gate_workflow_id(scope), "release", release)
         if scope in self.slots:
             self.slots.remove(scope)
 

@@ -13,7 +13,6 @@ from temporalio.workflow import ActivityCancellationType
 from workflows.activity_types import (
     CLAIM_LEASE_SECONDS,
     SANDBOX_MISCONFIGURED,
-    UNSEALED,
     ClaimRequest,
     ClaimUpdate,
     RunRef,
@@ -29,8 +28,8 @@ from workflows.activity_types import (
 )
 from workflows.run.interrupts import ANY_INTERRUPT, Interrupts
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, start, tenant_priority
-from workflows.run.outcomes import AttemptFailed, RunFailed, cause
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, WarrantOf, call, start, tenant_priority
+from workflows.run.outcomes import AttemptFailed, RunFailed, cause, refusal
 from workflows.spec import RunSpec
 from workflows.status import ConditionType, WorkItemStatus
 
@@ -49,8 +48,10 @@ class Holdings:
         claim_fence: int | None,
         mirror: StatusMirror,
         interrupts: Interrupts,
+        warrant: WarrantOf,
     ) -> None:
         self.run = run
+        self.warrant = warrant
         self.work_item = spec.work_item_ref
         self.claim_seconds = spec.timeouts.claim_seconds
         self.claim_fence = claim_fence  # carried over continue-as-new (a pause keeps the claim)
@@ -63,14 +64,14 @@ class Holdings:
         ref = self.work_item
         if ref is None:  # no work item: writes are still fenced, by attempt
             return attempt
-        request = ClaimRequest(
-            run=self.run, work_item_ref=ref, attempt=attempt, lease_seconds=CLAIM_LEASE_SECONDS
-        )
+        request = ClaimRequest(warrant=self.warrant(), attempt=attempt, lease_seconds=CLAIM_LEASE_SECONDS)
         try:
             claim = await self.interrupts.interruptible(
                 call(claim_work_item, request, deadline=deadline, summary=f"claim {ref}"), ANY_INTERRUPT
             )
         except ActivityError as err:
+            if refused := refusal(err):
+                raise RunFailed(refused, cause(err)) from err
             raise RunFailed(
                 "ClaimTimeout",
                 f"could not claim {ref} within timeouts.claimSeconds ({self.claim_seconds}s): {cause(err)}",
@@ -95,10 +96,9 @@ class Holdings:
                 ANY_INTERRUPT,
             )
         except ActivityError as err:
-            if isinstance(err.cause, ApplicationError) and err.cause.type in (
-                SANDBOX_MISCONFIGURED,
-                UNSEALED,
-            ):
+            if refused := refusal(err):
+                raise RunFailed(refused, cause(err)) from err
+            if isinstance(err.cause, ApplicationError) and err.cause.type == SANDBOX_MISCONFIGURED:
                 raise RunFailed(err.cause.type, cause(err)) from err  # what cannot work is not retried
             raise AttemptFailed("SandboxFailed", cause(err)) from err
         self.hold_sandbox(self.sandbox)
@@ -122,7 +122,7 @@ class Holdings:
     async def _teardown_steps(self, fence: bool, release: bool) -> None:
         try:
             if fence and self.claim_fence is not None and self.work_item is not None:
-                update = ClaimUpdate(run=self.run, work_item_ref=self.work_item, fence=self.claim_fence)
+                update = ClaimUpdate(warrant=self.warrant(), fence=self.claim_fence)
                 fenced = await call(fence_work_item, update, summary=f"fence {self.work_item}")
                 self.claim_fence = fenced.fence
                 assert self.mirror.status.work_item is not None
@@ -140,7 +140,7 @@ class Holdings:
         if sandbox.kind != "external":
             await call(
                 release_sandbox,
-                SandboxRelease(run=self.run, sandbox=sandbox, confirm=confirm),
+                SandboxRelease(warrant=self.warrant(), sandbox=sandbox, confirm=confirm),
                 start_to_close=300,
                 heartbeat=AGENT_HEARTBEAT_TIMEOUT,
                 summary=f"delete sandbox {sandbox.name}" + (" and confirm it is gone" if confirm else ""),
@@ -153,7 +153,7 @@ class Holdings:
         ref = self.work_item
         if ref is None or self.claim_fence is None:
             return
-        update = ClaimUpdate(run=self.run, work_item_ref=ref, fence=self.claim_fence)
+        update = ClaimUpdate(warrant=self.warrant(), fence=self.claim_fence)
         await call(release_work_item, update, summary=f"release {ref}")
         self.mirror.condition(ConditionType.WORK_ITEM_CLAIMED, False, "Released", ref)
         self.claim_fence = None
@@ -167,7 +167,7 @@ class Holdings:
         if ref is None or self.claim_fence is None:
             return
         lease = int((until - workflow.now()).total_seconds()) + CLAIM_LEASE_SECONDS
-        update = ClaimUpdate(run=self.run, work_item_ref=ref, fence=self.claim_fence, lease_seconds=lease)
+        update = ClaimUpdate(warrant=self.warrant(), fence=self.claim_fence, lease_seconds=lease)
         renewal = start(renew_claim, update, summary=f"hold {ref} through the pause")
         try:
             await asyncio.shield(renewal)

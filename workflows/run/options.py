@@ -11,6 +11,7 @@ from temporalio.workflow import ActivityCancellationType
 
 from workflows.activity_types import EntitySignal, signal_with_start
 from workflows.entity_types import ThrottleNotice
+from workflows.envelope import Warrant
 from workflows.model import KsquadModel
 
 A = TypeVar("A")
@@ -118,17 +119,22 @@ async def call_local(
     )
 
 
+# The Run's warrant, as the workflow holds it once references are resolved (workflows.envelope).
+WarrantOf = Callable[[], Warrant]
+
+
 async def entity_signal(
-    kind: EntityKind, workflow_id: str, signal: str, arg: KsquadModel
+    warrant: Warrant, kind: EntityKind, workflow_id: str, signal: str, arg: KsquadModel
 ) -> ThrottleNotice | None:
-    """Signal-with-start an entity workflow (a credential's throttle, a concurrency gate). Two short RPCs from
-    this worker's own client: as a local activity the server dispatches no task and records one marker."""
+    """Signal-with-start an entity workflow (a credential's throttle, a concurrency gate), as the run the warrant
+    is for. Short RPCs from this worker's own client: as a local activity the server dispatches no task and
+    records one marker."""
     message = EntitySignal(
+        warrant=warrant,
         workflow=kind,
         workflow_id=workflow_id,
         signal=signal,
         arg=arg.model_dump(mode="json"),
-        chain=workflow.info().first_execution_run_id,
     )
     return await call_local(
         signal_with_start, message, summary=f"{signal} -> {workflow_id}", start_to_close=30

@@ -2,8 +2,10 @@
 
 from datetime import datetime
 
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+from workflows.activity_types import COPY_REFUSED, UNSEALED
 
 
 class AttemptFailed(Exception):
@@ -49,3 +51,13 @@ def cause(err: BaseException) -> str:
     if isinstance(err, TemporalTimeoutError):
         return f"timed out ({err.type.name if err.type else 'timeout'})"
     return str(err) or type(err).__name__
+
+
+def refusal(err: BaseException | None) -> str | None:
+    """UNSEALED or COPY_REFUSED when the bridge or the worker refused to act for this execution (it is not one the
+    bridge sealed, or it is a copy of one): nothing it asks for will ever be done, so the run ends with that reason."""
+    while err is not None:
+        if isinstance(err, ApplicationError) and err.type in (UNSEALED, COPY_REFUSED):
+            return err.type
+        err = err.cause if isinstance(err, FailureError) else None
+    return None

@@ -6,22 +6,22 @@ import contextlib
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
-from workflows.activity_types import BRIDGE_TASK_QUEUE, ResolveRequest, RunRef, resolve_references
+from workflows.activity_types import BRIDGE_TASK_QUEUE, ResolveRequest, resolve_references
 from workflows.contract import Resolution
+from workflows.envelope import RunEnvelope
 from workflows.run.interrupts import CANCEL_OR_PAUSE, Interrupts
 from workflows.run.mirror import StatusMirror
 from workflows.run.options import call, later
-from workflows.run.outcomes import RunFailed, cause
-from workflows.spec import RunSpec
+from workflows.run.outcomes import RunFailed, cause, refusal
 from workflows.status import ConditionType, Phase
 
 RETRY_MAX_SECONDS = 30.0
 
 
 class References:
-    def __init__(self, run: RunRef, spec: RunSpec, mirror: StatusMirror, interrupts: Interrupts) -> None:
-        self.request = ResolveRequest(run=run, spec=spec)
-        self.claim_seconds = spec.timeouts.claim_seconds
+    def __init__(self, envelope: RunEnvelope, mirror: StatusMirror, interrupts: Interrupts) -> None:
+        self.request = ResolveRequest(envelope=envelope)
+        self.claim_seconds = envelope.spec.timeouts.claim_seconds
         self.mirror = mirror
         self.interrupts = interrupts
         self.changed = False  # the bridge signalled that an object this run may reference changed
@@ -43,6 +43,8 @@ class References:
             try:
                 resolution = await self.interrupts.interruptible(activity, CANCEL_OR_PAUSE)
             except ActivityError as err:
+                if refused := refusal(err):  # not the bridge's envelope, or a copy of one
+                    raise RunFailed(refused, cause(err)) from err
                 raise RunFailed("ResolutionFailed", f"could not resolve references: {cause(err)}") from err
             condition = ConditionType.REFERENCES_RESOLVED
             if resolution.outcome == "resolved":

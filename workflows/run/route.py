@@ -7,7 +7,8 @@ from datetime import timedelta
 from temporalio import workflow
 
 from workflows.activity_types import RateLimitDetails
-from workflows.contract import ExecutionContract, FairShare, ModelRef, Resolution, ResolvedAgent, RunIdentity
+from workflows.contract import FairShare, ModelRef, Resolution, ResolvedAgent
+from workflows.envelope import RouteChoice
 from workflows.policies import RateLimitAction, RateLimitThresholds, decide_rate_limit, parse_retry_after
 from workflows.run.mirror import StatusMirror
 from workflows.run.outcomes import RateLimitPause, Reroute
@@ -76,20 +77,15 @@ class Router:
                     keys.append(key)
         return keys
 
-    def contract(self, attempt: int, fence: int) -> ExecutionContract:
-        """What the agent is told: who runs, its inputs, its agent and model."""
-        identity = RunIdentity(
-            namespace=self.run.namespace,
-            name=self.run.name,
-            uid=self.run.uid,
-            attempt=attempt,
-            fence=fence,
-            triggered_by=self.run.triggered_by,
-            work_item_ref=self.run.spec.work_item_ref,
-        )
-        return ExecutionContract(
-            run=identity, inputs=self.run.spec.inputs, agent=self.agent(), model=self.model()
-        )
+    def choice(self) -> RouteChoice:
+        """The agent and model the run is on, as the warrant names them: what an attempt's activities build its
+        contract from."""
+        agent, state = self.agent(), self.state
+        if state.on_project_fallback and agent.project_fallback_model is not None:
+            return RouteChoice(agent_index=state.agent_index, model="project")
+        if state.on_fallback and agent.fallback_model is not None:
+            return RouteChoice(agent_index=state.agent_index, model="fallback")
+        return RouteChoice(agent_index=state.agent_index, model="agent")
 
     def reroute(self, agent_index: int) -> None:
         self.state.agent_index, self.state.on_fallback, self.state.consecutive_limits = agent_index, False, 0

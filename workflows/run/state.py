@@ -6,8 +6,8 @@ from datetime import datetime
 from pydantic import Field
 
 from workflows.contract import Resolution
+from workflows.envelope import RunEnvelope
 from workflows.model import KsquadModel
-from workflows.spec import K8sName, RunSpec, run_workflow_id
 from workflows.status import RunStatus
 
 
@@ -45,17 +45,8 @@ class RunCarry(KsquadModel):
     nonces: list[str] = Field(default_factory=list)  # the proofs of the signals it took (workflows.inbox)
 
 
-class RunInput(KsquadModel):
-    """What the bridge (or the embedded stack) starts a Run's workflow with."""
+class RunInput(RunEnvelope):
+    """What the bridge (or the embedded stack) starts a Run's workflow with: its envelope, sealed
+    (workflows.envelope). The carry is the workflow's own, when it continues as new: taken from no one else."""
 
-    namespace: K8sName
-    name: K8sName
-    uid: str
-    generation: int = 1
-    triggered_by: str | None = None  # the user who created the Run, stamped at admission
-    spec: RunSpec
-    carry: RunCarry | None = None  # set only by the workflow itself when it continues as new
-
-    @property
-    def workflow_id(self) -> str:
-        return run_workflow_id(self.namespace, self.name)
+    carry: RunCarry | None = None

@@ -16,7 +16,7 @@ from workflows.entity_types import (
     ThrottleNotice,
     credential_workflow_id,
 )
-from workflows.run.options import RETRY_BOOKKEEPING, call, entity_signal
+from workflows.run.options import RETRY_BOOKKEEPING, WarrantOf, call, entity_signal
 from workflows.run.outcomes import cause
 from workflows.run.state import ThrottleState
 
@@ -25,9 +25,10 @@ FAIR_RAMP_PATCH = "fair-resume-ramp"
 
 
 class Throttles:
-    def __init__(self, state: ThrottleState, run_id: str) -> None:
+    def __init__(self, state: ThrottleState, run_id: str, warrant: WarrantOf) -> None:
         self.state = state
         self.run_id = run_id
+        self.warrant = warrant
         self.subscribed: list[str] = []  # credential keys whose throttle workflow knows this run
 
     def limit(self, key: str, until: datetime) -> None:
@@ -67,7 +68,8 @@ class Throttles:
             limit = self.state.until[key]
             request = ResumePlaceRequest(key=key, until=limit, resume_per_second=resume_per_second)
             if workflow.patched(FAIR_RAMP_PATCH):
-                request = request.model_copy(update={"run_id": self.run_id, **share.model_dump()})
+                update = {"run_id": self.run_id, **share.model_dump(), "warrant": self.warrant()}
+                request = request.model_copy(update=update)
                 self.state.ramps[key] = limit
         elif key in self.state.ramps and not self.is_throttled(key):
             limit = self.state.ramps.pop(key)
@@ -77,6 +79,7 @@ class Throttles:
                 resume_per_second=resume_per_second,
                 run_id=self.run_id,
                 **share.model_dump(),
+                warrant=self.warrant(),
             )
         else:
             return
@@ -135,4 +138,6 @@ class Throttles:
     async def _signal(
         self, key: str, signal: str, arg: CredentialLimit | CredentialSubscription
     ) -> ThrottleNotice | None:
-        return await entity_signal("CredentialThrottle", credential_workflow_id(key), signal, arg)
+        return await entity_signal(
+            self.warrant(), "CredentialThrottle", credential_workflow_id(key), signal, arg
+        )

@@ -29,7 +29,6 @@ from temporalio.workflow import ActivityCancellationType
 
 from workflows import metrics
 from workflows.activity_types import (
-    UNSEALED,
     USAGE_DETAIL,
     AgentError,
     AgentInvocation,
@@ -38,7 +37,6 @@ from workflows.activity_types import (
     FailureDetails,
     OutputsRequest,
     RateLimitDetails,
-    RunRef,
     Sandbox,
     SandboxRequest,
     TaskPause,
@@ -51,6 +49,7 @@ from workflows.entity_types import (
     ThrottleNotice,
     gate_workflow_id,
 )
+from workflows.envelope import Warrant, continued_by_itself
 from workflows.inbox import Accepts, Handler, Inbox, Proof, Refused, Sender, printable, refused
 from workflows.policies import (
     equal_jitter_backoff,
@@ -67,7 +66,7 @@ from workflows.run.interrupts import (
 )
 from workflows.run.mirror import StatusMirror
 from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, call_local, later, tenant_priority
-from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause
+from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause, refusal
 from workflows.run.pauses import Pauses
 from workflows.run.references import References
 from workflows.run.route import Router
@@ -87,20 +86,28 @@ class RunWorkflow:
     @workflow.init
     def __init__(self, input: RunInput) -> None:
         self.run_input = input
+        self.envelope = input.envelope()
         self.spec = input.spec
-        self.run_ref = RunRef(
-            namespace=input.namespace, name=input.name, uid=input.uid, triggered_by=input.triggered_by
-        )
-        carry = input.carry or RunCarry(status=RunStatus(triggered_by=input.triggered_by))
+        self.run_ref = input.run_ref
+        # A carry is this workflow's own (its continue-as-new); one handed to it by a starter is never taken.
+        carried = input.carry if continued_by_itself() else None
+        carry = carried or RunCarry(status=RunStatus(triggered_by=input.triggered_by))
         self.mirror = StatusMirror(input, carry.status)
         self.interrupts = Interrupts()
-        self.throttles = Throttles(carry.throttles, input.workflow_id)
+        self.throttles = Throttles(carry.throttles, input.workflow_id, self.warrant)
         self.route = Router(input, carry.route, carry.resolution, self.mirror, self.throttles)
         self.gates = Gates(
-            carry.slots, input.workflow_id, self.spec.timeouts.queued_seconds, self.mirror, self.interrupts
+            carry.slots,
+            input.workflow_id,
+            self.spec.timeouts.queued_seconds,
+            self.mirror,
+            self.interrupts,
+            self.warrant,
         )
-        self.references = References(self.run_ref, self.spec, self.mirror, self.interrupts)
-        self.held = Holdings(self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts)
+        self.references = References(self.envelope, self.mirror, self.interrupts)
+        self.held = Holdings(
+            self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts, self.warrant
+        )
         self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
         self.inbox = self._inbox(carry.nonces)
@@ -112,6 +119,12 @@ class RunWorkflow:
     @property
     def status(self) -> RunStatus:
         return self.mirror.status
+
+    def warrant(self) -> Warrant:
+        """What every activity that acts is given: the envelope and the resolution the bridge sealed for this
+        execution (workflows.envelope)."""
+        assert self.route.resolution is not None, "no activity acts before references are resolved"
+        return Warrant(envelope=self.envelope, resolution=self.route.resolution)
 
     # --- signals and query --------------------------------------------------------------------------------
 
@@ -218,8 +231,10 @@ class RunWorkflow:
     @workflow.run
     async def run(self, input: RunInput) -> RunStatus:
         info = workflow.info()
-        self.status.workflow = WorkflowRef(id=info.workflow_id, run_id=info.run_id)
-        if input.carry is None:
+        self.status.workflow = WorkflowRef(
+            id=info.workflow_id, run_id=info.run_id, first_run_id=info.first_execution_run_id
+        )
+        if not continued_by_itself() or input.carry is None:
             self.mirror.move(Phase.PENDING, reason="Created", message="resolving references")
         try:
             await self._lifecycle()
@@ -250,7 +265,7 @@ class RunWorkflow:
                 await self.held.teardown()
             except (RunFailed, FailureError) as teardown:
                 message = f"{message}; teardown: {getattr(teardown, 'message', teardown)}"
-            self.mirror.move(Phase.FAILED, reason="InternalError", message=message[:2000])
+            self.mirror.move(Phase.FAILED, reason=refusal(err) or "InternalError", message=message[:2000])
         await self._finish()
         return self.status
 
@@ -302,10 +317,11 @@ class RunWorkflow:
         else:
             timeout = max(1, int((claim_deadline - workflow.now()).total_seconds()))
             request = SandboxRequest(
-                contract=self.route.contract(attempt, fence),
-                policy=self.spec.sandbox_policy,
+                warrant=self.warrant(),
+                route=self.route.choice(),
+                attempt=attempt,
+                fence=fence,
                 timeout_seconds=timeout,
-                run_seconds=self.spec.timeouts.run_seconds,
             )
             sandbox = await self.held.acquire_sandbox(request, claim_deadline, attempt)
         self.mirror.move(
@@ -313,7 +329,11 @@ class RunWorkflow:
         )
         result = await self._invoke(attempt, fence, sandbox)
         outputs = OutputsRequest(
-            run=self.run_ref, attempt=attempt, fence=fence, outputs=result.outputs, artifacts=result.artifacts
+            warrant=self.warrant(),
+            attempt=attempt,
+            fence=fence,
+            outputs=result.outputs,
+            artifacts=result.artifacts,
         )
         if workflow.patched(LOCAL_PUBLISH_PATCH):
             published = await call_local(publish_outputs, outputs, summary="publish outputs")
@@ -356,20 +376,20 @@ class RunWorkflow:
         run_deadline = later(self.spec.timeouts.run_seconds)
         turn = 0
         follow_up: ContinueTask | None = None
-        uid = self.run_input.uid
         while True:
-            message_id = f"{uid}-a{attempt}" + (f"-t{turn}" if turn else "")
             refreshes_before_call = self.pauses.credential_refreshes
             budget_left = self._token_budget_left()
             invocation = AgentInvocation(
-                contract=self.route.contract(attempt, fence),
-                endpoint=sandbox.endpoint,
+                warrant=self.warrant(),
+                route=self.route.choice(),
+                attempt=attempt,
+                fence=fence,
                 sandbox=sandbox,
-                message_id=message_id,
-                context_id=f"{uid}-a{attempt}",
+                turn=turn,
                 continue_task=follow_up,
                 token_budget_left=budget_left,
             )
+            message_id = invocation.message_id
             remaining = (run_deadline - workflow.now()).total_seconds()
             agent_call = call(
                 invoke_agent,
@@ -406,8 +426,8 @@ class RunWorkflow:
                 details = app.details[0] if app is not None and app.details else {}
                 if app is not None and len(app.details) > USAGE_DETAIL:
                     self._count_usage(attempt, UsageStatus.model_validate(app.details[USAGE_DETAIL]))
-                if kind == UNSEALED:
-                    raise RunFailed(UNSEALED, cause(err)) from err
+                if refused := refusal(err):
+                    raise RunFailed(refused, cause(err)) from err
                 if kind == AgentError.TOKEN_BUDGET_SPENT:
                     raise RunFailed(kind, app.message if app is not None else cause(err)) from err
                 if kind == AgentError.RATE_LIMITED:
