@@ -87,6 +87,14 @@ class SandboxResources(KsquadModel):
     """The most the container may use; an extended resource (nvidia.com/gpu: "1") is asked for here."""
 
 
+# Why an affinity is node affinity only: pod affinity places a sandbox by other pods, and through a namespaceSelector
+# by pods of other namespaces (a tenant learns where another's run, or lands beside them).
+AFFINITY = (
+    "only nodeAffinity is allowed: podAffinity and podAntiAffinity place a sandbox by other pods, other tenants' "
+    "among them (a namespaceSelector reaches any namespace)"
+)
+
+
 class Placement(KsquadModel):
     """Where the sandbox runs and as whom: set on the Agent, overridden per field by the Run. The ServiceAccount
     and priority class only from the chart's allow-lists (sandbox.allowedServiceAccounts,
@@ -99,12 +107,24 @@ class Placement(KsquadModel):
     """Node labels the sandbox's node must have, besides the chart's."""
     tolerations: list[Toleration] = Field(default_factory=list, max_length=16)
     """Taints the sandbox pod tolerates (a node pool of the team's own, a GPU pool)."""
-    affinity: dict[str, Any] | None = None
-    """The pod's affinity (nodeAffinity, podAffinity, podAntiAffinity), as in a Pod's spec."""
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self.all(k, k == 'nodeAffinity')", "message": AFFINITY}]
+        },
+    )
+    """The pod's node affinity (nodeAffinity, as in a Pod's spec). Pod affinity and anti-affinity are refused."""
     resources: SandboxResources | None = None
     """The agent container's requests and limits over the chart's (GPUs as extended resources)."""
     priority_class_name: K8sName | None = None
     """The pod's PriorityClass, from sandbox.allowedPriorityClasses."""
+
+    @field_validator("affinity")
+    @classmethod
+    def _node_affinity_only(cls, affinity: dict[str, Any] | None) -> dict[str, Any] | None:
+        if affinity and set(affinity) - {"nodeAffinity"}:
+            raise ValueError(f"{', '.join(sorted(set(affinity) - {'nodeAffinity'}))}: {AFFINITY}")
+        return affinity
 
     def over(self, base: "Placement | None") -> "Placement":
         """This placement's fields that are set, over `base`'s (a Run's over its Agent's)."""

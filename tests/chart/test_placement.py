@@ -234,3 +234,46 @@ def test_a_placement_outside_the_charts_lists_is_refused_at_admission(
         assert "ksquad-allowed-sandboxes" in done.stderr and words in " ".join(done.stderr.split()), (
             done.stderr
         )
+
+
+def test_an_affinity_other_than_node_affinity_is_refused_by_the_api_server_naming_the_field(
+    release: Release,
+) -> None:
+    """Pod affinity would place a sandbox beside another tenant's pods (a namespaceSelector reaches any namespace):
+    only nodeAffinity is taken, on an Agent or a Run, and the refusal says where and why."""
+    reach = {
+        "labelSelector": {"matchLabels": {"app": "payments-db"}},
+        "namespaceSelector": {},
+        "topologyKey": "x",
+    }
+    node = {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "ksquad.io/pool", "operator": "In", "values": ["gpu"]}]}
+        ]
+    }
+    for kind, spec in (
+        ("Agent", {"modelEndpointRef": "placement-model"}),
+        ("Run", {"agents": ["gpu-agent"]}),
+    ):
+        for affinity, refused in (
+            ({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [reach]}}, True),
+            ({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}, True),
+            ({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": node}}, False),
+        ):
+            doc = {
+                "apiVersion": API,
+                "kind": kind,
+                "metadata": {"name": "near", "namespace": NS},
+                "spec": {**spec, "placement": {"affinity": affinity}},
+            }
+            done = release.cluster.kubectl(
+                "create", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False
+            )
+            if refused:
+                assert done.returncode != 0, f"{kind} admitted with {affinity}"
+                said = " ".join(done.stderr.split())
+                assert "spec.placement.affinity" in said and "only nodeAffinity is allowed" in said, (
+                    done.stderr
+                )
+            else:
+                assert done.returncode == 0, done.stderr

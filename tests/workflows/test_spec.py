@@ -73,6 +73,15 @@ def test_camel_case_round_trip() -> None:
             f"more than the {MAX_INPUTS_BYTES} allowed",
         ),
         ({"agents": []}, "spec", "name at least one agent"),
+        (
+            {
+                "placement": {
+                    "affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": []}}
+                }
+            },
+            "spec.placement.affinity",
+            "podAffinity: only nodeAffinity is allowed",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(spec: dict[str, Any], field: str, words: str) -> None:
