@@ -83,6 +83,10 @@ ASK_USER_TOOL = {
 }
 
 
+# The comment an attempt leaves on its work item when it finishes.
+FINISHED = "finished: its answer is the Run's (its status and its artifact `answer`)"
+
+
 @dataclass
 class Conversation:
     contract: Contract
@@ -429,7 +433,9 @@ class KsquadAgentExecutor(AgentExecutor):
             )
 
     async def _finish(self, text: str, updater: TaskUpdater, contract: Contract, mark_done: bool) -> None:
-        await self._note_on_item(contract, f"finished: {text}", updater, done=mark_done)
+        # The item's record says it finished, not what it answered: people who may read the item (the built-in
+        # `view` role among them) need not be those who may read the Run, whose answer it is.
+        await self._note_on_item(contract, FINISHED, updater, done=mark_done)
         await updater.add_artifact([new_text_part(text)], name="answer")
         await updater.add_artifact(
             [new_data_part({"answer": text[:MAX_OUTPUT_CHARS]})], name=OUTPUTS_ARTIFACT

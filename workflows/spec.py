@@ -109,8 +109,17 @@ class Placement(KsquadModel):
     """Taints the sandbox pod tolerates (a node pool of the team's own, a GPU pool)."""
     affinity: dict[str, Any] | None = Field(
         default=None,
+        # The CRD keeps the object as written (a Pod's affinity, unstructured) and refuses the two other kinds by
+        # name (CEL sees only declared fields of an unstructured object); the model refuses any key but nodeAffinity.
         json_schema_extra={
-            "x-kubernetes-validations": [{"rule": "self.all(k, k == 'nodeAffinity')", "message": AFFINITY}]
+            "properties": {
+                kind: {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity")
+            },
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": [
+                {"rule": "!has(self.podAffinity) && !has(self.podAntiAffinity)", "message": AFFINITY}
+            ],
         },
     )
     """The pod's node affinity (nodeAffinity, as in a Pod's spec). Pod affinity and anti-affinity are refused."""

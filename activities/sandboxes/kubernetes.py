@@ -422,7 +422,8 @@ class KubernetesSandboxes:
     # --- outputs ------------------------------------------------------------------------------------------
 
     async def publish_outputs(self, req: OutputsRequest) -> PublishedOutputs:
-        """The full outputs in ConfigMap `<run>-outputs` (owned by the Run), a small map for status."""
+        """A small map for status; with `outputs_config_map`, also the full outputs in ConfigMap `<run>-outputs`
+        (owned by the Run)."""
         size = sum(len(k) + len(v.encode()) for k, v in req.outputs.items())
         if size > MAX_OUTPUTS_BYTES:
             raise ApplicationError(
@@ -430,6 +431,8 @@ class KubernetesSandboxes:
                 type="OutputsTooLarge",
                 non_retryable=True,
             )
+        if not self.settings.outputs_config_map:
+            return PublishedOutputs(outputs=small_outputs(req.outputs))
         name = f"{req.run.name}-outputs"
         ns = req.run.namespace
         owner = owner_reference(req.run)

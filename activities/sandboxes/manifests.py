@@ -99,6 +99,10 @@ class SandboxSettings(BaseModel):
     sidecars: dict[str, ContainerSpec] = Field(default_factory=dict)
     pools: list[PoolRef] = Field(default_factory=list)  # the chart's warm pools (values `pools`)
     poll_seconds: float = 0.25
+    # Also write each Run's full outputs into ConfigMap `<run>-outputs` (chart value sandbox.outputsConfigMap). Off
+    # by default: the built-in `view` role reads ConfigMaps, and an answer is for those who may read the Run (its
+    # status, and its artifacts through ksquad-api).
+    outputs_config_map: bool = False
 
     def runtime_class_name(self, policy: SandboxPolicy) -> str | None:
         """The RuntimeClass object a Run's sandboxPolicy.runtimeClass means (None: the nodes' default runtime)."""

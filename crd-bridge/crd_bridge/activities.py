@@ -23,7 +23,7 @@ from crd_bridge.envelopes import Execution, check_chain, check_envelope, counted
 from crd_bridge.events import RUN_API, EventRecorder, phase_records
 from crd_bridge.metrics import APPLY_TO_STATUS_SECONDS, MIRROR_LAG_SECONDS, RUNS_BY_PHASE, STATUS_WRITES
 from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, not_this_run, resolve, stored_spec
-from crd_bridge.resources import PLURALS
+from crd_bridge.resources import PLURALS, TRIGGERED_BY_ANNOTATION, TRIGGERED_BY_GROUPS_ANNOTATION
 from kube import ApiError, Kube, Unreachable, path
 from store import Store, StoreError
 from temporal_client.chains import Chains
@@ -123,7 +123,63 @@ class BridgeActivities:
             await self.refused(Activity.RESOLVE_REFERENCES, envelope.run_ref, err, execution)
             raise refusal(err) from None
         resolution = await self._resolve(namespace, run)
+        if resolution.outcome == "resolved" and envelope.spec.work_item_ref:
+            resolution = await self._may_claim(run, envelope.spec.work_item_ref) or resolution
         return self.sealer.seal_warrant(envelope, chain, resolution) if self.sealer else resolution
+
+    async def _may_claim(self, run: dict[str, Any], item: str) -> Resolution | None:
+        """A Run claims and writes its work item only if its creator may `update` it (RBAC on workitems.ksquad.io,
+        as ksquad-api asks for a person's own writes): a LocalSubjectAccessReview as the creator stamped at
+        admission, with their groups. None: they may; else the Run is invalid, naming the item and who."""
+        meta = run["metadata"]
+        annotations = meta.get("annotations") or {}
+        user = annotations.get(TRIGGERED_BY_ANNOTATION)
+        namespace = meta["namespace"]
+        if not user:
+            return Resolution(
+                outcome="invalid",
+                error=(
+                    f"the Run names work item {namespace}/{item} but not who created it (annotation "
+                    f"{TRIGGERED_BY_ANNOTATION}, stamped at admission): a Run claims only an item its creator may update"
+                ),
+            )
+        groups = [g for g in annotations.get(TRIGGERED_BY_GROUPS_ANNOTATION, "").split(",") if g]
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "LocalSubjectAccessReview",
+            "metadata": {"namespace": namespace},
+            "spec": {
+                "user": user,
+                "groups": groups,
+                "resourceAttributes": {
+                    "namespace": namespace,
+                    "verb": "update",
+                    "group": "ksquad.io",
+                    "resource": "workitems",
+                    "name": item,
+                },
+            },
+        }
+        try:
+            answer = await self.kube.create(
+                path("authorization.k8s.io/v1", "localsubjectaccessreviews", namespace), review
+            )
+        except ApiError as err:
+            raise ApplicationError(
+                f"asking whether {user} may update work item {item}: {err}", type="KubernetesError"
+            ) from None
+        except Unreachable as err:
+            raise ApplicationError(str(err), type="KubernetesUnreachable") from None
+        if (answer.get("status") or {}).get("allowed"):
+            return None
+        return Resolution(
+            outcome="invalid",
+            error=(
+                f"{user}, who created the Run, may not update work item {namespace}/{item} (RBAC: update "
+                "workitems.ksquad.io, which the `edit` and `admin` roles grant): a Run claims only an item its "
+                "creator may update"
+            ),
+        )
 
     async def _read_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

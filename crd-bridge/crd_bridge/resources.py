@@ -26,6 +26,8 @@ PAUSE_ANNOTATION = "ksquad.io/pause-requested"  # set: the `pause` signal; remov
 # The `input` signal's text: held until the Run waits for input (Paused, InputRequired), sent once, then removed.
 INPUT_ANNOTATION = "ksquad.io/input"
 TRIGGERED_BY_ANNOTATION = "ksquad.io/triggered-by"  # stamped at admission, immutable
+# The creator's groups, comma-separated, stamped with it (the work item's RBAC may grant them by group).
+TRIGGERED_BY_GROUPS_ANNOTATION = "ksquad.io/triggered-by-groups"
 
 Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^https?://")]
 

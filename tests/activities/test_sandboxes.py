@@ -131,7 +131,7 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
     model.script("dev-model", {"text": "The flaky test is fixed."})
     uid = create_run(ksquad_cluster, run_ns, "fix-flaky-tests")
     c = contract(model, namespace=run_ns, name="fix-flaky-tests", uid=uid, work_item_ref=None)
-    backend = KubernetesSandboxes(kube, settings())
+    backend = KubernetesSandboxes(kube, settings(outputs_config_map=True))  # the seed's ConfigMap, asked for
     sandbox = await acquire(backend, request(c, SandboxPolicy(class_="batch")))
     assert (sandbox.kind, sandbox.name) == ("cold", "fix-flaky-tests-exec-1")
     job = await kube.get(path("batch/v1", "jobs", run_ns, sandbox.name))
@@ -484,8 +484,9 @@ async def test_the_run_workflow_completes_on_a_cold_sandbox(
     assert status.phase == Phase.SUCCEEDED, status.message
     assert status.sandbox is None, "released"
     assert status.outputs == {"answer": "Stabilized the payment-retry test."}
-    config_map = await kube.get(path("v1", "configmaps", run_ns, "whole-run-outputs"))
-    assert config_map["data"]["answer"] == "Stabilized the payment-retry test."
+    with pytest.raises(ApiError) as absent:  # by default, no ConfigMap the built-in `view` role could read
+        await kube.get(path("v1", "configmaps", run_ns, "whole-run-outputs"))
+    assert absent.value.status == 404
     assert await gone(kube, path("batch/v1", "jobs", run_ns, "whole-run-exec-1"))
     running = next(e for e in world.events["whole-run"] if e.phase == Phase.RUNNING)
     assert (running.message or "").endswith("dev-1 on whole-run-exec-1")

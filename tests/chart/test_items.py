@@ -84,7 +84,10 @@ async def test_two_attempts_and_a_person_write_one_items_record_and_a_stale_hold
     ]
     assert [c[:2] for c in comments[2:]] == [(starter, 1), (starter, 2)], comments
     assert "failed: " in comments[2][2] and "HTTP 500" in comments[2][2], comments[2]
-    assert comments[3][2] == f"Attempt 2 of run {NS}/fix-pay-9 finished: froze the clock in the test"
+    assert (
+        comments[3][2]
+        == f"Attempt 2 of run {NS}/fix-pay-9 finished: its answer is the Run's (its status and its artifact `answer`)"
+    )
     states = [(e["author"].get("attempt"), e["data"]["state"]) for e in entries if e["kind"] == "state"]
     assert states == [(1, "in-progress"), (2, "done")]
     published = [(e["author"].get("attempt"), e["data"]["name"]) for e in entries if e["kind"] == "artifact"]

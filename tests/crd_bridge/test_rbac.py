@@ -63,7 +63,13 @@ async def first_event(kube: Kube, url: str) -> None:
 def sandboxes(kube: Kube, pools: list[PoolRef] | None = None) -> KubernetesSandboxes:
     return KubernetesSandboxes(
         kube,
-        SandboxSettings(image=AGENT_IMAGE, poll_seconds=0.05, release_timeout_seconds=5, pools=pools or []),
+        SandboxSettings(
+            image=AGENT_IMAGE,
+            poll_seconds=0.05,
+            release_timeout_seconds=5,
+            pools=pools or [],
+            outputs_config_map=True,
+        ),
     )
 
 
@@ -304,7 +310,8 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
     ns = f"rbac-{uuid.uuid4().hex[:6]}"
     ksquad_cluster.kubectl("create", "namespace", ns)
     ksquad_cluster.wait_for_default_service_account(ns)
-    docs = chart.render({"namespaces": [ns]})
+    # With the outputs ConfigMap on (sandbox.outputsConfigMap): its rules are proven too.
+    docs = chart.render({"namespaces": [ns], "sandbox": {"outputsConfigMap": True}})
     chart.apply(
         ksquad_cluster,
         docs,

@@ -90,7 +90,11 @@ async def test_a_retry_reads_what_the_failed_attempt_and_a_person_wrote_and_a_st
     assert said[2][:2] == (f"{NS}/fix-pay-9", 1) and "Attempt 1 of run" in said[2][2], said
     assert "failed: " in said[2][2] and "HTTP 500" in said[2][2], said[2]
     assert said[3:] == [
-        (f"{NS}/fix-pay-9", 2, f"Attempt 2 of run {NS}/fix-pay-9 finished: froze the clock in the test")
+        (
+            f"{NS}/fix-pay-9",
+            2,
+            f"Attempt 2 of run {NS}/fix-pay-9 finished: its answer is the Run's (its status and its artifact `answer`)",
+        )
     ]
     states = [(e["author"].get("attempt"), e["data"]["state"]) for e in entries if e["kind"] == "state"]
     assert states == [(1, "in-progress"), (2, "done")], "the first attempt took it up, the retry finished it"
