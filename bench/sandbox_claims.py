@@ -35,12 +35,12 @@ import yaml
 
 from activities.sandboxes import KubernetesSandboxes
 from activities.sandboxes.kubernetes import pod_ready
-from activities.sandboxes.manifests import SandboxSettings
 from bench.bridge import CRDS, holding_range
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report
 from bench.warm_claims import unready_pods
 from kube import ApiError, Config, Kube, path
 from testbed import chart, warrants
+from testbed.chart import worker_settings
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from testbed.kwok import KWOK_TAINT, SimulatedNodes
@@ -106,12 +106,6 @@ def chart_pools(
         "apply", "-f", "-", input=yaml.safe_dump_all([d for d in docs if d["kind"] == "ReplicaSet"])
     )
     return docs, service_account_kubeconfig(plane, "ksquad-worker", namespace)
-
-
-def worker_settings(docs: list[dict[str, Any]]) -> SandboxSettings:
-    """The worker's sandbox settings exactly as the chart gives them (its ConfigMap ksquad-sandbox)."""
-    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ksquad-sandbox"]
-    return SandboxSettings.model_validate(yaml.safe_load(config["data"]["sandbox.yaml"]))
 
 
 async def make_runs(admin: Kube, prefix: str, count: int, namespace: str = NAMESPACE) -> list[RunIdentity]:

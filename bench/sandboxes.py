@@ -15,10 +15,11 @@ import time
 
 from activities.sandboxes import KubernetesSandboxes, pod_ready
 from bench.bridge import CRDS
-from bench.sandbox_claims import chart_pools, make_runs, worker_settings
+from bench.sandbox_claims import chart_pools, make_runs
 from bench.stats import percentiles, report
 from kube import Config, Kube, path
 from testbed import warrants
+from testbed.chart import worker_settings
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity

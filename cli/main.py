@@ -25,6 +25,7 @@ NAME may be NAMESPACE/NAME. Errors go to stderr with exit status 1.
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import os
@@ -32,11 +33,12 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TextIO
 
+import httpx
 import yaml
 
-from cli.targets import SYSTEM_NAMESPACE, CliError, ClusterTarget, EmbeddedTarget, Target
+from cli.targets import CliError, ClusterTarget, EmbeddedTarget, Target
 from workflows.signals import RunSignal
 from workflows.status import Phase
 
@@ -193,7 +195,11 @@ class Watcher:
 async def artifacts(target: Target, namespace: str, name: str, artifact: str | None, as_json: bool) -> int:
     """Without `artifact`: the Run's artifacts (from its status). With it: that artifact's content, raw."""
     if artifact is not None:
-        sys.stdout.buffer.write(await target.artifact(namespace, name, artifact))
+        content = await target.artifact(namespace, name, artifact)
+        if sys.stdout.isatty():  # shown: its control characters escaped (TerminalText)
+            print(content.decode("utf-8", errors="replace"), end="")
+        else:  # into a file or a pipe: the bytes as the agent wrote them
+            sys.stdout.buffer.write(content)
         sys.stdout.buffer.flush()
         return 0
     listed = ((await target.get(namespace, name)).get("status") or {}).get("artifacts") or []
@@ -242,9 +248,7 @@ async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int
 
 async def runs_command(args: argparse.Namespace) -> int:
     target: Target = (
-        ClusterTarget(
-            args.kubeconfig, args.context, args.api or os.environ.get("KSQUAD_API"), args.ksquad_namespace
-        )
+        ClusterTarget(args.kubeconfig, args.context, args.api or os.environ.get("KSQUAD_API"))
         if args.kubeconfig or args.context
         else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API"))
     )
@@ -500,13 +504,7 @@ def parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--api",
             help="the embedded stack's API (default: from .ksquad/dev.json); with a cluster, ksquad-api's URL "
-            "(default: the ConfigMap ksquad-api of ksquad's namespace, which must say https)",
-        )
-        q.add_argument(
-            "--ksquad-namespace",
-            default=os.environ.get("KSQUAD_SYSTEM_NAMESPACE", SYSTEM_NAMESPACE),
-            help=f"with a cluster, the namespace ksquad is installed in (default {SYSTEM_NAMESPACE}): only there "
-            "is ksquad-api's URL read, never from a Run's namespace, where its editors could point it elsewhere",
+            "(default: the chart's api.url, from the ClusterRole ksquad-locator, which must say https)",
         )
 
     r = sub.add_parser("run", help="apply Runs and the objects they reference")
@@ -595,9 +593,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class TerminalText(io.TextIOBase):
+    """A text stream that shows control characters instead of sending them: what ksquad prints comes in part from
+    agents and the people who write to work items (an answer, a question, a comment, a failure's message), and an
+    escape sequence there would otherwise move the cursor, rewrite the screen or set the terminal's title. Newlines
+    and tabs pass; every other C0 and C1 control and DEL is printed as its escape (\\x1b). JSON output escapes
+    them itself; an artifact's bytes written to a file (not a terminal) are left as they are."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        self.raw.write(text.translate(SHOWN))
+        return len(text)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def isatty(self) -> bool:
+        return self.raw.isatty()
+
+    @property
+    def buffer(self) -> BinaryIO:
+        return self.raw.buffer
+
+
+SHOWN = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if c not in (0x0A, 0x09)}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    sys.stdout, sys.stderr = TerminalText(sys.stdout), TerminalText(sys.stderr)
     try:
         if args.command == "dev":
             code = asyncio.run(dev_command(args))
@@ -609,6 +636,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"Error: {err}", file=sys.stderr)
         for problem in err.problems:
             print(f"  {problem}", file=sys.stderr)
+        code = 1
+    except (KeyError, TypeError, ValueError, AttributeError, httpx.HTTPError) as err:
+        # An answer of a shape the CLI does not expect (an API that is not ksquad's, a version apart): one line.
+        if os.environ.get("KSQUAD_DEBUG"):
+            raise
+        print(
+            f"Error: an unexpected answer ({type(err).__name__}: {err}); KSQUAD_DEBUG=1 shows where",
+            file=sys.stderr,
+        )
         code = 1
     except KeyboardInterrupt:
         code = 130

@@ -6,6 +6,7 @@ prints both the same way."""
 import asyncio
 import json
 import os
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,12 +20,17 @@ from workflows.signals import RunSignal
 from workflows.spec import API_VERSION
 from workflows.status import Phase, not_waiting_for_input
 
-# In ksquad's own namespace (the chart's release namespace), never a Run namespace: {"url": where ksquad-api serves}
-# (the chart's api.url). The CLI sends the user's cluster credentials there, so it reads the URL only where no
-# tenant can write: a namespace editor could otherwise point every admin's `ksquad runs watch` at their listener.
-API_CONFIGMAP = "ksquad-api"
-SYSTEM_NAMESPACE = "ksquad-system"
+# Where ksquad-api serves on a cluster: the annotation of a ClusterRole the chart installs (its api.url). The CLI sends
+# the user's cluster credentials there, so it reads the URL only from an object no tenant can write (a namespace
+# editor could otherwise point every admin's `ksquad runs watch` at their listener): a cluster-scoped one, which
+# every signed-in user may read (charts/ksquad/templates/api.yaml).
+LOCATOR = "ksquad-locator"
+API_URL_ANNOTATION = "ksquad.io/api-url"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# An event stream that cannot be (re)connected this many times in a row is given up, after backing off 1 s, 2 s,
+# 4 s... up to 30 s between tries (about three minutes in all).
+RECONNECTS = 10
+MAX_RECONNECT_DELAY = 30.0
 
 
 class CliError(Exception):
@@ -56,10 +62,13 @@ async def server_sent_events(
     url: str,
     after: int,
     headers: Callable[[], Awaitable[dict[str, str]]] | None = None,
+    where: str = "the API",
 ) -> AsyncIterator[dict[str, Any]]:
     """A run's event stream from an API of ksquad's (the embedded one or ksquad-api), until its `end`. A dropped
-    connection (the API restarting, its pod replaced) is resumed with Last-Event-ID from the last event seen,
-    so nothing is repeated or lost."""
+    connection (the API restarting, its pod replaced) is resumed with Last-Event-ID from the last event seen, so
+    nothing is repeated or lost, backing off between tries; a certificate that does not verify, an answer that is not
+    an event stream, or RECONNECTS failed tries in a row stop it, saying why."""
+    failures, delay, last = 0, 1.0, ""
     while True:
         try:
             extra = await headers() if headers is not None else {}
@@ -73,27 +82,55 @@ async def server_sent_events(
                     await response.aread()
                     try:
                         message = response.json().get("error")
-                    except ValueError:
+                    except (ValueError, AttributeError):
                         message = None
-                    if response.status_code >= 500:  # restarting, or its dependencies not back yet
-                        await asyncio.sleep(1.0)
-                        continue
-                    raise CliError(message or f"HTTP {response.status_code} from {url}")
-                kind, data = "message", ""
-                async for line in response.aiter_lines():
-                    if line.startswith("event:"):
-                        kind = line.removeprefix("event:").strip()
-                    elif line.startswith("data:"):
-                        data = line.removeprefix("data:").strip()
-                    elif not line and data:
-                        payload = json.loads(data)
-                        if kind == "end":
-                            return
-                        after = int(payload.get("seq") or after)
-                        yield payload
-                        kind, data = "message", ""
-        except (httpx.TransportError, httpx.StreamError):
-            await asyncio.sleep(1.0)  # go on from the last event seen
+                    if response.status_code < 500:
+                        raise CliError(message or f"HTTP {response.status_code} from {where}")
+                    last = f"HTTP {response.status_code}"  # restarting, or its dependencies not back yet
+                else:
+                    kind = response.headers.get("content-type", "")
+                    if not kind.startswith("text/event-stream"):
+                        raise CliError(
+                            f"{where} answered {url} with {kind or 'no content type'}, not an event stream: stopped"
+                        )
+                    kind, data = "message", ""
+                    async for line in response.aiter_lines():
+                        if line.startswith("event:"):
+                            kind = line.removeprefix("event:").strip()
+                        elif line.startswith("data:"):
+                            data = line.removeprefix("data:").strip()
+                        elif not line and data:
+                            payload = json.loads(data)
+                            if kind == "end":
+                                return
+                            after = int(payload.get("seq") or after)
+                            failures, delay = 0, 1.0
+                            yield payload
+                            kind, data = "message", ""
+                    last = "the stream ended without its end"
+        except (httpx.TransportError, httpx.StreamError) as err:
+            if certificate_refused(err):
+                raise CliError(
+                    f"{where} at {url}: its certificate does not verify ({err}): stopped"
+                ) from None
+            last = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        except (ValueError, TypeError) as err:  # an event that is not JSON, or not an object
+            raise CliError(f"{where} sent something that is not an event ({err}): stopped") from None
+        failures += 1
+        if failures >= RECONNECTS:
+            raise CliError(f"{where} did not answer {url} {failures} times in a row (last: {last}): stopped")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, MAX_RECONNECT_DELAY)
+
+
+def certificate_refused(err: BaseException) -> bool:
+    """The TLS handshake refused the server's certificate: trying again changes nothing."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class EmbeddedTarget:
@@ -191,15 +228,9 @@ class EmbeddedTarget:
 
 
 class ClusterTarget:
-    def __init__(
-        self,
-        kubeconfig: str | None,
-        context: str | None = None,
-        api: str | None = None,
-        system_namespace: str = SYSTEM_NAMESPACE,
-    ) -> None:
-        self.api = api.rstrip("/") if api else None
-        self.system_namespace = system_namespace
+    def __init__(self, kubeconfig: str | None, context: str | None = None, api: str | None = None) -> None:
+        self.api = api.rstrip("/") if api else None  # the user's own choice (--api, KSQUAD_API)
+        self._located: str | None = None
         try:
             self.kube = Kube(Config.load(kubeconfig, context))
         except (FileNotFoundError, ConfigError) as err:
@@ -297,47 +328,69 @@ class ClusterTarget:
             problems = []
             if api is None:
                 problems.append(
-                    f"{self.where} does not name it (no ConfigMap {self.system_namespace}/{API_CONFIGMAP}: set the "
+                    f"{self.where} does not name it (no ClusterRole {LOCATOR} with {API_URL_ANNOTATION}: set the "
                     "chart's api.url, or pass --api)"
                 )
             if header is None:
                 problems.append("it takes a bearer token, and this kubeconfig uses client certificates")
             raise CliError(f"ksquad-api serves {what}: " + "; ".join(problems) + hint)
+        where = self.api_source()
         async with httpx.AsyncClient(base_url=api, verify=self.kube.config.ssl_context, timeout=60) as http:
             try:
                 response = await http.request(method, url, headers={"Authorization": header}, **kwargs)
             except httpx.TransportError as err:
-                raise CliError(f"ksquad-api at {api} does not answer: {err}") from None
+                if certificate_refused(err):
+                    raise CliError(f"{where}: its certificate does not verify ({err})") from None
+                raise CliError(f"{where} does not answer: {type(err).__name__}: {err}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
         if response.status_code >= 400:
-            try:
-                body = response.json()
-            except ValueError:
-                body = {}
-            raise CliError(
-                body.get("error") or f"HTTP {response.status_code} from ksquad-api", body.get("problems")
-            )
+            error = body.get("error") if isinstance(body, dict) else None
+            listed = body.get("problems") if isinstance(body, dict) else None
+            raise CliError(error or f"HTTP {response.status_code} from {where}", listed)
+        if not isinstance(body, dict) and response.headers.get("content-type", "").startswith(
+            "application/json"
+        ):
+            raise CliError(f"{where} answered {url} with JSON that is not an object")
         return response
 
+    def api_source(self) -> str:
+        """Where the URL came from, for messages."""
+        if self.api:
+            return f"ksquad-api at {self.api} (--api)"
+        return f"ksquad-api at {self._located} (ClusterRole {LOCATOR})"
+
     async def api_url(self) -> str | None:
-        """Where ksquad-api serves: --api / KSQUAD_API (the user's choice), else the ConfigMap ksquad-api of ksquad's
-        own namespace (the chart's api.url), else None. A URL found there must be HTTPS (or loopback): the user's
-        cluster token goes with every request."""
+        """Where ksquad-api serves: --api / KSQUAD_API (the user's own choice), else the annotation of the ClusterRole
+        ksquad-locator (the chart's api.url: only cluster admins write ClusterRoles), else None. A URL found there
+        must be HTTPS (or loopback): the user's cluster token goes with every request."""
         if self.api:
             return self.api
+        if self._located:
+            return self._located
         try:
-            found = await self.kube.get(path("v1", "configmaps", self.system_namespace, API_CONFIGMAP))
-        except (ApiError, Unreachable):
-            return None
-        url = str((found.get("data") or {}).get("url") or "").rstrip("/")
+            found = await self.kube.get(path("rbac.authorization.k8s.io/v1", "clusterroles", None, LOCATOR))
+        except ApiError as err:
+            if err.status in (403, 404):
+                return None
+            raise CliError(f"reading ClusterRole {LOCATOR}: {err.reason}: {err.message}") from None
+        except Unreachable as err:
+            raise CliError(f"{self.where} does not answer: {err}") from None
+        url = str(
+            ((found.get("metadata") or {}).get("annotations") or {}).get(API_URL_ANNOTATION) or ""
+        ).rstrip("/")
         if not url:
             return None
         parts = urlsplit(url)
         if parts.scheme != "https" and parts.hostname not in LOOPBACK_HOSTS:
             raise CliError(
-                f"ksquad-api's URL {url} (ConfigMap {self.system_namespace}/{API_CONFIGMAP}) is not HTTPS: the CLI "
-                "sends your cluster credentials only over HTTPS (set the chart's api.tlsSecret and an https api.url), "
-                "or pass --api to choose the URL yourself"
+                f"ksquad-api's URL {url} (ClusterRole {LOCATOR}, annotation {API_URL_ANNOTATION}) is not HTTPS: the "
+                "CLI sends your cluster credentials only over HTTPS (set the chart's api.tlsSecret and an https "
+                "api.url), or pass --api to choose the URL yourself"
             )
+        self._located = url
         return url
 
     async def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]:
@@ -353,7 +406,7 @@ class ClusterTarget:
 
             async with httpx.AsyncClient(base_url=url, verify=self.kube.config.ssl_context) as http:
                 async for event in server_sent_events(
-                    http, f"/runs/{namespace}/{name}/events", after, authorization
+                    http, f"/runs/{namespace}/{name}/events", after, authorization, self.api_source()
                 ):
                     yield event
             return

@@ -229,8 +229,11 @@ class Kube:
         headers = {"Accept": f"{_METADATA_ONLY}List;g=meta.k8s.io;v=v1"} if metadata_only else {}
         return await self._call("GET", url, params=params, headers=headers)
 
-    async def create(self, url: str, body: Obj, field_manager: str = "ksquad") -> Obj:
-        return await self._call("POST", url, json=body, params={"fieldManager": field_manager})
+    async def create(self, url: str, body: Obj, field_manager: str = "ksquad", dry_run: bool = False) -> Obj:
+        """Create `body`; with `dry_run`, only as the API server would (defaults applied, admission asked), nothing
+        stored."""
+        params = {"fieldManager": field_manager, **({"dryRun": "All"} if dry_run else {})}
+        return await self._call("POST", url, json=body, params=params)
 
     async def replace(self, url: str, body: Obj, field_manager: str = "ksquad") -> Obj:
         return await self._call("PUT", url, json=body, params={"fieldManager": field_manager})

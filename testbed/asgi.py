@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal
 
 import uvicorn
@@ -14,12 +15,27 @@ from testbed.isolate import free_port, service_address
 
 @asynccontextmanager
 async def serving(
-    app: Any, host: str | None = None, lifespan: Literal["auto", "on", "off"] = "auto"
+    app: Any,
+    host: str | None = None,
+    lifespan: Literal["auto", "on", "off"] = "auto",
+    tls: tuple[Path, Path] | None = None,
 ) -> AsyncIterator[str]:
-    """Yields the base URL (`http://host:port`) while uvicorn serves `app`."""
+    """Yields the base URL (`http://host:port`, or https with `tls`: certificate and key files) while uvicorn
+    serves `app`."""
     host = host or service_address()
     port = free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan))
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan=lifespan)
+    if tls is not None:
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan=lifespan,
+            ssl_certfile=str(tls[0]),
+            ssl_keyfile=str(tls[1]),
+        )
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     for _ in range(500):
         if server.started:
@@ -30,7 +46,7 @@ async def serving(
     else:
         raise RuntimeError(f"uvicorn did not start on {host}:{port}")
     try:
-        yield f"http://{host}:{port}"
+        yield f"{'https' if tls else 'http'}://{host}:{port}"
     finally:
         server.should_exit = True
         try:

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from activities.sandboxes.manifests import SandboxSettings
 from testbed.controlplane import ControlPlane, cached_binaries_dir
 
 CHART = Path(__file__).parents[1] / "charts" / "ksquad"
@@ -66,3 +67,10 @@ def apply(
     if chosen:
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(chosen))
     return chosen
+
+
+def worker_settings(docs: list[dict[str, Any]]) -> SandboxSettings:
+    """The worker's sandbox settings exactly as the chart gives them (its ConfigMap ksquad-sandbox): the pools with
+    the templates the chart rendered."""
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "ksquad-sandbox"]
+    return SandboxSettings.model_validate(yaml.safe_load(config["data"]["sandbox.yaml"]))

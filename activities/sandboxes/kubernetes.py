@@ -12,6 +12,7 @@ from typing import Any
 from temporalio.exceptions import ApplicationError
 
 from activities.agents.callers import CallerKeys, process_keys
+from activities.metrics import SANDBOX_ACQUIRE_FAILURES
 from activities.sandboxes.manifests import (
     ANNOTATION_TOKEN_SHA256,
     FATAL_WAITING,
@@ -39,6 +40,7 @@ from activities.sandboxes.ownership import (
     not_the_attempts_job,
     placed_as,
     spec_difference,
+    template_difference,
 )
 from activities.sandboxes.warm import WarmPods
 from kube import ApiError, Kube, Obj, path
@@ -110,6 +112,8 @@ class KubernetesSandboxes:
         self.earlier: Callable[[], dict[str, Any]] = dict
         self.keys = keys or process_keys()
         self._pools: dict[tuple[str, str], tuple[float, Obj]] = {}  # (namespace, ReplicaSet) -> (read at, it)
+        # (namespace, pool) -> its template as the chart rendered it, with the API server's defaults (a dry run)
+        self._pinned: dict[tuple[str, str], Obj] = {}
         # The pools' warm pods, watched from the first claim on (activities.sandboxes.warm).
         self.warm_pods = WarmPods(kube, (p.namespace for p in settings.pools))
 
@@ -143,7 +147,12 @@ class KubernetesSandboxes:
         self.warm_pods.start()
         for pool in pools:
             replica_set = await self._pool(pool)
-            if replica_set is None or not self._serves(replica_set, contract, policy, needed):
+            pinned = await self._pinned_template(pool)
+            if (
+                replica_set is None
+                or pinned is None
+                or not self._serves(pool, replica_set, pinned, contract, policy, needed)
+            ):
                 continue
             pods = self.warm_pods.of_pool(ns, pool.name)
             if pods is None:  # not watched yet, or the watch is down: ask the API server
@@ -155,9 +164,9 @@ class KubernetesSandboxes:
             for pod in candidates:
                 # Compared with the template only when it is next (comparing every pod of the pool on each
                 # claim was most of the claim's CPU).
-                if not await self._of_pool(pod, pool):
+                if not await self._of_pool(pod, pool, pinned):
                     continue
-                bound = await self._claim(pod, pool, contract)
+                bound = await self._claim(pod, pool, pinned, contract)
                 self.warm_pods.taken(ns, pod["metadata"]["name"])  # bound now, or found taken or gone
                 if bound is not None:
                     log.info("%s: bound warm pod %s", contract.run.name, bound["metadata"]["name"])
@@ -184,12 +193,66 @@ class KubernetesSandboxes:
         self._pools[key] = (time.monotonic(), replica_set)
         return replica_set
 
+    async def _pinned_template(self, pool: PoolRef) -> Obj | None:
+        """The pool's pod template as the chart rendered it (the worker's settings), with the defaults the API
+        server gives a ReplicaSet's template: a dry-run create of that ReplicaSet, once per pool (admission lets the
+        worker create a ReplicaSet no other way). None: the settings hold no template, or the API server refused
+        it; the pool is then not claimed from."""
+        key = (pool.namespace, pool.name)
+        if key in self._pinned:
+            return self._pinned[key]
+        if pool.template is None:
+            log.warning(
+                "pool %s has no template in the worker's settings: no pod of it is claimed", pool.name
+            )
+            return None
+        body = {
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
+            "metadata": {"generateName": f"{pool.replica_set}-", "labels": {LABEL_POOL: pool.name}},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {LABEL_POOL: pool.name, LABEL_STATE: "warm"}},
+                "template": pool.template,
+            },
+        }
+        try:
+            made = await self.kube.create(path("apps/v1", "replicasets", pool.namespace), body, dry_run=True)
+        except ApiError as err:
+            log.warning(
+                "pool %s: the API server would not default its template (%s): not claimed from",
+                pool.name,
+                err,
+            )
+            return None
+        pinned: Obj = made["spec"]["template"]
+        self._pinned[key] = pinned
+        return pinned
+
     def _serves(
-        self, replica_set: Obj, contract: ExecutionContract, policy: SandboxPolicy, needed: set[str]
+        self,
+        pool: PoolRef,
+        replica_set: Obj,
+        pinned: Obj,
+        contract: ExecutionContract,
+        policy: SandboxPolicy,
+        needed: set[str],
     ) -> bool:
-        """Whether the pool's template runs on the Run's RuntimeClass, is placed as the Run's sandbox would be
+        """Whether the pool's ReplicaSet still makes the template the chart rendered (anyone who changed it is
+        refused: its pods are not claimed), runs on the Run's RuntimeClass, is placed as the Run's sandbox would be
         (a pool per placement), and mounts every credential it needs."""
-        template = replica_set["spec"]["template"]["spec"]
+        live = replica_set["spec"]["template"]
+        difference = template_difference(live, pinned)
+        if difference is not None:
+            SANDBOX_ACQUIRE_FAILURES.labels("pool-template-changed").inc()
+            log.warning(
+                "pool %s/%s: its ReplicaSet's template is not the one the chart rendered (%s): not claimed from",
+                pool.namespace,
+                pool.name,
+                difference,
+            )
+            return False
+        template = pinned["spec"]
         placement = contract.agent.placement
         return (
             template.get("runtimeClassName") == self.settings.runtime_class_name(policy)
@@ -201,18 +264,15 @@ class KubernetesSandboxes:
             and needed <= mounted_secrets(template)
         )
 
-    async def _of_pool(self, pod: Obj, pool: PoolRef) -> bool:
-        """Whether the pool's ReplicaSet controls the pod and the pod runs its template. A pod it controls that
-        differs (made from an older template, or adopted) is deleted, so the ReplicaSet makes a current one."""
+    async def _of_pool(self, pod: Obj, pool: PoolRef, pinned: Obj) -> bool:
+        """Whether the pool's ReplicaSet controls the pod and the pod runs the pinned template. A pod it controls
+        that differs (adopted, or changed since) is deleted, so the ReplicaSet makes one of the template."""
         replica_set = await self._pool(pool)
-        for fresh in (False, True):
-            if replica_set is None or not controlled_by(pod, "ReplicaSet", replica_set):
-                return False
-            difference = spec_difference(pod["spec"], replica_set["spec"]["template"]["spec"])
-            if difference is None:
-                return True
-            if not fresh:
-                replica_set = await self._pool(pool, fresh=True)  # the template may have changed meanwhile
+        if replica_set is None or not controlled_by(pod, "ReplicaSet", replica_set):
+            return False
+        difference = spec_difference(pod["spec"], pinned["spec"])
+        if difference is None:
+            return True
         name = pod["metadata"]["name"]
         log.warning(
             "pod %s/%s of pool %s is not its template (%s): deleted",
@@ -225,7 +285,7 @@ class KubernetesSandboxes:
         await self.kube.delete(path("v1", "pods", pool.namespace, name), grace_seconds=0)
         return False
 
-    async def _claim(self, pod: Obj, pool: PoolRef, contract: ExecutionContract) -> Obj | None:
+    async def _claim(self, pod: Obj, pool: PoolRef, pinned: Obj, contract: ExecutionContract) -> Obj | None:
         """The guarded patch: 409 when the pod changed since it was read. A kubelet's status update or a
         controller's touch changes it too, so read it again and try while it is still warm, ready and the pool's.
         The patch also gives the pod the hash of the attempt's caller token, which its agent reads (agent.callers)."""
@@ -260,7 +320,7 @@ class KubernetesSandboxes:
                     return None
                 raise
             still_free = pod["metadata"].get("labels", {}).get(LABEL_STATE) == "warm"
-            if not (still_free and pod_ready(pod) and await self._of_pool(pod, pool)):
+            if not (still_free and pod_ready(pod) and await self._of_pool(pod, pool, pinned)):
                 return None  # someone else took it: try the next one
         return None
 

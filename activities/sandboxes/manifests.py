@@ -5,7 +5,7 @@ import importlib.metadata
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field
@@ -67,6 +67,9 @@ class PoolRef(BaseModel):
     name: str
     namespace: str
     runtime_class: str = "gvisor"  # Run.spec.sandboxPolicy.runtimeClass its pods serve
+    # Its pod template as the chart rendered it (ksquad.poolTemplate): the worker claims only pods of this template,
+    # never what the live ReplicaSet says (an editor of the namespace could change that). None: no claims from it.
+    template: dict[str, Any] | None = None
 
     @property
     def replica_set(self) -> str:

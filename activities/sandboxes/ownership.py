@@ -5,9 +5,11 @@ and a Job or ReplicaSet controller adopts an orphan pod whose labels match its s
 own uid, which anyone who can read the Job knows). So a pod is a sandbox only when:
 - its controller (the ownerReference with `controller: true`) is the Job the worker created for the attempt, or a
   ReplicaSet of the chart's pools (name from the worker's settings, uid read from the cluster); and
-- its spec is its controller's pod template: what a controller makes, not an adopted pod running something
-  else. Only what the scheduler and admission assign to a pod (its node, tolerations, priority, the
-  RuntimeClass's overhead) may differ; a container, an environment variable, a volume, a host alias more is a
+- its spec is the pod template ksquad made: the attempt's Job's own, or for a pool the template the chart
+  rendered (never what the live ReplicaSet says: an editor could change that). Only what the scheduler and
+  admission assign to a pod may differ (its node, its priority and preemption policy from its PriorityClass, the
+  RuntimeClass's overhead, and the not-ready and unreachable tolerations that DefaultTolerationSeconds adds); a
+  container, an environment variable, a volume, a host alias, a node selector or a toleration more is a
   difference.
 A Job found under the attempt's name (409 on create) is taken only when an earlier try of the same activity
 recorded its uid: the worker made it. Anything else fails the attempt with the reason.
@@ -20,10 +22,11 @@ from typing import Any
 
 from kube import Obj
 
-# Set on a pod after its controller made it (scheduling and admission), so not in the template.
-ASSIGNED_POD_FIELDS = frozenset(
-    {"nodeName", "nodeSelector", "tolerations", "priority", "preemptionPolicy", "overhead"}
-)
+# Set on a pod after its controller made it (scheduling and admission, from objects no tenant writes), so not in the
+# template.
+ASSIGNED_POD_FIELDS = frozenset({"nodeName", "priority", "preemptionPolicy", "overhead"})
+# The tolerations admission adds to every pod (DefaultTolerationSeconds): beside the template's, nothing else.
+ADMISSION_TOLERATIONS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
 def controller(obj: Obj) -> Obj | None:
@@ -44,10 +47,35 @@ def controlled_by(obj: Obj, kind: str, owner: Obj) -> bool:
 
 
 def spec_difference(pod_spec: Obj, template_spec: Obj) -> str | None:
-    """Where a pod's spec differs from its controller's template (None: it is what the controller makes)."""
+    """Where a pod's spec differs from the template it must run (None: it is what the controller makes)."""
     pod = {k: v for k, v in pod_spec.items() if k not in ASSIGNED_POD_FIELDS}
     template = {k: v for k, v in as_pod(template_spec).items() if k not in ASSIGNED_POD_FIELDS}
+    added = [
+        t
+        for t in pod.get("tolerations", [])
+        if t not in template.get("tolerations", [])
+        and t.get("key") in ADMISSION_TOLERATIONS
+        and t.get("effect") == "NoExecute"
+        and t.get("operator") == "Exists"
+    ]
+    if added:
+        pod["tolerations"] = [t for t in pod["tolerations"] if t not in added]
+        if not pod["tolerations"] and "tolerations" not in template:
+            del pod["tolerations"]
     return _difference(pod, template, "spec")
+
+
+def template_difference(live: Obj, pinned: Obj) -> str | None:
+    """Where a live ReplicaSet's pod template differs from the one it must make (None: the same)."""
+    for part in ("labels", "annotations"):
+        found = _difference(
+            live.get("metadata", {}).get(part) or {},
+            pinned.get("metadata", {}).get(part) or {},
+            f"metadata.{part}",
+        )
+        if found:
+            return found
+    return _difference(live.get("spec", {}), pinned.get("spec", {}), "spec")
 
 
 def as_pod(template_spec: Obj) -> Obj:

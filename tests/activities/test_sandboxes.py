@@ -63,10 +63,13 @@ RUNC = "kata"  # a RuntimeClass the test node runs with runc (testbed/node.py)
 SANDBOX_KINDS = {"ServiceAccount", "NetworkPolicy", "ReplicaSet"}
 
 
-def apply_sandbox_parts(cluster: ControlPlane, values: dict[str, Any]) -> None:
-    """The chart's sandbox parts (ServiceAccount, NetworkPolicy, pools) for the Run namespaces in `values`."""
-    docs = [d for d in chart.render(values) if d["metadata"].get("namespace") != chart.RELEASE_NAMESPACE]
+def apply_sandbox_parts(cluster: ControlPlane, values: dict[str, Any]) -> list[PoolRef]:
+    """The chart's sandbox parts (ServiceAccount, NetworkPolicy, pools) for the Run namespaces in `values`; the
+    pools as the worker's settings have them (with the templates the chart rendered)."""
+    rendered = chart.render(values)
+    docs = [d for d in rendered if d["metadata"].get("namespace") != chart.RELEASE_NAMESPACE]
     chart.apply(cluster, docs, SANDBOX_KINDS)
+    return chart.worker_settings(rendered).pools
 
 
 @pytest.fixture
@@ -182,13 +185,11 @@ async def test_twenty_runs_race_for_five_warm_pods_none_bound_twice(
         "runtimeClass": RUNC,
         "credentials": ["model-key"],
     }
-    apply_sandbox_parts(
+    pools = apply_sandbox_parts(
         ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
     )
     await ready_warm(kube, run_ns, 5)
-    backend = KubernetesSandboxes(
-        kube, settings(pools=[PoolRef(name="p1", namespace=run_ns, runtime_class=RUNC)])
-    )
+    backend = KubernetesSandboxes(kube, settings(pools=pools))
     contracts = []
     for i in range(20):
         name = f"race-{i}"
@@ -247,11 +248,11 @@ async def test_a_warm_pod_touched_between_the_list_and_the_claim_is_still_claime
         "runtimeClass": "gvisor",
         "credentials": ["model-key"],
     }
-    apply_sandbox_parts(
+    pools = apply_sandbox_parts(
         ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
     )
     (warm,) = await ready_warm(kube, run_ns, 1)
-    backend = KubernetesSandboxes(kube, settings(pools=[PoolRef(name="p1", namespace=run_ns)]))
+    backend = KubernetesSandboxes(kube, settings(pools=pools))
     listed = backend.kube.list
 
     async def list_then_touch(url: str, **kwargs: Any) -> Any:
@@ -286,11 +287,10 @@ async def test_claims_take_their_pod_from_the_watch_and_skip_one_another_worker_
         "runtimeClass": RUNC,
         "credentials": ["model-key"],
     }
-    apply_sandbox_parts(
+    pools = apply_sandbox_parts(
         ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
     )
     await ready_warm(kube, run_ns, 3)
-    pools = [PoolRef(name="p1", namespace=run_ns, runtime_class=RUNC)]
     mine, other = (KubernetesSandboxes(kube, settings(pools=pools)) for _ in range(2))
     listed: list[str] = []
     list_pods = mine.kube.list
@@ -675,7 +675,7 @@ async def test_a_pod_labelled_warm_is_claimed_only_when_the_pools_replicaset_mad
         "runtimeClass": "gvisor",
         "credentials": ["model-key"],
     }
-    apply_sandbox_parts(
+    pools = apply_sandbox_parts(
         ksquad_cluster, {"namespaces": [run_ns], "pools": [pool], "sandbox": {"resources": SMALL}}
     )
     for _ in range(100):
@@ -687,7 +687,7 @@ async def test_a_pod_labelled_warm_is_claimed_only_when_the_pools_replicaset_mad
         await asyncio.sleep(0.1)
     assert owners[0]["kind"] == "ReplicaSet", "the pool's ReplicaSet adopted the decoy"
 
-    backend = KubernetesSandboxes(kube, settings(pools=[PoolRef(name="p1", namespace=run_ns)]))
+    backend = KubernetesSandboxes(kube, settings(pools=pools))
     uid = create_run(ksquad_cluster, run_ns, "warmly")
     c = contract(model, namespace=run_ns, name="warmly", uid=uid, work_item_ref=None)
     assert await backend.bind_warm(c, SandboxPolicy()) is None, "neither decoy is claimed"

@@ -18,10 +18,12 @@ class CountingKube(Kube):
 
     reviews = 0
 
-    async def create(self, url: str, body: dict[str, Any], field_manager: str = "ksquad") -> dict[str, Any]:
+    async def create(
+        self, url: str, body: dict[str, Any], field_manager: str = "ksquad", dry_run: bool = False
+    ) -> dict[str, Any]:
         if body.get("kind") == "SubjectAccessReview":
             self.reviews += 1
-        return await super().create(url, body, field_manager)
+        return await super().create(url, body, field_manager, dry_run)
 
 
 @pytest.fixture

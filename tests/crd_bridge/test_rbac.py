@@ -80,10 +80,18 @@ def contract(f: Fixture, name: str = "subject", placement: Placement | None = No
     return ExecutionContract(run=identity, agent=agent, model=model)
 
 
+SUBJECT_SPEC = {
+    "agents": ["subject"],
+    "teamRef": "subject",
+    "projectRef": "subject",
+    "workItemRef": "subject-item",
+}
+
+
 # The bridge's own calls (crd_bridge): resolving a Run's references reads every ksquad.io kind and the
-# credential's labels; the leader election reads, makes and renews its Lease; a status write patches runs/status.
+# credential's labels, and asks whether the Run's creator may update its work item; the leader election reads, makes and renews its Lease; a status write patches runs/status.
 async def resolve_references(kube: Kube, f: Fixture) -> Any:
-    spec = parse_run_spec({"agents": ["subject"], "teamRef": "subject", "projectRef": "subject"})
+    spec = parse_run_spec(SUBJECT_SPEC)
     envelope = RunEnvelope(namespace=f.ns, name="subject", uid=f.run_uid, spec=spec)
     resolve = BridgeActivities(kube, "rbac").resolve_references
     resolution = await ActivityEnvironment().run(resolve, ResolveRequest(envelope=envelope))
@@ -123,7 +131,8 @@ async def release(kube: Kube, f: Fixture, kind: Literal["cold", "warm"]) -> Any:
 async def claim_warm(kube: Kube, f: Fixture) -> Any:
     # Placed as the pool is (its node selector keeps its pod off the node): a pool serves runs placed so.
     placed = contract(f, placement=Placement(node_selector={"never": "true"}))
-    bound = await sandboxes(kube, [PoolRef(name="rbac", namespace=f.ns)]).bind_warm(placed, SandboxPolicy())
+    pool = PoolRef(name="rbac", namespace=f.ns, template=pool_template())
+    bound = await sandboxes(kube, [pool]).bind_warm(placed, SandboxPolicy())
     assert bound is not None, "the warm pod was there to claim"
     return bound
 
@@ -174,6 +183,7 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
         lambda k, f: k.patch(path("v1", "events", f.ns, "subject"), {"count": 2})
     ),
     ("ksquad-bridge", "", "secrets", "list"): resolve_references,
+    ("ksquad-bridge", "authorization.k8s.io", "localsubjectaccessreviews", "create"): resolve_references,
     ("ksquad-bridge", "", "secrets", "watch"): (  # CredentialWatcher._follow
         lambda k, f: first_event(k, path("v1", "secrets", f.ns))
     ),
@@ -192,6 +202,12 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ),
     ("ksquad-worker", "", "pods", "patch"): claim_warm,
     ("ksquad-worker", "apps", "replicasets", "get"): claim_warm,
+    (
+        "ksquad-worker",
+        "apps",
+        "replicasets",
+        "create",
+    ): claim_warm,  # the pool's template, defaulted (a dry run)
     ("ksquad-worker", "", "pods", "delete"): lambda k, f: release(k, f, "warm"),
     ("ksquad-worker", "", "configmaps", "create"): publish_outputs,
     ("ksquad-worker", "", "configmaps", "update"): publish_outputs,
@@ -333,9 +349,17 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
                 {
                     "apiVersion": RUN_API,
                     "kind": kind,
-                    "metadata": {"name": name, "namespace": ns},
-                    # what resolve_references resolves (the Run as stored): every kind
-                    "spec": {"agents": ["subject"], "teamRef": "subject", "projectRef": "subject"},
+                    "metadata": {
+                        "name": name,
+                        "namespace": ns,
+                        # who made it, as admission stamps it: the bridge asks whether they may update its item
+                        "annotations": {
+                            "ksquad.io/triggered-by": "ksquad-test-admin",
+                            "ksquad.io/triggered-by-groups": "system:masters",
+                        },
+                    },
+                    # what resolve_references resolves (the Run as stored): every kind, and a work item
+                    "spec": SUBJECT_SPEC,
                 }
             ),
         )
@@ -428,9 +452,8 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
         await kube.close()
 
 
-def rewarm(cluster: ControlPlane, ns: str) -> None:
-    """A warm pod to claim: a pool's (its ReplicaSet ksquad-pool-rbac makes one after each claim), made Ready with
-    an address (it never runs: no node takes it)."""
+def pool_template() -> dict[str, Any]:
+    """The pod template of the pool ksquad-pool-rbac, as a chart would render it (the worker's settings name it)."""
     labels = {
         "ksquad.io/state": "warm",
         "ksquad.io/pool": "rbac",
@@ -440,6 +463,15 @@ def rewarm(cluster: ControlPlane, ns: str) -> None:
     template = job("warm")["spec"]["template"]["spec"]  # locked down like a pool's pod
     # Its agent container asks for what the worker's sandboxes do: a pool serves runs placed (and sized) as it is.
     template["containers"][0].update(name="agent", resources=SandboxSettings().resources)
+    return {
+        "metadata": {"labels": labels},
+        "spec": {**template, "restartPolicy": "Always", "nodeSelector": {"never": "true"}},
+    }
+
+
+def rewarm(cluster: ControlPlane, ns: str) -> None:
+    """A warm pod to claim: a pool's (its ReplicaSet ksquad-pool-rbac makes one after each claim), made Ready with
+    an address (it never runs: no node takes it)."""
     pool = {
         "apiVersion": "apps/v1",
         "kind": "ReplicaSet",
@@ -447,10 +479,7 @@ def rewarm(cluster: ControlPlane, ns: str) -> None:
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"ksquad.io/pool": "rbac", "ksquad.io/state": "warm"}},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {**template, "restartPolicy": "Always", "nodeSelector": {"never": "true"}},
-            },
+            "template": pool_template(),
         },
     }
     cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump(pool))

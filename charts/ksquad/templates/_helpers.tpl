@@ -193,3 +193,88 @@ capabilities:
 {{- range .Values.sandbox.allowedRuntimeClasses }}{{ $names = append $names (index $.Values.sandbox.runtimeClasses . | default "null") }}{{ end -}}
 {{- $names | uniq | toJson -}}
 {{- end -}}
+
+
+{{- /* A warm pool's pod template, as the chart renders it: the pool's ReplicaSet gets it (pools.yaml), and so does
+       the worker (sandbox-config.yaml), which claims only pods of this very template, never what a live ReplicaSet
+       says its template is (docs/security.md). Called with (list $ pool). */ -}}
+{{- define "ksquad.poolTemplate" -}}
+{{- $ := index . 0 -}}
+{{- with index . 1 -}}
+{{- $image := .image | default (include "ksquad.agentImage" $) }}
+{{- $command := .command | default $.Values.sandbox.command }}
+{{- $runtimeClass := .runtimeClass | default "gvisor" }}
+{{- $runtimeClassName := index $.Values.sandbox.runtimeClasses $runtimeClass }}
+{{- $placement := .placement | default dict }}
+{{- $resources := $.Values.sandbox.resources }}
+{{- with $placement.resources }}
+{{- $resources = dict "requests" (merge (dict) (.requests | default dict) ($.Values.sandbox.resources.requests | default dict)) "limits" (merge (dict) (.limits | default dict) ($.Values.sandbox.resources.limits | default dict)) }}
+{{- end }}
+metadata:
+  labels:
+    app.kubernetes.io/component: sandbox
+    ksquad.io/pool: {{ .name }}
+    ksquad.io/state: warm
+    ksquad.io/runtime-class: {{ $runtimeClass }}
+spec:
+  {{- /* placed as manifests.placement_fields places a cold Job's pod: the worker claims from a pool only
+         for runs placed exactly so */}}
+  serviceAccountName: {{ $placement.serviceAccountName | default $.Values.sandbox.serviceAccount }}
+  {{- with $placement.nodeSelector }}
+  nodeSelector: {{ toJson . }}
+  {{- end }}
+  {{- with $placement.tolerations }}
+  tolerations: {{ toJson . }}
+  {{- end }}
+  {{- with $placement.affinity }}
+  affinity: {{ toJson . }}
+  {{- end }}
+  {{- with $placement.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 10
+  {{- with $runtimeClassName }}
+  runtimeClassName: {{ . }}
+  {{- end }}
+  securityContext:
+    {{- include "ksquad.sandboxSecurityContext" $ | nindent 4 }}
+  containers:
+    - name: agent
+      image: {{ $image }}
+      command: {{ toJson $command }}
+      args: ["--host", "$(POD_IP)", "--port", "{{ $.Values.sandbox.port }}"]
+      env:
+        - name: POD_IP
+          valueFrom: {fieldRef: {fieldPath: status.podIP}}
+        - name: KSQUAD_SECRETS_DIR
+          value: /var/run/ksquad/secrets
+        - name: KSQUAD_POD_ANNOTATIONS
+          value: /etc/ksquad/pod/annotations
+      ports:
+        - {name: a2a, containerPort: {{ $.Values.sandbox.port }}}
+      readinessProbe:
+        httpGet: {path: /readyz, port: a2a}
+        periodSeconds: 1
+      resources:
+        {{- toYaml $resources | nindent 8 }}
+      securityContext:
+        {{- include "ksquad.containerSecurityContext" $ | nindent 8 }}
+      volumeMounts:
+        - {name: tmp, mountPath: /tmp}
+        - {name: pod-info, mountPath: /etc/ksquad/pod, readOnly: true}
+        {{- range .credentials }}
+        - {name: credential-{{ . }}, mountPath: /var/run/ksquad/secrets/{{ . }}, readOnly: true}
+        {{- end }}
+  volumes:
+    - {name: tmp, emptyDir: {}}
+    - name: pod-info
+      downwardAPI:
+        items: [{path: annotations, fieldRef: {fieldPath: metadata.annotations}}]
+    {{- range .credentials }}
+    - name: credential-{{ . }}
+      secret: {secretName: {{ . }}}
+    {{- end }}
+{{- end }}
+{{- end -}}
