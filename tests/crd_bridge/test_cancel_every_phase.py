@@ -17,7 +17,7 @@ from testbed.agents import AgentFactory, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
 from tests.crd_bridge.test_bridge_e2e import in_order
 from tests.crd_bridge.test_bridge_resilience import remote_agent
-from workflows.entity_types import GateState, gate_workflow_id
+from workflows.entity_types import GateState, gate_workflow_id, key_run
 
 HOWS = ("kubectl-delete", "annotation", "temporal-cancel")
 SHARED_ITEM = "wi-shared"  # the holder's work item: the Claiming runs wait for it
@@ -160,7 +160,7 @@ async def test_a_run_cancelled_from_each_waiting_phase_each_way_shows_cancelling
     gate = await stack.temporal.get_workflow_handle(
         gate_workflow_id(f"project/{stack.namespace}/slots")
     ).query("state_query", result_type=GateState)
-    assert gate.holders == [f"{stack.namespace}/holder"] and gate.waiting == [], gate
+    assert [key_run(k)[0] for k in gate.holders] == [f"{stack.namespace}/holder"] and gate.waiting == [], gate
     store = await Store.open(stack.database_url, migrate=False)
     try:
         assert (await store.holder_of(work_item_key(stack.namespace, SHARED_ITEM)))[0] == holder_uid, (
