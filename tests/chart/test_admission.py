@@ -171,9 +171,12 @@ async def test_a_warm_pool_pod_meets_restricted_and_the_workers_claim_of_it_is_a
         name="dev-1", model=model, placement=Placement(node_selector={"ksquad.io/no-node": "true"})
     )
     contract = ExecutionContract(run=run, agent=placed, model=model)
-    pools = SandboxSettings.model_validate(
-        {**settings.model_dump(), "pools": [{"name": POOL, "namespace": NS}]}  # as the chart's values would
-    )
+    pool = {
+        "name": POOL,
+        "namespace": NS,
+        "template": warm_pool["spec"]["template"],
+    }  # as the chart renders it
+    pools = SandboxSettings.model_validate({**settings.model_dump(), "pools": [pool]})
     bound = await KubernetesSandboxes(worker, pools).bind_warm(contract, SandboxPolicy())
     assert bound is not None and bound.name == name, "the claim went through admission"
 

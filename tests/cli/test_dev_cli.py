@@ -16,6 +16,9 @@ from temporalio.client import Client
 from temporal_client.codec import ENCODING
 from tests.support.dev import DevProcess, ksquad
 
+# An answer that would set the terminal's title, clear the screen and hide what follows, were it printed raw.
+HOSTILE = "\x1b]0;owned\x07\x1b[2J\x1b[8mhidden\x1b[0m\x9bdone"
+
 AGENT = {
     "apiVersion": "ksquad.io/v1alpha1",
     "kind": "Agent",
@@ -44,6 +47,7 @@ async def dev(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevProc
             json={
                 "models": {
                     "quick": [{"delay": 0.3, "text": "quick answer"}],
+                    "hostile": [{"text": HOSTILE}],
                     "slow": [{"delay": 600, "text": "never"}],
                 }
             },
@@ -288,3 +292,31 @@ async def test_history_holds_no_input_or_prompt_in_clear_and_the_codec_endpoint_
     key = (dev.state / "codec.key").read_text().strip()
     for log in (dev.log, dev.state / "dev.log"):
         assert key not in log.read_text(), f"the codec key is never logged ({log})"
+
+
+async def test_an_agents_control_characters_never_reach_the_terminal_raw(
+    dev: DevProcess, tmp_path: Path
+) -> None:
+    applied = await dev.cli(
+        "run", "-f", write(tmp_path / "hostile.yaml", AGENT, run_doc("hostile-1", "hostile"))
+    )
+    assert applied.code == 0, applied.err
+    watched = await dev.cli("runs", "watch", "hostile-1")
+    assert watched.code == 0, watched.err
+    for shown in (
+        watched,
+        await dev.cli("runs", "describe", "hostile-1"),
+        await dev.cli("runs", "list"),
+        await dev.cli("runs", "get", "hostile-1", "-o", "yaml"),
+    ):
+        assert shown.code == 0, shown.err
+        raw = [
+            c for c in shown.out + shown.err if (ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) < 0xA0
+        ]
+        assert raw == [], f"control characters printed raw: {raw!r}"
+    described = (await dev.cli("runs", "describe", "hostile-1")).out
+    assert "\\x1b]0;owned\\x07" in described, "shown, escaped"
+    as_json = await dev.cli("runs", "get", "hostile-1", "-o", "json")
+    assert as_json.json()["status"]["outputs"]["answer"] == HOSTILE, "JSON carries the text exactly (escaped)"
+    content = await dev.cli("runs", "artifacts", "hostile-1", "answer")  # into a pipe: the bytes as written
+    assert content.out == HOSTILE
