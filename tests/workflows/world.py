@@ -194,9 +194,14 @@ class World:
         return [s.phase.value for s in self.mirrored.get(run, [])]
 
     async def until_phase(self, run: str, phase: str, within: float = 20) -> RunStatus:
-        await self.until(
-            f"{run} to be {phase}", lambda: (s := self.last(run)) is not None and s.phase == phase, within
-        )
+        try:
+            await self.until(
+                f"{run} to be {phase}", lambda: (s := self.last(run)) is not None and s.phase == phase, within
+            )
+        except AssertionError as timed_out:
+            last = self.last(run)
+            seen = f"{self.phases(run)}, last: {last.message if last else None!r}, calls: {self.calls_of_run(run)}"
+            raise AssertionError(f"{timed_out} (phases mirrored: {seen})") from None
         status = self.last(run)
         assert status is not None
         return status
@@ -205,6 +210,9 @@ class World:
         """Record a call at the server's clock (which the time-skipping server moves), and mark it entered."""
         self.calls.append(Call(name.value, run, detail, server_now(), activity.info().is_local))
         self._entered(name, run).set()
+
+    def calls_of_run(self, run: str) -> list[str]:
+        return [c.activity for c in self.calls if c.run == run]
 
     def calls_of(self, name: Activity, run: str | None = None) -> list[Call]:
         return [c for c in self.calls if c.activity == name.value and (run is None or c.run == run)]
