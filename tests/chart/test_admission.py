@@ -577,6 +577,58 @@ async def test_the_worker_deletes_only_sandboxes(
     assert f"{name} refused: it is not a sandbox" in denial(refusal, "ksquad-worker-deletes-sandboxes")
 
 
+async def test_by_default_the_worker_writes_no_config_map(worker: Kube) -> None:
+    """sandbox.outputsConfigMap is off: the worker's Role has no ConfigMap rule at all."""
+    refusal = await attempt(
+        worker, "POST", path("v1", "configmaps", NS), config_map("r9-outputs", {"ksquad.io/run": "r9"})
+    )
+    assert refusal is not None and refusal.status == 403 and "cannot create resource" in refusal.message
+
+
+@pytest.fixture
+def outputs_on(release: Release) -> Iterator[None]:
+    """The rule the chart gives the worker with sandbox.outputsConfigMap: true (the policy below holds it to outputs)."""
+    rule = render({"namespaces": [NS], "sandbox": {"outputsConfigMap": True}}, namespace=HOME)
+    role = next(
+        d
+        for d in rule
+        if d["kind"] == "Role"
+        and d["metadata"]["name"] == "ksquad-worker"
+        and d["metadata"]["namespace"] == NS
+    )
+    name = f"outputs-{uuid.uuid4().hex[:6]}"
+    granted = {
+        **role,
+        "metadata": {"name": name, "namespace": NS},
+        "rules": [r for r in role["rules"] if "configmaps" in r["resources"]],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "ksquad-worker", "namespace": HOME}],
+    }
+    release.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [granted, binding]}),
+    )
+    as_worker = f"--as=system:serviceaccount:{HOME}:ksquad-worker"
+    for _ in range(100):  # the authorizer's cache takes the new binding a moment later
+        if (
+            release.cluster.kubectl(
+                "auth", "can-i", "create", "configmaps", "-n", NS, as_worker, check=False
+            ).returncode
+            == 0
+        ):
+            break
+        time.sleep(0.1)
+    yield
+    release.cluster.kubectl("delete", "rolebinding,role", name, "-n", NS, check=False)
+
+
 def config_map(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
     metadata = {"name": name, "namespace": NS, "labels": labels or {}}
     return {
@@ -597,7 +649,7 @@ def config_map(name: str, labels: dict[str, str] | None = None) -> dict[str, Any
     ids=["the namespace's CA bundle", "a new ConfigMap", "a tenant's ConfigMap named like outputs"],
 )
 async def test_the_worker_writes_only_a_runs_outputs_config_map(
-    worker: Kube, victims: None, method: str, doc: dict[str, Any]
+    worker: Kube, victims: None, outputs_on: None, method: str, doc: dict[str, Any]
 ) -> None:
     name = doc["metadata"]["name"]
     url = path("v1", "configmaps", NS, name if method == "PUT" else None)
