@@ -76,6 +76,26 @@ def member(release: Release, name: str, item_rights: bool = True) -> Path:
             "--clusterrole=edit",
             f"--serviceaccount={NS}:{name}",
         )
+        # `kubectl debug`, as clusters give their developers (`edit` has no pods/ephemeralcontainers): RBAC would
+        # let them, so what refuses it must be ksquad's admission policy.
+        release.kubectl(
+            "-n",
+            NS,
+            "create",
+            "role",
+            f"{name}-debug",
+            "--verb=patch,update",
+            "--resource=pods/ephemeralcontainers",
+        )
+        release.kubectl(
+            "-n",
+            NS,
+            "create",
+            "rolebinding",
+            f"{name}-debug",
+            f"--role={name}-debug",
+            f"--serviceaccount={NS}:{name}",
+        )
     token = release.kubectl("-n", NS, "create", "token", name, "--duration=1h").stdout.strip()
     return release.cluster.token_kubeconfig(f"trust-{name}", token, NS)
 
@@ -268,7 +288,8 @@ async def test_a_pool_changed_past_admission_is_not_claimed_from(
                 "unclaimed"
             )
     finally:
-        release.kubectl("apply", "-f", "-", input=yaml.safe_dump(pool))  # as `helm upgrade` puts it back
+        # The chart's template put back whole (an apply would keep the env it never applied itself).
+        release.kubectl("replace", "-f", "-", input=yaml.safe_dump(pool))
     async with Kube(Config.from_kubeconfig(as_worker)) as kube:
         run = RunIdentity(namespace=NS, name="pinned-again", uid=str(uuid.uuid4()), attempt=1, fence=1)
         bound = await KubernetesSandboxes(kube, settings).bind_warm(
@@ -377,6 +398,22 @@ async def test_a_run_claims_an_item_only_if_its_creator_may_update_it(
 async def test_a_viewer_reads_no_answer(release: Release, model: ModelEndpoint, tmp_path: Path) -> None:
     model.script(MODEL, {"text": "THE-ANSWER-7f3"})
     squad(release, model)
+    owner = member(release, "answer-owner")
+    made = await ksquad(
+        tmp_path,
+        "items",
+        "create",
+        "ANSWERED-1",
+        "--title",
+        "a question",
+        "-n",
+        NS,
+        "--kubeconfig",
+        str(owner),
+        "--api",
+        API_URL,
+    )
+    assert made.code == 0, made.err
     start_run(release, "answered", "answer", workItemRef="ANSWERED-1")
     done = (await phase_of(release, "answered", {"Succeeded", "Failed"}, timeout=300))["status"]
     assert done["phase"] == "Succeeded", done
