@@ -206,7 +206,19 @@ async def test_an_editor_can_neither_reshape_a_pool_nor_reach_into_a_sandbox(
         "is made",
     )
     refused(
-        as_user(release, editor, "debug", name, "-n", NS, "--image=busybox", "--target=agent", "--", "true"),
+        as_user(
+            release,
+            editor,
+            "debug",
+            name,
+            "-n",
+            NS,
+            "--image=busybox",
+            "--profile=restricted",
+            "--target=agent",
+            "--",
+            "true",
+        ),
         "ephemeral",
     )
     refused(
