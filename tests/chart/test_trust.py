@@ -223,9 +223,9 @@ async def test_an_editor_can_neither_reshape_a_pool_nor_reach_into_a_sandbox(
     )
     refused(
         as_user(release, editor, "exec", name, "-n", NS, "-c", "agent", "--", "cat", "/proc/self/environ"),
-        "reach into a sandbox",
+        "reaches into a sandbox",
     )
-    refused(as_user(release, editor, "attach", name, "-n", NS, "-c", "agent"), "reach into a sandbox")
+    refused(as_user(release, editor, "attach", name, "-n", NS, "-c", "agent"), "reaches into a sandbox")
     kubectl = [str(find_binary("kubectl")), "--kubeconfig", str(editor)]
     forward = await asyncio.to_thread(
         subprocess.run,
@@ -233,7 +233,7 @@ async def test_an_editor_can_neither_reshape_a_pool_nor_reach_into_a_sandbox(
         capture_output=True,
         text=True,
     )
-    refused(forward, "reach into a sandbox")
+    refused(forward, "reaches into a sandbox")
     after = release.get("pod", name, "-n", NS)
     assert after["spec"] == pod_before and after["metadata"]["labels"]["ksquad.io/state"] == "warm"
     assert "ephemeralContainers" not in after["spec"]
