@@ -135,7 +135,13 @@ async def warm_pod(release: Release) -> str:
         return pods[0]["metadata"]["name"] if pods else None
 
     name: str = await wait_for("the pool's ReplicaSet to make its pod", made, timeout=30)
-    ready = {"status": {"podIP": "10.244.255.3", "conditions": [{"type": "Ready", "status": "True"}]}}
+    ready = {
+        "status": {
+            "phase": "Running",
+            "podIP": "10.244.255.3",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+    }
     release.kubectl("patch", "pod", name, "-n", NS, "--subresource=status", "-p", json.dumps(ready))
     return name
 
