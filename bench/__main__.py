@@ -96,6 +96,13 @@ ROWS: list[Row] = [
             ),
             (
                 f"overhead{server}",
+                "the envelope: CPU us per run / share of latency p50",
+                lambda d: _values(d.get("envelope"), "cpu_us_per_run", "share_of_run_latency_p50"),
+                "",
+                None,
+            ),
+            (
+                f"overhead{server}",
                 "a run's history: events / workflow tasks",
                 lambda d: _values(d.get("what_a_run_does"), "history_events", "workflow_tasks"),
                 "",

@@ -11,6 +11,11 @@ process), interleaved so both see the same machine:
 Latency: one at a time (p50/p99 and the ratio). Throughput: batches started at once (runs per second and the
 ratio). Targets (DESIGN.md): overhead at most 1.25 times bare, throughput at least 80% of bare.
 
+What trust by construction costs a run (`envelope`): every seal and check the bridge and the worker make for one
+run (its envelope sealed and checked, its warrant sealed, checked by each activity that acts, each signal's proof
+made and verified), timed in this process on that run's own envelope and warrants read back from its history,
+against the run's latency measured here.
+
     python -m bench.overhead [--runs 60] [--batch 20] [--rounds 3] [--temporal dev|production]
 """
 
@@ -18,6 +23,7 @@ import argparse
 import asyncio
 import tempfile
 import time
+import timeit
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +34,12 @@ from temporalio.worker import Worker
 from bench.bare import BARE_TASK_QUEUE, BareWorkflow, noop
 from bench.stats import percentiles, report
 from dev.stack import DevStack
+from temporal_client.proofs import Signing
 from testbed.embedded import NAMESPACE, TemporalKind, bench_stack, run_docs
+from workflows.activity_types import ACTING
+from workflows.envelope import Warrant
+from workflows.inbox import Sender
+from workflows.run.state import RunInput
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the marker a local activity leaves in the history
 
@@ -83,10 +94,67 @@ async def shape_of_a_run(dev: DevStack) -> dict[str, int]:
     }
 
 
+async def envelope_cost(dev: DevStack, workflow_id: str, repeat: int = 500) -> dict[str, Any]:
+    """CPU microseconds of a run's seals and checks (see the module's doc), from the run's own history."""
+    sealer = dev.runs.workflows.sealer
+    assert sealer is not None, "the embedded stack seals its Runs"
+    converter = dev.client.data_converter
+    envelope: RunInput | None = None
+    warrants: list[Warrant] = []
+    checks = signals = 0
+    async for event in dev.client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("workflow_execution_started_event_attributes"):
+            (start,) = await converter.decode(
+                event.workflow_execution_started_event_attributes.input.payloads
+            )
+            envelope = RunInput.model_validate(start)
+        elif event.HasField("activity_task_scheduled_event_attributes"):
+            scheduled = event.activity_task_scheduled_event_attributes
+            if scheduled.activity_type.name in ACTING:
+                (request,) = await converter.decode(scheduled.input.payloads)
+                warrants.append(Warrant.model_validate(request["warrant"]))
+                checks += 1
+        elif event.HasField("marker_recorded_event_attributes"):
+            checks += event.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
+        elif event.HasField("workflow_execution_signaled_event_attributes"):
+            signals += 1
+    assert envelope is not None and warrants, f"{workflow_id}: no envelope or no warrant in its history"
+    warrant = warrants[0]
+    chain = warrant.resolution.chain or ""
+
+    def micros(work: Any) -> float:
+        return timeit.timeit(work, number=repeat) / repeat * 1e6
+
+    key = sealer.signals
+    signing = Signing(Sender.BRIDGE, "", "", chain)
+    wrapped = key.wrap(workflow_id, "pause", "a reason", True, signing, "nonce")
+    each = {
+        "seal_envelope": micros(lambda: sealer.seal_envelope(envelope)),
+        "seal_warrant": micros(lambda: sealer.seal_warrant(envelope, chain, warrant.resolution)),
+        "check_warrant": micros(lambda: sealer.check_warrant(warrant, workflow_id)),
+        "prove_signal": micros(lambda: key.wrap(workflow_id, "pause", "a reason", True, signing, "nonce")),
+        "verify_signal": micros(lambda: key._verified(workflow_id, chain, "pause", wrapped)),
+    }
+    per_run = (
+        each["seal_envelope"]
+        + each["seal_warrant"]
+        + (1 + checks) * each["check_warrant"]  # the bridge's check at resolving, then each acting activity's
+        + signals * (each["prove_signal"] + each["verify_signal"])
+    )
+    return {
+        "us_each": {k: round(v, 1) for k, v in each.items()},
+        "acting_activities": checks,
+        "signals": signals,
+        "warrant_bytes": len(warrant.model_dump_json()),
+        "cpu_us_per_run": round(per_run, 1),
+    }
+
+
 async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev") -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         async with bench_stack(Path(tmp), temporal=temporal) as (dev, _agent):
             shape = await shape_of_a_run(dev)
+            envelope = await envelope_cost(dev, f"{NAMESPACE}/shape-00000")
             bare_client = await Client.connect(dev.server.target)
             async with Worker(
                 bare_client, task_queue=BARE_TASK_QUEUE, workflows=[BareWorkflow], activities=[noop]
@@ -114,6 +182,10 @@ async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev
             "rounds": rounds,
             "runs_per_second": rate,
             "ksquad_share_of_bare": round(rate["ksquad"] / rate["bare"], 2),
+        },
+        "envelope": {
+            **envelope,
+            "share_of_run_latency_p50": round(envelope["cpu_us_per_run"] / 1000 / lat["ksquad"]["p50_ms"], 4),
         },
         "temporal": temporal,
         "targets": {"overhead_ratio_max": 1.25, "throughput_share_min": 0.8},

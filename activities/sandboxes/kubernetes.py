@@ -60,6 +60,7 @@ CLAIM_TRIES = 3  # guarded patches of one warm pod, each after reading it again
 POOL_CACHE_SECONDS = 10.0  # a pool's ReplicaSet is read again after this long, or when a pod differs from it
 # Answers to a delete that say no (Forbidden: RBAC or an admission policy; Invalid; BadRequest), not "not now".
 REFUSALS = frozenset({400, 403, 422})
+RBAC_SETTLING_SECONDS = (1, 2, 4, 8)  # a 403 from RBAC is asked again after these (see release)
 
 
 def pod_failure(pod: Obj) -> str | None:
@@ -196,8 +197,9 @@ class KubernetesSandboxes:
     async def _pinned_template(self, pool: PoolRef) -> Obj | None:
         """The pool's pod template as the chart rendered it (the worker's settings), with the defaults the API
         server gives a ReplicaSet's template: a dry-run create of that ReplicaSet, once per pool (admission lets the
-        worker create a ReplicaSet no other way). None: the settings hold no template, or the API server refused
-        it; the pool is then not claimed from."""
+        worker create a ReplicaSet no other way). None: the settings hold no template, or admission refused it; the
+        pool is then not claimed from. ApiError 403: the worker may not create ReplicaSets (its Role is not the
+        chart's)."""
         key = (pool.namespace, pool.name)
         if key in self._pinned:
             return self._pinned[key]
@@ -219,6 +221,10 @@ class KubernetesSandboxes:
         try:
             made = await self.kube.create(path("apps/v1", "replicasets", pool.namespace), body, dry_run=True)
         except ApiError as err:
+            if (
+                err.status == 403
+            ):  # the worker's Role lacks what the chart gives it: say so, not "no warm pod"
+                raise
             log.warning(
                 "pool %s: the API server would not default its template (%s): not claimed from",
                 pool.name,
@@ -432,24 +438,34 @@ class KubernetesSandboxes:
 
     async def release(self, rel: SandboxRelease) -> None:
         ns, name = rel.run.namespace, rel.sandbox.name
-        try:
-            if rel.sandbox.kind == "warm":
-                await self.kube.delete(
-                    path("v1", "pods", ns, name), grace_seconds=self.settings.termination_grace_seconds
-                )
-                selector = None
-            else:
-                await self.kube.delete(path("batch/v1", "jobs", ns, name), propagation="Background")
-                selector = f"job-name={name}"
-        except ApiError as err:
-            if err.status not in REFUSALS:
-                raise
-            # RBAC or an admission policy said no: asking again gets the same answer, and the run fails closed.
-            raise ApplicationError(
-                f"the API server refused to delete sandbox {ns}/{name}: {err}"[:2000],
-                type="SandboxDeleteRefused",
-                non_retryable=True,
-            ) from None
+        for wait in (*RBAC_SETTLING_SECONDS, None):
+            try:
+                if rel.sandbox.kind == "warm":
+                    await self.kube.delete(
+                        path("v1", "pods", ns, name), grace_seconds=self.settings.termination_grace_seconds
+                    )
+                    selector = None
+                else:
+                    await self.kube.delete(path("batch/v1", "jobs", ns, name), propagation="Background")
+                    selector = f"job-name={name}"
+                break
+            except ApiError as err:
+                if err.status not in REFUSALS:
+                    raise
+                if err.status == 403 and "admission" not in err.message.lower() and wait is not None:
+                    # An API server that just started answers before its RBAC caches are filled: RBAC's
+                    # "cannot delete" then is not yet its last word. Asked again a few times.
+                    self.heartbeat(
+                        f"the API server refused to delete sandbox {name}: asking again in {wait} s"
+                    )
+                    await asyncio.sleep(wait)
+                    continue
+                # RBAC or an admission policy said no: asking again gets the same answer; the run fails closed.
+                raise ApplicationError(
+                    f"the API server refused to delete sandbox {ns}/{name}: {err}"[:2000],
+                    type="SandboxDeleteRefused",
+                    non_retryable=True,
+                ) from None
         if not rel.confirm:
             return
         loop = asyncio.get_running_loop()

@@ -5,7 +5,7 @@ import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
@@ -50,7 +50,7 @@ def make_run(cluster: ControlPlane, namespace: str, name: str) -> str:
 def snapshot(
     namespace: str, name: str, uid: str, revision: int, phase: Phase, **events: str
 ) -> StatusSnapshot:
-    at = datetime(2026, 11, 30, 12, 0, revision, tzinfo=UTC)
+    at = datetime(2026, 11, 30, 12, 0, tzinfo=UTC) + timedelta(seconds=revision)
     return StatusSnapshot(
         namespace=namespace,
         name=name,
