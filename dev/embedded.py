@@ -175,12 +175,11 @@ class EmbeddedBridge:
         """The execution asking must be the one recorded on the Run (the first to ask records it, when none is)."""
         recorded = recorded_chain(run.status)
         chain = await execution_chain(self.chains, execution, recorded)
-        try:
-            recorded = (
-                await self.objects.record_run_chain(run.namespace, run.name, run.uid, chain) or recorded
-            )
-        except StoreError as err:
-            raise ApplicationError(str(err), type="StoreUnavailable") from None
+        if recorded is None:  # recorded once (most often at the start already): no write on every resolve
+            try:
+                recorded = await self.objects.record_run_chain(run.namespace, run.name, run.uid, chain)
+            except StoreError as err:
+                raise ApplicationError(str(err), type="StoreUnavailable") from None
         check_chain(f"{run.namespace}/{run.name}", recorded, chain, execution)
         return chain
 
