@@ -235,21 +235,24 @@ class EmbeddedBridge:
                 raise Copied(
                     f"workflow {execution.workflow_id} run {execution.run_id} claimed execution {claimed}"
                 )
-            run = await self._run(snapshot.namespace, snapshot.name)
-            if run is not None and run.uid == snapshot.uid:
-                check_chain(f"{run.namespace}/{run.name}", recorded_chain(run.status), chain, execution)
-        except Copied as err:
-            await self._refused(Activity.MIRROR_STATUS, run_ref, err, execution)
-            raise refusal(err) from None
-        try:
-            await self.objects.write_run_status(
+            # Written only for the execution recorded on the Run (checked in the write itself); one that is not
+            # written is looked at again to say why, when the reason is a copy.
+            written = await self.objects.write_run_status(
                 snapshot.namespace,
                 snapshot.name,
                 snapshot.uid,
                 snapshot.status.revision,
                 status_body(snapshot),
                 phase_records(snapshot),
+                chain=chain,
             )
+            if not written:
+                run = await self._run(snapshot.namespace, snapshot.name)
+                if run is not None and run.uid == snapshot.uid:
+                    check_chain(f"{run.namespace}/{run.name}", recorded_chain(run.status), chain, execution)
+        except Copied as err:
+            await self._refused(Activity.MIRROR_STATUS, run_ref, err, execution)
+            raise refusal(err) from None
         except StoreError as err:
             raise ApplicationError(str(err), type="StoreUnavailable") from None
 

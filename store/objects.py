@@ -160,9 +160,13 @@ class ObjectStore:
         revision: int,
         status: dict[str, Any],
         events: list[PhaseRecord],
+        chain: str | None = None,
     ) -> bool:
-        """Store the status unless the Run has a newer one or is another Run (or gone); then append its phase
-        `events` to the run's log. True when written."""
+        """Store the status unless the Run has a newer one or is another Run (or gone), or (with `chain`) records
+        another execution of its workflow as its own; then append its phase `events` to the run's log. True when
+        written."""
+        recorded = objects.c.status["workflow"]["firstRunId"].as_string()
+        own_execution = [sa.or_(recorded.is_(None), recorded == chain)] if chain is not None else []
         async with self.store.transaction() as c:
             written = await c.execute(
                 sa.update(objects)
@@ -172,6 +176,7 @@ class ObjectStore:
                     objects.c.name == name,
                     objects.c.uid == uid,
                     objects.c.revision < revision,
+                    *own_execution,
                 )
                 .values(status=status, revision=revision, updated_at=self.store.clock())
             )
