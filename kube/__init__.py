@@ -215,8 +215,10 @@ class Kube:
         fields: str | None = None,
         limit: int | None = None,
         metadata_only: bool = False,
+        continue_token: str | None = None,
     ) -> Obj:
-        """`metadata_only` fetches PartialObjectMetadata: names, labels, versions; never a Secret's data."""
+        """`metadata_only` fetches PartialObjectMetadata: names, labels, versions; never a Secret's data. With
+        `limit`, one page: the next is asked with the answer's metadata.continue as `continue_token`."""
         params: dict[str, Any] = {}
         if labels:
             params["labelSelector"] = (
@@ -226,6 +228,8 @@ class Kube:
             params["fieldSelector"] = fields
         if limit:
             params["limit"] = limit
+        if continue_token:
+            params["continue"] = continue_token
         headers = {"Accept": f"{_METADATA_ONLY}List;g=meta.k8s.io;v=v1"} if metadata_only else {}
         return await self._call("GET", url, params=params, headers=headers)
 
@@ -345,17 +349,27 @@ async def reflect(
     lost: Callable[[], None] = lambda: None,
     labels: str | None = None,
     max_backoff: float = 10.0,
+    keep: Callable[[Obj], bool] = lambda _: True,
+    page: int = 500,
 ) -> None:
     """Keep a copy of what `url` (with `labels`) holds, as client-go's reflector does, until cancelled: list
-    (`listed` gets every object), then watch from the list's version (`changed` gets ADDED, MODIFIED or DELETED
-    and the object). A version the server no longer has (410 Gone) lists again; a failure calls `lost` (what
-    the copy holds may be stale from now on) and lists again after a capped backoff."""
+    (`listed` gets every object `keep` keeps, read `page` at a time: what is not kept is never held all at once),
+    then watch from the list's version (`changed` gets ADDED, MODIFIED or DELETED and the object). A version the
+    server no longer has (410 Gone) lists again; a failure calls `lost` (what the copy holds may be stale from
+    now on) and lists again after a capped backoff."""
     backoff = 0.5
     while True:
         try:
-            items = await kube.list(url, labels=labels)
-            listed(items.get("items") or [])
-            version: str | None = items["metadata"]["resourceVersion"]
+            kept: builtins.list[Obj] = []
+            token: str | None = None
+            while True:
+                answer = await kube.list(url, labels=labels, limit=page, continue_token=token)
+                kept += [obj for obj in answer.get("items") or [] if keep(obj)]
+                token = answer["metadata"].get("continue") or None
+                if token is None:
+                    break
+            listed(kept)
+            version: str | None = answer["metadata"]["resourceVersion"]
             backoff = 0.5
             while version is not None:
                 version = await _follow(kube, url, version, labels, changed)

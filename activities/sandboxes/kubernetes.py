@@ -42,7 +42,7 @@ from activities.sandboxes.ownership import (
     spec_difference,
     template_difference,
 )
-from activities.sandboxes.warm import WarmPods
+from activities.sandboxes.warm import MAX_KEPT_PER_POOL, WarmPods
 from kube import ApiError, Kube, Obj, path
 from workflows.activity_types import (
     SANDBOX_MISCONFIGURED,
@@ -116,7 +116,7 @@ class KubernetesSandboxes:
         # (namespace, pool) -> its template as the chart rendered it, with the API server's defaults (a dry run)
         self._pinned: dict[tuple[str, str], Obj] = {}
         # The pools' warm pods, watched from the first claim on (activities.sandboxes.warm).
-        self.warm_pods = WarmPods(kube, (p.namespace for p in settings.pools))
+        self.warm_pods = WarmPods(kube, ((p.namespace, p.name) for p in settings.pools))
 
     async def close(self) -> None:
         await self.warm_pods.close()
@@ -158,7 +158,10 @@ class KubernetesSandboxes:
             pods = self.warm_pods.of_pool(ns, pool.name)
             if pods is None:  # not watched yet, or the watch is down: ask the API server
                 selector = {LABEL_STATE: "warm", LABEL_POOL: pool.name}
-                pods = (await self.kube.list(path("v1", "pods", ns), labels=selector))["items"]
+                listed = await self.kube.list(
+                    path("v1", "pods", ns), labels=selector, limit=MAX_KEPT_PER_POOL
+                )
+                pods = listed["items"]  # a page: as many as the watch's copy keeps a pool
             candidates = [pod for pod in pods if pod_ready(pod)]
             # Concurrent claimers spread over the pool instead of racing for one pod.
             random.shuffle(candidates)

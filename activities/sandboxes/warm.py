@@ -10,17 +10,39 @@ and after a watch fails until they are listed again, the claim lists them itself
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Iterable
+
+from prometheus_client import Counter as Counted
+from prometheus_client import Gauge
 
 from activities.sandboxes.manifests import LABEL_POOL, LABEL_STATE
 from kube import Kube, Obj, path, reflect
 
+# Pods kept a pool: a pool's replicas, and room to spare. Past it (someone made pods that look like a pool's, on a
+# cluster without ksquad's admission policy) a pod is not kept: the copy, and the worker's memory, stay bounded.
+MAX_KEPT_PER_POOL = 512
+KEPT = Gauge("ksquad_worker_warm_pods_kept", "warm pool pods the worker's copy holds", ["namespace", "pool"])
+NOT_KEPT = Counted(
+    "ksquad_worker_warm_pods_not_kept",
+    "warm-looking pods past a pool's bound, not kept",
+    ["namespace", "pool"],
+)
+
 
 class WarmPods:
-    def __init__(self, kube: Kube, namespaces: Iterable[str]) -> None:
+    def __init__(self, kube: Kube, pools: Iterable[tuple[str, str]], most: int = MAX_KEPT_PER_POOL) -> None:
+        """`pools`: (namespace, pool name) of every pool the worker claims from."""
         self.kube = kube
-        self.namespaces = sorted(set(namespaces))
+        self.most = most
+        self.pools: dict[str, set[str]] = {}
+        for namespace, pool in pools:
+            self.pools.setdefault(namespace, set()).add(pool)
+        self.namespaces = sorted(self.pools)
         self._pods: dict[str, dict[str, Obj]] = {ns: {} for ns in self.namespaces}  # namespace -> name -> pod
+        self._kept: dict[str, Counter[str]] = {
+            ns: Counter() for ns in self.namespaces
+        }  # namespace -> pool -> n
         self._synced: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
@@ -38,28 +60,61 @@ class WarmPods:
     async def _run(self) -> None:
         await asyncio.gather(*(self._reflect(ns) for ns in self.namespaces))
 
+    def _pool_of(self, namespace: str, pod: Obj) -> str | None:
+        pool = (pod["metadata"].get("labels") or {}).get(LABEL_POOL)
+        return pool if pool in self.pools[namespace] else None
+
+    def _keep(self, namespace: str, pod: Obj, kept: Counter[str]) -> bool:
+        """Whether a pod not yet in the copy goes in: one of our pools', while the pool is under its bound."""
+        pool = self._pool_of(namespace, pod)
+        if pool is None:
+            return False
+        if kept[pool] >= self.most:
+            NOT_KEPT.labels(namespace, pool).inc()
+            return False
+        kept[pool] += 1
+        return True
+
     async def _reflect(self, namespace: str) -> None:
-        pods = self._pods[namespace]
+        pods, kept = self._pods[namespace], self._kept[namespace]
+        listing: Counter[str] = Counter()  # what the list under way keeps, a pool
 
         def listed(items: list[Obj]) -> None:
             pods.clear()
             pods.update((pod["metadata"]["name"], pod) for pod in items)
+            kept.clear()
+            kept.update(listing)
+            listing.clear()
             self._synced.add(namespace)
+            self._count(namespace)
 
         def changed(kind: str, pod: Obj) -> None:
+            name = pod["metadata"]["name"]
             if kind == "DELETED":  # deleted, or no longer warm: bound by a claim
-                pods.pop(pod["metadata"]["name"], None)
-            else:
-                pods[pod["metadata"]["name"]] = pod
+                if pods.pop(name, None) is not None:
+                    kept[self._pool_of(namespace, pod) or ""] -= 1
+            elif name in pods or self._keep(namespace, pod, kept):
+                pods[name] = pod
+            self._count(namespace)
 
+        def lost() -> None:
+            listing.clear()
+            self._synced.discard(namespace)
+
+        selector = f"{LABEL_STATE}=warm,{LABEL_POOL} in ({','.join(sorted(self.pools[namespace]))})"
         await reflect(
             self.kube,
             path("v1", "pods", namespace),
             listed,
             changed,
-            lost=lambda: self._synced.discard(namespace),
-            labels=f"{LABEL_STATE}=warm",
+            lost=lost,
+            labels=selector,
+            keep=lambda pod: self._keep(namespace, pod, listing),
         )
+
+    def _count(self, namespace: str) -> None:
+        for pool in self.pools[namespace]:
+            KEPT.labels(namespace, pool).set(self._kept[namespace][pool])
 
     def of_pool(self, namespace: str, pool: str) -> list[Obj] | None:
         """The warm pods of `pool` as last seen, or None while the namespace's are not known (list them)."""
@@ -73,4 +128,6 @@ class WarmPods:
 
     def taken(self, namespace: str, name: str) -> None:
         """The pod is warm no more (claimed here, or found taken): no claim of this worker tries it again."""
-        self._pods.get(namespace, {}).pop(name, None)
+        pod = self._pods.get(namespace, {}).pop(name, None)
+        if pod is not None:
+            self._kept[namespace][self._pool_of(namespace, pod) or ""] -= 1
