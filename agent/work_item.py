@@ -41,13 +41,10 @@ async def read_item(access: WorkItemAccess) -> tuple[str, str]:
     """The item's state, and the item as the model reads it: its title, state, body, then its entries in order
     with their authors."""
     item = await _call(access, "GET", "")
-    entries: list[dict[str, Any]] = []
-    while True:
-        after = entries[-1]["seq"] if entries else 0
-        page = (await _call(access, "GET", f"/entries?after={after}"))["entries"]
-        entries += page
-        if not page or entries[-1]["seq"] >= item["last_seq"]:
-            break
+    # The newest entries only, one request: an item's whole record is not read on every attempt.
+    entries: list[dict[str, Any]] = (await _call(access, "GET", f"/entries?newest={MAX_ENTRIES + 1}"))[
+        "entries"
+    ]
     lines = [
         f"Work item {access.namespace}/{access.id}: {item['title']} (state: {item['state']})",
         *([item["body"]] if item["body"] else []),

@@ -26,7 +26,8 @@ Who may call what:
 - the console: the person's own token, from an authenticating proxy (`Authorization: Bearer`) or the token
   sign-in's sealed cookie; the API server answers its Run reads and writes as that person (api/console/cluster.py).
 Answers: 401 without credentials (or with ones the API server refuses), 403 when RBAC says no, 404 for a Run
-that does not exist, 503 when the store or the API server does not answer. Health and metrics are on their own
+that does not exist, 429 with Retry-After past a budget (api/budgets.py: streams, console requests, refused
+tokens), 503 when the store or the API server does not answer. Health and metrics are on their own
 port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /metrics.
 
 Settings, from the environment (the chart sets them):
@@ -43,6 +44,9 @@ Settings, from the environment (the chart sets them):
   KSQUAD_NAMESPACES            the Run namespaces ksquad serves, comma-separated (the console offers them)
   KSQUAD_TEMPORAL_UI_URL       the Temporal UI's address, for the console's links to a run's workflow
   KSQUAD_TEMPORAL_NAMESPACE    the Temporal namespace of the workflows (default: default)
+  KSQUAD_API_STREAMS           event streams open at once: per person,per namespace,total (default 32,256,1024)
+  KSQUAD_API_CONSOLE_REQUESTS  console requests in flight: per person,per namespace,total (default 8,64,128)
+  KSQUAD_API_REFUSED_TOKENS    refused tokens reviewed: per client a second,burst,total a second (default 2,20,20)
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
 
@@ -68,14 +72,23 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 
 from agent.callers import ITEM_KEY_ENV, read_key
+from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits
 from api.codec import codec_app
 from api.console import pages
 from api.console.app import SECURITY_HEADERS, Session, console_routes, csrf_key_of, form_of, same_origin
 from api.console.cluster import SESSION_SECONDS, ClusterConsole, SessionSeal
-from api.errors import ROUTING_ERRORS, error
+from api.errors import ROUTING_ERRORS, error, too_many
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
-from api.streams import OpenStreams, RunLook, parse_cursor, run_ending, stream_events
+from api.streams import (
+    STREAM_LIMITS,
+    HeldStream,
+    RunLook,
+    parse_cursor,
+    run_ending,
+    stream_budget,
+    stream_events,
+)
 from api.usage import usage_routes
 from kube import ApiError, Config, Kube, TokenFile, Unreachable, path
 from kube.probes import Probes, Readiness
@@ -90,6 +103,13 @@ CONSOLE_COOKIE = "ksquad-console"
 
 REQUESTS = Counter("ksquad_api_requests", "requests to ksquad-api, by route and status", ["route", "code"])
 STREAMS = Gauge("ksquad_api_event_streams", "event streams open now")
+
+
+# Console requests a person has in flight at once (each is one or a few API server calls made as them).
+CONSOLE_LIMITS = Limits(per_person=8, per_namespace=64, total=128)
+# Tokens the API server refused, reviewed: a flood of made-up tokens from one client stops at its bucket, from
+# many at the total, so it never becomes a flood of TokenReviews.
+REFUSED_TOKENS = RateLimits(per_client=2, burst=20, total=20)
 
 
 @dataclass
@@ -109,6 +129,9 @@ class ApiSettings:
     namespaces: list[str] = field(default_factory=list)
     temporal_ui_url: str | None = None
     temporal_namespace: str = "default"
+    stream_limits: Limits = STREAM_LIMITS
+    console_limits: Limits = CONSOLE_LIMITS
+    refused_tokens: RateLimits = REFUSED_TOKENS
 
     @classmethod
     def from_env(cls) -> "ApiSettings":
@@ -134,7 +157,24 @@ class ApiSettings:
             namespaces=[n.strip() for n in env.get("KSQUAD_NAMESPACES", "").split(",") if n.strip()],
             temporal_ui_url=env.get("KSQUAD_TEMPORAL_UI_URL") or None,
             temporal_namespace=env.get("KSQUAD_TEMPORAL_NAMESPACE") or "default",
+            **budgets_from_env(env),
         )
+
+
+def budgets_from_env(env: Any) -> dict[str, Any]:
+    """The chart's api.budgets, from KSQUAD_API_STREAMS, KSQUAD_API_CONSOLE_REQUESTS, KSQUAD_API_REFUSED_TOKENS."""
+    found: dict[str, Any] = {}
+    for setting, field_name, kind in (
+        ("KSQUAD_API_STREAMS", "stream_limits", Limits),
+        ("KSQUAD_API_CONSOLE_REQUESTS", "console_limits", Limits),
+        ("KSQUAD_API_REFUSED_TOKENS", "refused_tokens", RateLimits),
+    ):
+        if env.get(setting):
+            try:
+                found[field_name] = kind.parse(env[setting], setting)
+            except ValueError as err:
+                raise SystemExit(f"ksquad-api: {err}") from None
+    return found
 
 
 @dataclass
@@ -163,6 +203,8 @@ def cluster_api(
 ) -> Starlette:
     shared = TokenFile(settings.codec_token_file) if settings.codec_token_file else None
     secure_cookie = bool(settings.tls_cert_file)
+    streams = stream_budget(settings.stream_limits)
+    refused_tokens = Rate("refused-tokens", "tokens the API server refused", settings.refused_tokens)
 
     async def codec_token_matches(given: str | None) -> bool:
         if shared is None or not given:
@@ -180,11 +222,19 @@ def cluster_api(
         token = bearer(request)
         if token is None:
             return Caller(refusal=error(401, "send Authorization: Bearer <a token the cluster accepts>"))
+        client = request.client.host if request.client else ""
+        fresh = not auth.knows(token)
         try:
+            if fresh:
+                refused_tokens.check(client)  # a client whose tokens keep being refused waits, unreviewed
             user = await auth.user(token)
+        except OverBudget as err:
+            return Caller(refusal=too_many(str(err), err.retry_after))
         except (ApiError, Unreachable) as err:
             return Caller(refusal=error(503, f"the Kubernetes API server did not review the token: {err}"))
         if user is None:
+            if fresh:
+                refused_tokens.spend(client)
             return Caller(refusal=error(401, "the Kubernetes API server does not accept this token"))
         return Caller(user=user)
 
@@ -262,26 +312,37 @@ def cluster_api(
             return None, error(503, f"the Kubernetes API server does not answer: {err}")
         return run, None
 
-    open_streams = OpenStreams()
-
     async def events(request: Request) -> Response:
         run, refusal = await run_for(request)
         if refusal is not None:
             return refusal
         assert run is not None
-        user = (await kubernetes_user(request)).user
-        who = user.name if user is not None else ""
-        too_many = open_streams.refusal(who)
-        if too_many is not None:
-            return error(429, too_many)
         try:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
             return error(422, str(err))
         meta = run["metadata"]
+        reader = (await kubernetes_user(request)).user
+        assert reader is not None  # run_for let them in
+        try:
+            held = HeldStream(streams, reader.name, meta["namespace"])
+        except OverBudget as err:
+            return too_many(str(err), err.retry_after)
         url = path(RUN_API, "runs", meta["namespace"], meta["name"])
+        may_read = Access("get", "runs", namespace=meta["namespace"], name=meta["name"])
 
         async def look() -> RunLook | None:
+            # As the reader: their token still accepted, their rights still there (decisions are cached for
+            # seconds), so a reader whose RoleBinding went stops reading within seconds.
+            caller = await kubernetes_user(request)
+            if caller.user is None:  # refused (401), or not reviewed now (look again later)
+                assert caller.refusal is not None
+                return RunLook(None, "", forbidden=True) if caller.refusal.status_code == 401 else None
+            try:
+                if not await auth.allowed(caller.user, may_read):
+                    return RunLook(None, "", forbidden=True)
+            except PermissionError:
+                return None  # the API server did not answer: look again later
             try:
                 current = await kube.get(url)
             except ApiError as err:
@@ -296,7 +357,7 @@ def cluster_api(
             STREAMS.inc()
             try:
                 chunks = stream_events(store, meta["uid"], after, request.is_disconnected, ended)
-                async for chunk in open_streams.counted(who, chunks):
+                async for chunk in held.counted(chunks):
                     yield chunk
             finally:
                 STREAMS.dec()
@@ -351,7 +412,7 @@ def cluster_api(
             return caller.refusal
         return await may(caller, Access("list", "runs", namespace=namespace or ""))
 
-    console = console_app(store, kube, auth, settings, kubernetes_user, open_streams)
+    console = console_app(store, kube, auth, settings, kubernetes_user, streams)
 
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
@@ -359,7 +420,7 @@ def cluster_api(
             *console,
             *(
                 Route(r.path, counted("items", r.endpoint), methods=r.methods)
-                for r in item_routes(store, with_item_tokens(store, settings.item_token_key, people))
+                for r in item_routes(store, with_item_tokens(store, settings.item_token_key, people), streams)
             ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
@@ -375,10 +436,10 @@ def console_app(
     auth: KubernetesAuth,
     settings: ApiSettings,
     kubernetes_user: Callable[[Request], Awaitable["Caller"]],
-    open_streams: OpenStreams,
+    streams: Budget,
 ) -> list[Route]:
     """The console's routes, each person's calls made with their own token (api/console/cluster.py); a person's
-    event streams counted with those they open on the API (`open_streams`)."""
+    event streams counted with those they open on the API (`streams`)."""
     if settings.console_key is None:
 
         async def no_console(request: Request) -> Response:
@@ -476,7 +537,12 @@ def console_app(
         Route("/console/signout", signout),
         *(
             Route(r.path, counted("console", r.endpoint), methods=r.methods)
-            for r in console_routes(console_session, csrf_key, open_streams)
+            for r in console_routes(
+                console_session,
+                csrf_key,
+                streams,
+                Budget("console", "console requests", settings.console_limits),
+            )
         ),
     ]
 

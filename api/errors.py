@@ -13,6 +13,13 @@ def error(status: int, message: str, problems: list[str] | None = None) -> JSONR
     return JSONResponse({"error": message, "problems": problems or []}, status_code=status)
 
 
+def too_many(message: str, retry_after: int) -> JSONResponse:
+    """429, with the Retry-After a client waits for (api.budgets.OverBudget)."""
+    refusal = error(429, message)
+    refusal.headers["Retry-After"] = str(retry_after)
+    return refusal
+
+
 async def _routing_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:

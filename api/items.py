@@ -5,7 +5,8 @@ the API token embedded) and writes as itself.
     GET  /items/{namespace}[?state=S&after=ID&limit=N]   the namespace's items, by id          (verb list)
     POST /items/{namespace}            {"id", "title", "body"?, "labels"?}: a new item, open  (verb create)
     GET  /items/{namespace}/{id}       the item                                               (verb get)
-    GET  /items/{namespace}/{id}/entries[?after=N]   its entries after N, in order, a page at a time (verb get)
+    GET  /items/{namespace}/{id}/entries[?after=N][&before=N][&newest=K]   its entries after N (and before N), in
+                                       order, a page at a time; with newest, the newest K of them (verb get)
     GET  /items/{namespace}/{id}/events   server-sent events: the item's entries in order (created, comment,
                                        state, artifact); `Last-Event-ID` (or ?after=N) resumes   (verb get)
     POST /items/{namespace}/{id}/comments   {"body"}: a comment                               (verb update)
@@ -26,9 +27,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agent.callers import ITEM_TOKEN_PREFIX, verify_item_token
-from api.errors import error
-from api.streams import KEEPALIVE_SECONDS, POLL_SECONDS, parse_cursor, sse
+from api.budgets import Budget, OverBudget
+from api.errors import error, too_many
+from api.streams import (
+    KEEPALIVE_SECONDS,
+    POLL_SECONDS,
+    RUN_CHECK_SECONDS,
+    HeldStream,
+    parse_cursor,
+    sse,
+    stream_budget,
+)
 from store import (
+    MAX_PAGE,
     Author,
     Holder,
     InvalidItemWrite,
@@ -135,8 +146,9 @@ async def json_body(request: Request) -> Any:
         return error(400, f"the body is not JSON: {err}")
 
 
-def item_routes(store: Store, authorize: Authorize) -> list[Route]:
-    """The routes above."""
+def item_routes(store: Store, authorize: Authorize, streams: Budget | None = None) -> list[Route]:
+    """The routes above; their event streams counted in `streams` (the API's, with its Runs' streams)."""
+    streams = streams or stream_budget()
 
     def guarded(verb: str, handler: Callable[[Request, Writer], Awaitable[Response]]) -> Handler:
         async def wrapped(request: Request) -> Response:
@@ -243,23 +255,44 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
     async def entries(request: Request, _writer: Writer) -> Response:
         namespace, item_id = request.path_params["namespace"], request.path_params["item"]
         await store.item(namespace, item_id)  # 404 for an unknown item, not an empty page
+        query = request.query_params
         try:
-            after = parse_cursor(request.query_params.get("after"))
+            after = parse_cursor(query.get("after"))
+            before = parse_cursor(query.get("before")) or None
         except ValueError as err:
-            return error(422, str(err))
-        return JSONResponse(
-            {"entries": [entry_json(e) for e in await store.item_events(namespace, item_id, after)]}
+            return error(422, str(err).replace("Last-Event-ID", "after and before"))
+        newest = query.get("newest")
+        if newest is not None and not (newest.isdigit() and 1 <= int(newest) <= MAX_PAGE):
+            return error(422, f"newest: a number of entries from 1 to {MAX_PAGE} (got {newest[:40]!r})")
+        found = await store.item_events(
+            namespace,
+            item_id,
+            after,
+            limit=int(newest) if newest else MAX_PAGE,
+            before=before,
+            newest=newest is not None,
         )
+        return JSONResponse({"entries": [entry_json(e) for e in found]})
 
-    async def events(request: Request, _writer: Writer) -> Response:
+    async def events(request: Request, writer: Writer) -> Response:
         namespace, item_id = request.path_params["namespace"], request.path_params["item"]
         await store.item(namespace, item_id)  # 404 before a stream starts
         try:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
             return error(422, str(err))
+        try:
+            held = HeldStream(streams, writer.author.user or "", namespace)
+        except OverBudget as err:
+            return too_many(str(err), err.retry_after)
+
+        async def still_allowed() -> bool:
+            # Asked again as the reader (their token, their rights, an attempt's claim): gone, the stream ends.
+            return not isinstance(await authorize(request, "get", namespace, item_id), Response)
+
+        entries = stream_entries(store, namespace, item_id, after, request.is_disconnected, still_allowed)
         return StreamingResponse(
-            stream_entries(store, namespace, item_id, after, request.is_disconnected),
+            held.counted(entries),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -276,12 +309,23 @@ def item_routes(store: Store, authorize: Authorize) -> list[Route]:
 
 
 async def stream_entries(
-    store: Store, namespace: str, item_id: str, after: int, disconnected: Callable[[], Awaitable[bool]]
+    store: Store,
+    namespace: str,
+    item_id: str,
+    after: int,
+    disconnected: Callable[[], Awaitable[bool]],
+    still_allowed: Callable[[], Awaitable[bool]],
 ) -> AsyncIterator[bytes]:
-    """The item's entries after `after`, then new ones as they come, until the client goes (an item never ends)."""
+    """The item's entries after `after`, then new ones as they come, until the client goes (an item never ends)
+    or the reader may read it no more (asked every RUN_CHECK_SECONDS; then `end` with reason forbidden)."""
     loop = asyncio.get_running_loop()
-    last_sent = loop.time()
+    last_sent = last_check = loop.time()
     while not await disconnected():
+        if loop.time() - last_check >= RUN_CHECK_SECONDS:
+            last_check = loop.time()
+            if not await still_allowed():
+                yield sse(None, "end", {"reason": "forbidden"})
+                return
         for entry in await store.item_events(namespace, item_id, after):
             after = entry.seq
             last_sent = loop.time()

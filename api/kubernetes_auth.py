@@ -10,10 +10,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter
+
 from kube import ApiError, Kube, path
 
 CACHE_SECONDS = 10.0
 CACHE_ENTRIES = 4096
+TOKEN_REVIEWS = Counter(
+    "ksquad_api_token_reviews", "TokenReviews asked of the API server, by outcome", ["outcome"]
+)
+ACCEPTED_SECONDS = 900.0
 
 
 @dataclass(frozen=True)
@@ -41,13 +47,27 @@ class KubernetesAuth:
         self.kube = kube
         self._users: dict[str, tuple[float, User | None]] = {}
         self._decisions: dict[tuple[Any, ...], tuple[float, bool]] = {}
+        self._accepted: dict[str, float] = {}  # token hash -> when the API server last accepted it
+        self.reviews = 0  # TokenReviews asked of the API server
+
+    def knows(self, token: str) -> bool:
+        """Whether the token is known: its review remembered (asking `user` costs the API server nothing), or the
+        API server accepted it within ACCEPTED_SECONDS (a person signed in before a flood of made-up tokens is
+        reviewed again as usual, never held back with them)."""
+        key = _token_key(token)
+        cached = self._users.get(key)
+        if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
+            return True
+        accepted = self._accepted.get(key)
+        return accepted is not None and time.monotonic() - accepted < ACCEPTED_SECONDS
 
     async def user(self, token: str) -> User | None:
         """The token's user, or None when the API server does not accept the token."""
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = _token_key(token)
         cached = self._users.get(key)
         if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
             return cached[1]
+        self.reviews += 1
         review = await self.kube.create(
             path("authentication.k8s.io/v1", "tokenreviews"),
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
@@ -63,6 +83,12 @@ class KubernetesAuth:
                 extra={k: list(v) for k, v in (info.get("extra") or {}).items()},
             )
         self._remember(self._users, key, found)
+        TOKEN_REVIEWS.labels("accepted" if found is not None else "refused").inc()
+        if found is not None:
+            self._accepted.pop(key, None)
+            self._accepted[key] = time.monotonic()
+            while len(self._accepted) > CACHE_ENTRIES:
+                del self._accepted[next(iter(self._accepted))]
         return found
 
     async def allowed(self, user: User, access: Access) -> bool:
@@ -113,3 +139,7 @@ class KubernetesAuth:
             while len(cache) >= CACHE_ENTRIES:
                 del cache[next(iter(cache))]
         cache[key] = (time.monotonic(), value)
+
+
+def _token_key(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()  # the token itself is never kept

@@ -9,12 +9,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from api.budgets import Budget, Limits
 from store import Event, Store
 
-MAX_STREAMS_PER_USER = 32  # a console's tabs and a few CLIs; past it, 429 (each stream holds a store poller)
+# A console's tabs and a few CLIs a person; past a bound, 429 (each stream holds a connection and a store poller).
+STREAM_LIMITS = Limits(per_person=32, per_namespace=256, total=1024)
 POLL_SECONDS = 0.2
 KEEPALIVE_SECONDS = 15.0
-RUN_CHECK_SECONDS = 5.0  # a stream looks this often whether its Run still exists
+RUN_CHECK_SECONDS = (
+    5.0  # a stream looks this often whether its Run still exists and its reader may still read it
+)
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
 
 # What ends a stream, given the phase of the last phase event sent (None before one): None while the run goes
@@ -118,27 +122,32 @@ async def stream_events(
         await asyncio.sleep(POLL_SECONDS)
 
 
-class OpenStreams:
-    """The event streams each person has open, across the API's routes and the console's: each holds a
-    connection and a store poller, so one person may hold MAX_STREAMS_PER_USER at once."""
+class HeldStream:
+    """An open stream's slot in the streams budget (api.budgets), taken when the stream is let open and given back
+    once: when it ends, or when its response is dropped before it started (a client gone at once)."""
 
-    def __init__(self, most: int = MAX_STREAMS_PER_USER) -> None:
-        self.most = most
-        self.open: dict[str, int] = {}
+    def __init__(self, budget: Budget, person: str, namespace: str) -> None:
+        budget.take(person, namespace)  # OverBudget: refused, nothing held
+        self.budget, self.person, self.namespace = budget, person, namespace
+        self._held = True
 
-    def refusal(self, who: str) -> str | None:
-        """Why `who` may not open another stream now, or None."""
-        if self.open.get(who, 0) < self.most:
-            return None
-        return f"{who} has {self.most} event streams open already (the most one user may): close one first"
+    def give_back(self) -> None:
+        if self._held:
+            self._held = False
+            self.budget.give_back(self.person, self.namespace)
 
-    async def counted(self, who: str, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        """`chunks`, counted among `who`'s open streams while they are sent."""
-        self.open[who] = self.open.get(who, 0) + 1
+    def __del__(self) -> None:
+        self.give_back()
+
+    async def counted(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         try:
             async for chunk in chunks:
                 yield chunk
         finally:
-            self.open[who] -= 1
-            if not self.open[who]:
-                del self.open[who]
+            self.give_back()
+
+
+def stream_budget(limits: Limits | None = None) -> Budget:
+    """The event streams people hold (runs' and items', the API's and the console's): each holds a connection
+    and a store poller."""
+    return Budget("streams", "event streams", limits or STREAM_LIMITS)

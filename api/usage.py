@@ -24,8 +24,9 @@ from store import USAGE_GROUPS, Store, StoreError
 GROUPS = {"credential": "credential", "namespace": "namespace", "person": "triggered_by", "model": "model"}
 assert set(GROUPS.values()) == set(USAGE_GROUPS)
 DEFAULT_WINDOW = timedelta(hours=24)
+MAX_WINDOW = timedelta(days=3660)  # ten years: what is further is a mistake (and past Python's dates, a 500)
 _DURATION = re.compile(r"^(\d+)([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 # (request, namespace or None for all) -> the refusal to send, or None when the caller may read that usage.
 Authorize = Callable[[Request, str | None], Awaitable[Response | None]]
@@ -33,16 +34,25 @@ Authorize = Callable[[Request, str | None], Awaitable[Response | None]]
 
 def parse_time(text: str, now: datetime) -> datetime:
     """An ISO 8601 time (UTC when it names no zone), or a duration back from `now` such as 90m, 24h or 7d."""
+    if len(text) > 64:
+        raise ValueError(f"{text[:64]!r}... is longer than a time or a duration is")
     match = _DURATION.match(text.strip())
     if match:
-        return now - timedelta(**{_UNITS[match[2]]: int(match[1])})
+        seconds = int(match[1]) * _SECONDS[match[2]]
+        back = timedelta(seconds=min(seconds, int(MAX_WINDOW.total_seconds()) + 1))
+        if back > MAX_WINDOW:
+            raise ValueError(f"{text!r} goes back further than {MAX_WINDOW.days} days")
+        return now - back
     try:
         at = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ValueError(
             f"{text!r} is neither a time (2026-12-04T10:00:00Z) nor a duration (90m, 24h, 7d)"
         ) from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    if abs(now - at) > MAX_WINDOW:
+        raise ValueError(f"{text!r} is more than {MAX_WINDOW.days} days from now")
+    return at
 
 
 def usage_routes(store: Store, authorize: Authorize) -> list[Route]:

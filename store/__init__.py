@@ -40,10 +40,11 @@ from store.records import (
     work_item_key,
 )
 from store.usage import USAGE_GROUPS, ModelUsage
-from store.work_items import WorkItems
+from store.work_items import MAX_PAGE, WorkItems
 
 __all__ = [
     "ITEM_STATES",
+    "MAX_PAGE",
     "USAGE_GROUPS",
     "Author",
     "ClaimResult",

@@ -235,19 +235,31 @@ class WorkItems(StoreBase):
 
     @unavailable
     async def item_events(
-        self, namespace: str, item_id: str, after: int = 0, limit: int = 500
+        self,
+        namespace: str,
+        item_id: str,
+        after: int = 0,
+        limit: int = 500,
+        before: int | None = None,
+        newest: bool = False,
     ) -> list[ItemEvent]:
-        """The item's entries after `after`, in order (a stream resumes from its last seq)."""
+        """The item's entries after `after` (and before `before`), in order: the first `limit` of them, or with
+        `newest` the last (what a reader wants first; a stream resumes from its last seq). At most MAX_PAGE."""
+        seq = work_item_events.c.seq
+        where = [work_item_events.c.work_item_ref == work_item_key(namespace, item_id), seq > after]
+        if before is not None:
+            where.append(seq < before)
         async with self.engine.connect() as c:
-            rows = await c.execute(
-                sa.select(work_item_events)
-                .where(
-                    work_item_events.c.work_item_ref == work_item_key(namespace, item_id),
-                    work_item_events.c.seq > after,
+            rows = list(
+                await c.execute(
+                    sa.select(work_item_events)
+                    .where(*where)
+                    .order_by(seq.desc() if newest else seq)
+                    .limit(max(1, min(limit, MAX_PAGE)))
                 )
-                .order_by(work_item_events.c.seq)
-                .limit(min(limit, MAX_PAGE))
             )
+            if newest:
+                rows.reverse()
             return [
                 ItemEvent(
                     seq=int(r.seq),

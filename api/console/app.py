@@ -34,10 +34,11 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from api.budgets import Budget, Limits, OverBudget
 from api.console import pages
 from api.console.backend import Backend, Refused
 from api.console.html import Html
-from api.streams import OpenStreams, RunLook, parse_cursor, run_ending, stream_events
+from api.streams import HeldStream, RunLook, parse_cursor, run_ending, stream_budget, stream_events
 from store import InvalidItemWrite, ItemNotFound, StoreError
 from workflows.signals import RunSignal
 from workflows.status import not_waiting_for_input
@@ -56,6 +57,7 @@ DONE = {
 }
 # The newest runs shown; more is a filter's job (the page fetches its table again every few seconds).
 MAX_RUNS_SHOWN = 200
+ENTRIES_SHOWN = 200  # an item's newest entries on its page (older ones: ?before=<seq>)
 PROGRESS_SHOWN = 200  # a run's newest progress lines on its page (the stream appends what comes after)
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -180,12 +182,17 @@ def run_refusals(run: dict[str, Any], may_patch: str | None) -> dict[str, str | 
     }
 
 
+UNBOUNDED = Limits(2**31, 2**31, 2**31)  # the embedded console: one developer
+
+
 def console_routes(
-    identify: Identify, csrf_key: bytes, open_streams: OpenStreams | None = None
+    identify: Identify, csrf_key: bytes, streams: Budget | None = None, requests: Budget | None = None
 ) -> list[Route]:
-    """The routes above, each behind `identify`; a person's event streams counted in `open_streams` (the API's
-    own, on a cluster)."""
-    open_streams = open_streams or OpenStreams()
+    """The routes above, each behind `identify`; a person's event streams counted in `streams` (the API's own,
+    on a cluster), and the requests they have in flight in `requests` (each person's own share: one person's
+    tabs polling never make another wait)."""
+    streams = streams or stream_budget()
+    requests = requests or Budget("console", "console requests", UNBOUNDED)
 
     Handler = Callable[[Request, Session], Awaitable[Response]]
 
@@ -203,8 +210,15 @@ def console_routes(
                 if value and not NAME.match(value):
                     why = f"{field} {value[:80]!r} is not a Kubernetes name"
                     return refused(Refused(422, why, [f"metadata.{field}"]))
+            person = session.backend.viewer.name
+            where = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
             try:
-                return await handler(request, session)
+                with requests.held(person, where):
+                    return await handler(request, session)
+            except OverBudget as err:
+                answer = refused(Refused(429, str(err)))
+                answer.headers["Retry-After"] = str(err.retry_after)
+                return answer
             except Refused as err:
                 return refused(err)
             except ItemNotFound as err:
@@ -301,13 +315,11 @@ def console_routes(
         backend = session.backend
         run = await backend.run(namespace, name)
         uid = str(run["metadata"]["uid"])
-        too_many = open_streams.refusal(backend.viewer.name)
-        if too_many is not None:
-            raise Refused(429, too_many)
         try:
             after = parse_cursor(request.headers.get("last-event-id") or request.query_params.get("after"))
         except ValueError as err:
             raise Refused(422, str(err)) from None
+        held = HeldStream(streams, backend.viewer.name, namespace)  # OverBudget: 429
 
         async def look() -> RunLook | None:
             try:
@@ -322,7 +334,7 @@ def console_routes(
 
         chunks = stream_events(backend.store, uid, after, request.is_disconnected, run_ending(uid, look))
         return StreamingResponse(
-            open_streams.counted(backend.viewer.name, chunks),
+            held.counted(chunks),
             media_type="text/event-stream",
             headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
         )
@@ -388,7 +400,15 @@ def console_routes(
         if why:
             raise Refused(403, why)
         item = await backend.store.item(namespace, item_id)
-        entries = await backend.store.item_events(namespace, item_id, 0, limit=1000)
+        try:
+            before = parse_cursor(request.query_params.get("before")) or None
+        except ValueError as err:
+            raise Refused(422, str(err).replace("Last-Event-ID", "before")) from None
+        # The newest entries first (the ones people come for), a page at a time: older ones a link away.
+        entries = await backend.store.item_events(
+            namespace, item_id, before=before, limit=ENTRIES_SHOWN, newest=True
+        )
+        older = entries[0].seq if len(entries) == ENTRIES_SHOWN and entries[0].seq > 1 else None
         try:
             runs = [
                 r
@@ -403,6 +423,7 @@ def console_routes(
             runs,
             csrf_token(csrf_key, session.key),
             await backend.may("update", "workitems", namespace, item_id),
+            older,
         )
         return shell(session, f"Item {namespace}/{item_id}", body, request)
 

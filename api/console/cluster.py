@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Awaitable
+from typing import TypeVar
 from urllib.parse import quote
 
 from cryptography.exceptions import InvalidTag
@@ -27,7 +28,12 @@ from store import Author, Store
 from workflows.signals import RunSignal
 
 RUN_API = "ksquad.io/v1alpha1"
+T = TypeVar("T")
 SESSION_SECONDS = 12 * 3600
+# The Runs one console request reads at most, a page at a time: a person's poll costs the API server a bounded
+# list however many Runs the cluster holds (the console says when there are more: choose a namespace).
+MAX_RUNS_READ = 2000
+RUNS_PAGE = 500
 SEAL_CONTEXT = b"ksquad-console-session-v1"
 
 
@@ -76,7 +82,7 @@ class ClusterConsole:
         self.temporal_ui = temporal_ui.rstrip("/") if temporal_ui else None
         self.temporal_namespace = temporal_namespace
 
-    async def _call(self, what: str, call: Awaitable[Obj]) -> Obj:
+    async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
             result = await call
         except ApiError as err:
@@ -88,14 +94,25 @@ class ClusterConsole:
     async def namespaces(self) -> list[str]:
         return list(self._namespaces)
 
+    async def _pages(self, url: str, most: int) -> list[Obj]:
+        """Up to `most` objects of a list, read a page at a time (a namespace of 10,000 Runs is not one answer)."""
+        found: list[Obj] = []
+        token: str | None = None
+        while len(found) < most:
+            page = await self.kube.list(url, limit=min(RUNS_PAGE, most - len(found)), continue_token=token)
+            found += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                break
+        return found
+
     async def runs(self, namespace: str | None) -> list[Obj]:
         if namespace:
-            listed = await self._call(
-                f"listing Runs in {namespace}", self.kube.list(path(RUN_API, "runs", namespace))
+            return await self._call(
+                f"listing Runs in {namespace}", self._pages(path(RUN_API, "runs", namespace), MAX_RUNS_READ)
             )
-            return list(listed.get("items") or [])
         try:
-            return list((await self.kube.list(path(RUN_API, "runs"))).get("items") or [])
+            return await self._pages(path(RUN_API, "runs"), MAX_RUNS_READ)
         except ApiError as err:
             if err.status != 403:
                 raise Refused(err.status, f"listing Runs: {err.message}") from None
@@ -103,10 +120,12 @@ class ClusterConsole:
         runs: list[Obj] = []
         for ns in self._namespaces:
             try:
-                runs += (await self.kube.list(path(RUN_API, "runs", ns))).get("items") or []
+                runs += await self._pages(path(RUN_API, "runs", ns), MAX_RUNS_READ - len(runs))
             except ApiError as err:
                 if err.status != 403:
                     raise Refused(err.status, f"listing Runs in {ns}: {err.message}") from None
+            if len(runs) >= MAX_RUNS_READ:
+                break
         return runs
 
     async def run(self, namespace: str, name: str) -> Obj:

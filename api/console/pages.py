@@ -484,9 +484,21 @@ def entry_view(entry: ItemEvent) -> Html:
 
 
 def item_page(
-    item: WorkItem, entries: list[ItemEvent], runs: list[Obj], csrf: str, refusal: str | None
+    item: WorkItem,
+    entries: list[ItemEvent],
+    runs: list[Obj],
+    csrf: str,
+    refusal: str | None,
+    older: int | None = None,
 ) -> Html:
+    """`entries`: the newest page of the thread; `older`: where the page before it ends, when there is one."""
     thread = el("ol", {"class": "thread", "data-testid": "thread"}, [entry_view(e) for e in entries])
+    if older is not None:
+        link = url("items", item.namespace, item.item_id, before=str(older))
+        thread = Html(
+            el("p", {"class": "older"}, el("a", {"href": link, "data-testid": "older"}, "Older entries"))
+            + thread
+        )
     form = (
         el(
             "form",

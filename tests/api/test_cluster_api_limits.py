@@ -8,15 +8,16 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from api.cluster import CODEC_COOKIE, ApiSettings, cluster_api, serve
+from api.cluster import CODEC_COOKIE, REFUSED_TOKENS, ApiSettings, cluster_api, serve
 from api.kubernetes_auth import KubernetesAuth
-from api.streams import MAX_STREAMS_PER_USER
+from api.streams import STREAM_LIMITS
 from kube import Config, Kube
 from store import Store
 from temporal_client.codec import EncryptionCodec
@@ -27,24 +28,46 @@ from testbed.isolate import free_port
 SHARED_TOKEN = "the-shared-codec-token"
 
 
+@dataclass
+class Api:
+    url: str
+    auth: KubernetesAuth
+    store: Store
+
+
 @pytest.fixture
-async def api(ksquad_cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[str]:
+async def served(ksquad_cluster: ControlPlane, tmp_path: Path) -> AsyncIterator[Api]:
     token_file = tmp_path / "codec-token"
     token_file.write_text(SHARED_TOKEN)
     settings = ApiSettings(database_url=f"sqlite:///{tmp_path / 'store.db'}", codec_token_file=token_file)
     store = await Store.open(settings.database_url)
     async with Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube:
-        app = cluster_api(store, kube, KubernetesAuth(kube), settings, EncryptionCodec(os.urandom(32)))
+        auth = KubernetesAuth(kube)
+        app = cluster_api(store, kube, auth, settings, EncryptionCodec(os.urandom(32)))
         async with serving(app) as url:
-            yield url
+            yield Api(url, auth, store)
     await store.close()
 
 
-def reader(cluster: ControlPlane, namespace: str) -> str:
-    """A token of a user who may get the namespace's Runs."""
-    account = f"reader-{uuid.uuid4().hex[:6]}"
+@pytest.fixture
+def api(served: Api) -> str:
+    return served.url
+
+
+def reader(
+    cluster: ControlPlane, namespace: str, account: str = "", resources: tuple[str, ...] = ("runs",)
+) -> str:
+    """A token of a user who may get and list the namespace's Runs (or `resources` of ksquad.io: workitems are
+    no object of the API server, only what ksquad-api asks it about); their RoleBinding is `account`."""
+    account = account or f"reader-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
-    cluster.kubectl("create", "role", account, "--verb=get", "--resource=runs.ksquad.io", "-n", namespace)
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": account, "namespace": namespace},
+        "rules": [{"apiGroups": ["ksquad.io"], "resources": list(resources), "verbs": ["get", "list"]}],
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(role))
     cluster.kubectl(
         "create",
         "rolebinding",
@@ -69,12 +92,12 @@ async def test_one_user_holds_at_most_so_many_event_streams(
     headers = {"Authorization": f"Bearer {reader(ksquad_cluster, namespace)}"}
     url = f"/runs/{namespace}/r/events"
     async with httpx.AsyncClient(base_url=api, timeout=30) as http, contextlib.AsyncExitStack() as streams:
-        for _ in range(MAX_STREAMS_PER_USER):
+        for _ in range(STREAM_LIMITS.per_person):
             response = await streams.enter_async_context(http.stream("GET", url, headers=headers))
             assert response.status_code == 200
         over = await http.get(url, headers=headers)
         assert over.status_code == 429, over.text
-        assert f"has {MAX_STREAMS_PER_USER} event streams open already" in over.json()["error"]
+        assert f"has {STREAM_LIMITS.per_person} event streams open already" in over.json()["error"]
     async with httpx.AsyncClient(base_url=api, timeout=30) as http:  # the streams closed: a new one opens
         for _ in range(50):
             async with http.stream("GET", url, headers=headers) as again:
@@ -147,3 +170,126 @@ async def test_without_a_codec_key_ksquad_api_serves_and_says_there_is_no_codec(
         serving_api.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await serving_api
+
+
+def make_run(cluster: ControlPlane, namespace: str, name: str) -> None:
+    run = {
+        "apiVersion": "ksquad.io/v1alpha1",
+        "kind": "Run",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump({**run, "spec": {"agents": ["a"]}}))
+
+
+async def test_streams_opened_all_at_once_stop_at_the_bound(
+    ksquad_cluster: ControlPlane, namespace: str, api: str
+) -> None:
+    """Counted as each is let open, not after: one more than the bound, opened in parallel, is one refusal."""
+    make_run(ksquad_cluster, namespace, "r")
+    headers = {"Authorization": f"Bearer {reader(ksquad_cluster, namespace)}"}
+    most = STREAM_LIMITS.per_person
+    async with (
+        httpx.AsyncClient(base_url=api, timeout=30, headers=headers) as http,
+        contextlib.AsyncExitStack() as held,
+    ):
+
+        async def open_one() -> httpx.Response:
+            return await held.enter_async_context(http.stream("GET", f"/runs/{namespace}/r/events"))
+
+        answers = await asyncio.gather(*(open_one() for _ in range(most + 1)))
+        codes = sorted(a.status_code for a in answers)
+        assert codes == [200] * most + [429], codes
+        refused = next(a for a in answers if a.status_code == 429)
+        assert int(refused.headers["retry-after"]) > 0
+
+
+async def test_a_readers_streams_end_when_their_rolebinding_goes(
+    ksquad_cluster: ControlPlane, namespace: str, served: Api
+) -> None:
+    """A Run's and a work item's stream ask again, as the reader, whether they may read: the RoleBinding deleted,
+    both end with `end` {"reason": "forbidden"} within seconds, and a new one is refused."""
+    make_run(ksquad_cluster, namespace, "watched")
+    await served.store.create_item(namespace, "ITEM-1", title="watched", created_by="admin")
+    account = f"leaver-{uuid.uuid4().hex[:6]}"
+    token = reader(ksquad_cluster, namespace, account, ("runs", "workitems"))
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def ending(http: httpx.AsyncClient, url: str, opened: asyncio.Event) -> str:
+        async with http.stream("GET", url) as stream:
+            assert stream.status_code == 200, await stream.aread()
+            opened.set()
+            last_event = ""
+            async for line in stream.aiter_lines():
+                if line.startswith("event: "):
+                    last_event = line.removeprefix("event: ")
+                elif line.startswith("data: ") and last_event == "end":
+                    return line.removeprefix("data: ")
+        return "the stream closed without an end"
+
+    async with httpx.AsyncClient(base_url=served.url, timeout=60, headers=headers) as http:
+        opened = [asyncio.Event(), asyncio.Event()]
+        run_stream = asyncio.create_task(ending(http, f"/runs/{namespace}/watched/events", opened[0]))
+        item_stream = asyncio.create_task(ending(http, f"/items/{namespace}/ITEM-1/events", opened[1]))
+        await asyncio.wait_for(asyncio.gather(*(o.wait() for o in opened)), 30)
+        ksquad_cluster.kubectl("delete", "rolebinding", account, "-n", namespace)
+        ends = await asyncio.wait_for(asyncio.gather(run_stream, item_stream), 60)
+        assert list(ends) == ['{"reason": "forbidden"}'] * 2, ends
+        again = await http.get(f"/items/{namespace}/ITEM-1/events")
+        assert again.status_code == 403, again.text
+
+
+async def test_made_up_tokens_cost_the_api_server_a_bounded_number_of_reviews(
+    ksquad_cluster: ControlPlane, namespace: str, served: Api
+) -> None:
+    """10,000 requests with random bearer tokens: past a burst, each is refused 429 with Retry-After without a
+    TokenReview; a person signed in before the flood (from the same address) is still answered after it."""
+    make_run(ksquad_cluster, namespace, "r")
+    person = {"Authorization": f"Bearer {reader(ksquad_cluster, namespace)}"}
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+        signed_in = await http.get(f"/runs/{namespace}/r/artifacts/answer", headers=person)
+        assert signed_in.status_code == 404, signed_in.text
+    served.auth._users.clear()  # the person's review forgotten (as 10 s later): they are reviewed again
+    before = served.auth.reviews
+    started = asyncio.get_running_loop().time()
+    codes: list[int] = []
+    retry_after: set[str] = set()
+    async with httpx.AsyncClient(base_url=served.url, timeout=60) as http:
+
+        async def flood(n: int) -> None:
+            for _ in range(n):
+                made_up = {"Authorization": f"Bearer {uuid.uuid4().hex}{uuid.uuid4().hex}"}
+                answer = await http.get(f"/runs/{namespace}/r/artifacts/answer", headers=made_up)
+                codes.append(answer.status_code)
+                if answer.status_code == 429:
+                    retry_after.add(answer.headers.get("retry-after", ""))
+
+        await asyncio.gather(*(flood(1000) for _ in range(10)))
+        elapsed = asyncio.get_running_loop().time() - started
+        mine = await http.get(f"/runs/{namespace}/r/artifacts/answer", headers=person)
+    assert mine.status_code == 404, mine.text  # reviewed and allowed: the Run has no such artifact yet
+    assert len(codes) == 10_000 and set(codes) <= {401, 429}, set(codes)
+    reviews = served.auth.reviews - before - 1  # the person's own review, again
+    most = REFUSED_TOKENS.burst + REFUSED_TOKENS.total * elapsed
+    assert reviews <= most, f"{reviews} TokenReviews in {elapsed:.1f} s (the bound allows {most:.0f})"
+    assert codes.count(401) == reviews and codes.count(429) == 10_000 - reviews
+    assert "" not in retry_after and all(int(r) >= 1 for r in retry_after), retry_after
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "since=99999999999d",
+        "since=0001-01-01",
+        "until=9999-12-31T00:00:00",
+        f"since={'9' * 500}",
+        "since=-1d",
+    ],
+)
+async def test_an_absurd_usage_range_is_refused_naming_it(
+    ksquad_cluster: ControlPlane, namespace: str, api: str, query: str
+) -> None:
+    headers = {"Authorization": f"Bearer {reader(ksquad_cluster, namespace)}"}
+    async with httpx.AsyncClient(base_url=api, timeout=30, headers=headers) as http:
+        answer = await http.get(f"/usage?namespace={namespace}&{query}")
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"].startswith(query.split("=")[0] + ":"), answer.text

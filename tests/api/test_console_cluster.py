@@ -19,10 +19,10 @@ import httpx
 import pytest
 import yaml
 
-from api.cluster import CONSOLE_COOKIE, ApiSettings, cluster_api
+from api.cluster import CONSOLE_COOKIE, CONSOLE_LIMITS, ApiSettings, cluster_api
 from api.console.app import csrf_key_of, csrf_token
 from api.kubernetes_auth import KubernetesAuth
-from api.streams import MAX_STREAMS_PER_USER
+from api.streams import STREAM_LIMITS
 from kube import Config, Kube
 from store import Holder, PhaseRecord, Store
 from testbed.asgi import serving
@@ -317,10 +317,38 @@ async def test_a_persons_event_streams_are_counted_across_the_console_and_the_ap
         httpx.AsyncClient(base_url=api, timeout=30, headers=auth) as http,
         contextlib.AsyncExitStack() as streams,
     ):
-        for i in range(MAX_STREAMS_PER_USER):
+        for i in range(STREAM_LIMITS.per_person):
             opened = await streams.enter_async_context(http.stream("GET", api_url if i % 2 else console_url))
             assert opened.status_code == 200
         from_console = await http.get(console_url)
         assert from_console.status_code == 429 and "event streams open already" in from_console.text
         from_api = await http.get(api_url)
         assert from_api.status_code == 429, from_api.text
+
+
+async def test_one_persons_console_requests_do_not_make_another_wait(
+    ksquad_cluster: ControlPlane, namespace: str, api: str
+) -> None:
+    """Each person has their own share of the console's requests in flight: one person's many tabs refreshing
+    at once are refused past theirs (429, Retry-After), and another person is answered all the while."""
+    cluster = ksquad_cluster
+    _, busy = person(cluster, namespace, "get,list,watch", "get,list")
+    _, other = person(cluster, namespace, "get,list,watch", "get,list")
+    for i in range(5):
+        make_run(cluster, namespace, f"listed-{i}")
+    fragment = f"/console/runs.frag?namespace={namespace}"
+    async with (
+        httpx.AsyncClient(base_url=api, timeout=60, headers={"Authorization": f"Bearer {busy}"}) as tabs,
+        httpx.AsyncClient(base_url=api, timeout=60, headers={"Authorization": f"Bearer {other}"}) as mine,
+    ):
+        assert (
+            await tabs.get(fragment)
+        ).status_code == 200  # signed in, reviewed: what follows is the budget
+        flood = asyncio.gather(*(tabs.get(fragment) for _ in range(CONSOLE_LIMITS.per_person * 8)))
+        answers_of_other = [await mine.get(fragment) for _ in range(5)]
+        answers = await flood
+    codes = [a.status_code for a in answers]
+    assert set(codes) <= {200, 429} and 429 in codes and 200 in codes, sorted(set(codes))
+    refused = next(a for a in answers if a.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1 and "console requests" in refused.text
+    assert [a.status_code for a in answers_of_other] == [200] * 5, [a.text[:200] for a in answers_of_other]

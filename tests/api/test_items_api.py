@@ -270,3 +270,20 @@ async def test_a_token_altered_expired_or_made_with_another_key_is_refused(
         refused = await api.get("/items/payments/PAY-1", headers={"Authorization": token})
         assert refused.status_code == 401 and "not valid here" in refused.json()["error"], refused.text
     assert (await api.get("/items/payments/PAY-1/entries")).json()["entries"][-1]["kind"] == "created"
+
+
+async def test_a_reader_gets_an_items_newest_entries_a_page_at_a_time(api: httpx.AsyncClient) -> None:
+    """What people read first is the newest: `newest=K` answers the last K entries, in order, in one request, and
+    `before` pages back; a number out of range is refused naming it."""
+    assert (await api.post("/items/ns", json={"id": "LONG-1", "title": "long"})).status_code == 201
+    for i in range(30):
+        assert (await api.post("/items/ns/LONG-1/comments", json={"body": f"c{i}"})).status_code == 201
+    newest = (await api.get("/items/ns/LONG-1/entries?newest=5")).json()["entries"]
+    assert [e["body"] for e in newest] == ["c25", "c26", "c27", "c28", "c29"]
+    older = (await api.get(f"/items/ns/LONG-1/entries?newest=5&before={newest[0]['seq']}")).json()["entries"]
+    assert [e["body"] for e in older] == ["c20", "c21", "c22", "c23", "c24"]
+    for bad in ("0", "501", "-1", "x", "9" * 40):
+        refused = await api.get(f"/items/ns/LONG-1/entries?newest={bad}")
+        assert refused.status_code == 422 and refused.json()["error"].startswith("newest:"), refused.text
+    refused = await api.get("/items/ns/LONG-1/entries?before=99999999999999999999999")
+    assert refused.status_code == 422 and "before" in refused.json()["error"], refused.text

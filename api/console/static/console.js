@@ -3,21 +3,27 @@
 // fetched again) or text set with textContent.
 "use strict";
 
-// The runs table: fetched again every few seconds with the page's filters.
+// The runs table: fetched again every few seconds with the page's filters, while the page is in view (a tab in
+// the background asks nothing), and less often when the console says it is busy (429: its Retry-After).
 function refreshTables() {
   for (const box of document.querySelectorAll("[data-refresh]")) {
     const source = box.getAttribute("data-refresh");
     const again = async () => {
-      try {
-        const answer = await fetch(source, { credentials: "same-origin", headers: { Accept: "text/html" } });
-        if (answer.ok && !answer.redirected) {
-          box.innerHTML = await answer.text(); // the server's escaped rendering of the same table
-          showTimes(box);
+      let wait = 2000;
+      if (!document.hidden) {
+        try {
+          const answer = await fetch(source, { credentials: "same-origin", headers: { Accept: "text/html" } });
+          if (answer.ok && !answer.redirected) {
+            box.innerHTML = await answer.text(); // the server's escaped rendering of the same table
+            showTimes(box);
+          } else if (answer.status === 429) {
+            wait = 1000 * Math.max(2, Number(answer.headers.get("Retry-After")) || 5);
+          }
+        } catch (err) {
+          // the next look tries again
         }
-      } catch (err) {
-        // the next look tries again
       }
-      setTimeout(again, 2000);
+      setTimeout(again, wait);
     };
     setTimeout(again, 2000);
   }

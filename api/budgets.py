@@ -1,0 +1,178 @@
+"""What ksquad-api's callers share, bounded: every stream, poll and review one caller holds is counted per person,
+per namespace and in all, so no one tenant can take what the others need.
+
+A `Budget` counts what is held now (open event streams, console requests in flight): taking a slot checks the
+three bounds and counts it in one step (nothing awaits between: atomic in the event loop, so parallel opens
+cannot pass it together). A `Rate` bounds how often something is done (token reviews the API server refused, per
+client address and in all), as a token bucket. A refusal says which bound held and when to try again: the API
+answers 429 with `Retry-After`. Each budget's use and refusals are metrics (docs/operating.md, "Budgets").
+"""
+
+import contextlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge
+
+IN_USE = Gauge("ksquad_api_budget_in_use", "slots of a budget held now", ["budget"])
+REFUSED = Counter(
+    "ksquad_api_budget_refused", "requests a budget refused, by the bound that held", ["budget", "bound"]
+)
+
+
+class OverBudget(Exception):
+    """A bound held: the message names it; `retry_after` is when to try again, in whole seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class Limits:
+    per_person: int
+    per_namespace: int
+    total: int
+
+    @classmethod
+    def parse(cls, text: str, setting: str) -> "Limits":
+        """`per person,per namespace,total` (the chart's api.budgets values, as the environment has them)."""
+        try:
+            person, namespace, total = (int(n) for n in text.split(","))
+        except ValueError:
+            raise ValueError(
+                f"{setting} must be three whole numbers, per person,per namespace,total (got {text!r})"
+            ) from None
+        if min(person, namespace, total) < 1:
+            raise ValueError(f"{setting}: each bound must be at least 1 (got {text!r})")
+        return cls(person, namespace, total)
+
+
+class Budget:
+    """Slots held at once: per person, per namespace and in all (see the module)."""
+
+    def __init__(self, name: str, what: str, limits: Limits, retry_after: int = 5) -> None:
+        self.name = name
+        self.what = what  # how a refusal names a slot: "event streams"
+        self.limits = limits
+        self.retry_after = retry_after
+        self.people: dict[str, int] = {}
+        self.namespaces: dict[str, int] = {}
+        self.total = 0
+
+    def _refusal(self, person: str, namespace: str) -> OverBudget | None:
+        bounds = (
+            ("person", self.people.get(person, 0), self.limits.per_person, person),
+            (
+                "namespace",
+                self.namespaces.get(namespace, 0),
+                self.limits.per_namespace,
+                f"namespace {namespace}",
+            ),
+            ("total", self.total, self.limits.total, "ksquad-api"),
+        )
+        for bound, held, most, who in bounds:
+            if held >= most:
+                REFUSED.labels(self.name, bound).inc()
+                return OverBudget(
+                    f"{who} has {most} {self.what} open already (the most {'one person' if bound == 'person' else who}"
+                    f" may hold): close one, or try again in {self.retry_after} s",
+                    self.retry_after,
+                )
+        return None
+
+    def take(self, person: str, namespace: str) -> None:
+        """Hold a slot for `person` in `namespace`, or raise OverBudget. Call `give_back` with the same."""
+        refusal = self._refusal(person, namespace)
+        if refusal is not None:
+            raise refusal
+        self.people[person] = self.people.get(person, 0) + 1
+        self.namespaces[namespace] = self.namespaces.get(namespace, 0) + 1
+        self.total += 1
+        IN_USE.labels(self.name).set(self.total)
+
+    def give_back(self, person: str, namespace: str) -> None:
+        for counts, key in ((self.people, person), (self.namespaces, namespace)):
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+        self.total -= 1
+        IN_USE.labels(self.name).set(self.total)
+
+    @contextlib.contextmanager
+    def held(self, person: str, namespace: str) -> Iterator[None]:
+        self.take(person, namespace)
+        try:
+            yield
+        finally:
+            self.give_back(person, namespace)
+
+
+@dataclass(frozen=True)
+class RateLimits:
+    per_client: float  # a second, refilled
+    burst: int
+    total: float  # a second, every client together
+
+    @classmethod
+    def parse(cls, text: str, setting: str) -> "RateLimits":
+        """`per client a second,burst,total a second`."""
+        try:
+            client, burst, total = text.split(",")
+            limits = cls(float(client), int(burst), float(total))
+        except ValueError:
+            raise ValueError(
+                f"{setting} must be three numbers, per client a second,burst,total a second (got {text!r})"
+            ) from None
+        if min(limits.per_client, limits.burst, limits.total) <= 0:
+            raise ValueError(f"{setting}: each must be more than 0 (got {text!r})")
+        return limits
+
+
+class Rate:
+    """How often something costly may happen, per client (its address) and in all: token buckets, each full at
+    `burst` and refilled at its rate. `check` before the costly thing refuses when a bucket is empty; `spend`
+    after it counts it. Clients are remembered up to `clients` (the least recently seen forgotten first: a
+    forgotten client starts full, so the bound in all is what holds a client that rotates addresses)."""
+
+    def __init__(self, name: str, what: str, limits: RateLimits, clients: int = 4096) -> None:
+        self.name, self.what, self.limits, self.clients = name, what, limits, clients
+        self._total_burst = max(float(limits.burst), limits.total)
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._total = (self._total_burst, time.monotonic())
+
+    @staticmethod
+    def _level(bucket: tuple[float, float], rate: float, most: float, now: float) -> float:
+        level, at = bucket
+        return min(most, level + (now - at) * rate)
+
+    def _levels(self, client: str, now: float) -> tuple[float, float]:
+        full = (float(self.limits.burst), now)
+        mine = self._level(self._buckets.get(client, full), self.limits.per_client, self.limits.burst, now)
+        total = self._level(self._total, self.limits.total, self._total_burst, now)
+        return mine, total
+
+    def check(self, client: str) -> None:
+        """Raise OverBudget when `client`'s bucket or the total's is empty."""
+        mine, total = self._levels(client, time.monotonic())
+        for bound, have, rate in (
+            ("client", mine, self.limits.per_client),
+            ("total", total, self.limits.total),
+        ):
+            if have < 1:
+                REFUSED.labels(self.name, bound).inc()
+                wait = max(1, math.ceil((1 - have) / rate))
+                who = f"client {client}" if bound == "client" else "all clients"
+                raise OverBudget(f"too many {self.what} from {who}: try again in {wait} s", wait)
+
+    def spend(self, client: str) -> None:
+        now = time.monotonic()
+        mine, total = self._levels(client, now)
+        self._buckets.pop(client, None)
+        self._buckets[client] = (max(0.0, mine - 1), now)
+        self._total = (max(0.0, total - 1), now)
+        while len(self._buckets) > self.clients:
+            self._buckets.popitem(last=False)
