@@ -189,10 +189,10 @@ def item_routes(store: Store, authorize: Authorize, streams: Budget | None = Non
 
     async def list_items(request: Request, _writer: Writer) -> Response:
         query = request.query_params
-        try:
-            limit = int(query.get("limit", "100"))
-        except ValueError:
-            return error(422, f"limit must be a number (got {query.get('limit')!r})")
+        text = query.get("limit", "100")
+        if not (text.isdigit() and 1 <= int(text) <= MAX_PAGE):
+            return error(422, f"limit: a number of items from 1 to {MAX_PAGE} (got {text[:40]!r})")
+        limit = int(text)
         items = await store.items(
             request.path_params["namespace"],
             state=query.get("state"),

@@ -122,7 +122,7 @@ class WorkItems(StoreBase):
         if state is not None:
             query = query.where(work_items.c.state == state)
         async with self.engine.connect() as c:
-            rows = await c.execute(query.order_by(work_items.c.item_id).limit(min(limit, MAX_PAGE)))
+            rows = await c.execute(query.order_by(work_items.c.item_id).limit(max(1, min(limit, MAX_PAGE))))
             return [_item(r) for r in rows]
 
     async def comment(

@@ -113,7 +113,7 @@ async def test_people_create_comment_and_close_items_as_themselves(api: httpx.As
         ),
         ("GET", "/items/payments/NOPE", None, 404, "no work item NOPE"),
         ("GET", "/items/payments/PAY-1/events?after=-1", None, 422, "Last-Event-ID must be an event number"),
-        ("GET", "/items/payments?limit=many", None, 422, "limit must be a number"),
+        ("GET", "/items/payments?limit=many", None, 422, "limit: a number of items from 1 to 500"),
     ],
 )
 async def test_a_bad_request_is_refused_with_its_reason_and_writes_nothing(
@@ -287,3 +287,10 @@ async def test_a_reader_gets_an_items_newest_entries_a_page_at_a_time(api: httpx
         assert refused.status_code == 422 and refused.json()["error"].startswith("newest:"), refused.text
     refused = await api.get("/items/ns/LONG-1/entries?before=99999999999999999999999")
     assert refused.status_code == 422 and "before" in refused.json()["error"], refused.text
+
+
+@pytest.mark.parametrize("limit", ["0", "-5", "501", "x", "9" * 400])
+async def test_a_list_page_out_of_range_is_refused_naming_it(api: httpx.AsyncClient, limit: str) -> None:
+    """A page is 1 to 500 items: a negative one is no "everything" (SQLite reads LIMIT -5 as no limit)."""
+    refused = await api.get(f"/items/ns?limit={limit}")
+    assert refused.status_code == 422 and refused.json()["error"].startswith("limit:"), refused.text
