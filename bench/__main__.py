@@ -62,6 +62,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "paused": ([], ["--runs", "500"]),
     "paused@production": (["--temporal", "production"], ["--runs", "500", "--temporal", "production"]),
     "fairness": ([], ["--burst", "200", "--heavy", "120", "--light", "60", "--weights-rate", "1.5"]),
+    "noisy": ([], ["--seconds", "15", "--decoys", "1000"]),
 }
 
 
@@ -384,6 +385,28 @@ ROWS: list[Row] = [
         "",
         None,
     ),
+    (
+        "noisy",
+        "B's run latency p99 flooded / alone",
+        lambda d: d.get("b_p99_flooded_over_alone"),
+        "<= 1.2",
+        lambda v: v <= 1.2,
+    ),
+    (
+        "noisy",
+        "B's status lag p99 alone / flooded (ms)",
+        lambda d: (dig(d, "b_alone", "status_lag", "p99_ms"), dig(d, "b_flooded", "status_lag", "p99_ms")),
+        "",
+        None,
+    ),
+    (
+        "noisy",
+        "worker's pod copy RSS change under decoys",
+        lambda d: d.get("pod_copy_rss_change"),
+        "<= 0.1",
+        lambda v: abs(v) <= 0.1,
+    ),
+    ("noisy", "ksquad-api RSS flooded (MB)", lambda d: dig(d, "api_flooded", "rss_mb"), "", None),
 ]
 
 
