@@ -12,6 +12,7 @@ run), their means and the change from baseline.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,15 @@ FIGURES = [
 
 
 def run_in(tree: Path, benchmark: str, arguments: list[str]) -> dict[str, Any]:
+    # The tree's own packages first: the virtualenv's editable install points at this checkout's (crd-bridge's
+    # too, which is no top-level directory and so is not found through the working directory alone).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "crd-bridge")])}
     done = subprocess.run(
-        [sys.executable, "-m", f"bench.{benchmark}", *arguments], cwd=tree, capture_output=True, text=True
+        [sys.executable, "-m", f"bench.{benchmark}", *arguments],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     if done.returncode != 0:
         raise RuntimeError(f"bench.{benchmark} in {tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
