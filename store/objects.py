@@ -138,18 +138,26 @@ class ObjectStore:
     async def record_run_chain(self, namespace: str, name: str, uid: str, chain: str) -> str | None:
         """Record which execution of the Run's workflow is its own (`status.workflow.firstRunId`), unless one is
         recorded already; returns the one recorded (None: no such Run)."""
-        async with self.store.transaction() as c:
-            key = (objects.c.kind == "Run") & (objects.c.namespace == namespace) & (objects.c.name == name)
-            row = (await c.execute(sa.select(objects).where(key, objects.c.uid == uid))).first()
-            if row is None:
-                return None
-            status = dict(row.status or {})
-            workflow = dict(status.get("workflow") or {})
-            if workflow.get("firstRunId"):
-                return str(workflow["firstRunId"])
-            status["workflow"] = {**workflow, "id": f"{namespace}/{name}", "firstRunId": chain}
-            await c.execute(sa.update(objects).where(key, objects.c.uid == uid).values(status=status))
-            return chain
+        key = (objects.c.kind == "Run") & (objects.c.namespace == namespace) & (objects.c.name == name)
+        while True:
+            async with self.store.transaction() as c:
+                row = (await c.execute(sa.select(objects).where(key, objects.c.uid == uid))).first()
+                if row is None:
+                    return None
+                status = dict(row.status or {})
+                workflow = dict(status.get("workflow") or {})
+                if workflow.get("firstRunId"):
+                    return str(workflow["firstRunId"])
+                status["workflow"] = {**workflow, "id": f"{namespace}/{name}", "firstRunId": chain}
+                # Only over the status just read: a status written meanwhile (every write raises the revision) is
+                # never replaced by this older one; read again, and record on top of it.
+                written = await c.execute(
+                    sa.update(objects)
+                    .where(key, objects.c.uid == uid, objects.c.revision == row.revision)
+                    .values(status=status)
+                )
+                if written.rowcount:
+                    return chain
 
     @unavailable
     async def write_run_status(
