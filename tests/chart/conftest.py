@@ -127,6 +127,17 @@ def diagnose(cluster: ControlPlane) -> str:
     return "\n".join(parts)
 
 
+def grant(
+    release: Release, account: str, name: str, verbs: str = "", resource: str = "", clusterrole: str = ""
+) -> None:
+    """Bind the Run namespace's ServiceAccount `account` to a new Role `name` (`verbs` on `resource`), or, given
+    `clusterrole`, to that ClusterRole there."""
+    if not clusterrole:
+        release.kubectl("-n", NS, "create", "role", name, f"--verb={verbs}", f"--resource={resource}")
+    bound = f"--clusterrole={clusterrole}" if clusterrole else f"--role={name}"
+    release.kubectl("-n", NS, "create", "rolebinding", name, bound, f"--serviceaccount={NS}:{account}")
+
+
 async def wait_for(
     what: str, probe: Callable[[], T | None], timeout: float = 120, interval: float = 0.5
 ) -> T:

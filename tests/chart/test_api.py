@@ -30,7 +30,7 @@ from temporalio.api.common.v1 import Payloads
 
 from dev.devserver import DevServer
 from testbed.agents import MODEL_KEY, ModelEndpoint
-from tests.chart.conftest import API_URL, HOME, NS, Release, phase_of, ui_origin, wait_for
+from tests.chart.conftest import API_URL, HOME, NS, Release, grant, phase_of, ui_origin, wait_for
 from tests.support.browser import UI_WAIT_MS, PageLog, chromium, wait_for_text
 from tests.support.dev import ksquad
 
@@ -82,28 +82,8 @@ def account(release: Release, name: str, can_get_runs: bool) -> tuple[str, Path]
     """A ServiceAccount of the Run namespace standing for a user: its token, and a kubeconfig with it."""
     release.kubectl("-n", NS, "create", "serviceaccount", name)
     if can_get_runs:
-        release.kubectl(
-            "-n", NS, "create", "role", f"{name}-runs", "--verb=get,list", "--resource=runs.ksquad.io"
-        )
-        release.kubectl(
-            "-n",
-            NS,
-            "create",
-            "rolebinding",
-            f"{name}-runs",
-            f"--role={name}-runs",
-            f"--serviceaccount={NS}:{name}",
-        )
-        release.kubectl("-n", NS, "create", "role", f"{name}-cm", "--verb=get", "--resource=configmaps")
-        release.kubectl(
-            "-n",
-            NS,
-            "create",
-            "rolebinding",
-            f"{name}-cm",
-            f"--role={name}-cm",
-            f"--serviceaccount={NS}:{name}",
-        )
+        grant(release, name, f"{name}-runs", "get,list", "runs.ksquad.io")
+        grant(release, name, f"{name}-cm", "get", "configmaps")
     token = release.kubectl("-n", NS, "create", "token", name, "--duration=1h").stdout.strip()
     return token, release.cluster.token_kubeconfig(f"api-{name}", token, NS)
 

@@ -17,7 +17,7 @@ import httpx
 from agent.callers import ItemAccess, item_token, read_key
 from store import work_item_key
 from testbed.agents import ModelEndpoint
-from tests.chart.conftest import API_URL, HOME, NS, RELEASE, Release, phase_of
+from tests.chart.conftest import API_URL, HOME, NS, RELEASE, Release, grant, phase_of
 from tests.chart.test_api import MODEL, account, squad, start_run
 from tests.support.dev import ksquad
 
@@ -28,15 +28,7 @@ def editor(release: Release, name: str) -> tuple[str, Path]:
     """A ServiceAccount of the Run namespace bound to Kubernetes' `edit` there, as a team member is: its token and
     a kubeconfig with it. Work items come with `edit` (the chart's aggregated ClusterRoles)."""
     release.kubectl("-n", NS, "create", "serviceaccount", name)
-    release.kubectl(
-        "-n",
-        NS,
-        "create",
-        "rolebinding",
-        f"{name}-edit",
-        "--clusterrole=edit",
-        f"--serviceaccount={NS}:{name}",
-    )
+    grant(release, name, f"{name}-edit", clusterrole="edit")
     token = release.kubectl("-n", NS, "create", "token", name, "--duration=1h").stdout.strip()
     return token, release.cluster.token_kubeconfig(f"items-{name}", token, NS)
 

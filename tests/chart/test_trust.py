@@ -33,7 +33,7 @@ from dev.binaries import find_binary
 from kube import Config, Kube
 from testbed.agents import ModelEndpoint
 from testbed.chart import render
-from tests.chart.conftest import API_URL, HOME, NS, RELEASE, Release, phase_of, wait_for
+from tests.chart.conftest import API_URL, HOME, NS, RELEASE, Release, grant, phase_of, wait_for
 from tests.chart.test_api import MODEL, squad, start_run
 from tests.support.dev import ksquad
 from workflows.activity_types import WORKER_TASK_QUEUE
@@ -48,56 +48,19 @@ def member(release: Release, name: str, item_rights: bool = True) -> Path:
     """A person of the Run namespace: Kubernetes' `edit` there (pods, Jobs, ReplicaSets, ConfigMaps, and work
     items) and Runs; without `item_rights`, Runs only (they may start Runs, not change work items)."""
     release.kubectl("-n", NS, "create", "serviceaccount", name)
-    release.kubectl(
-        "-n",
-        NS,
-        "create",
-        "role",
-        f"{name}-runs",
-        "--verb=get,list,watch,create,patch",
-        "--resource=runs.ksquad.io",
-    )
-    release.kubectl(
-        "-n",
-        NS,
-        "create",
-        "rolebinding",
-        f"{name}-runs",
-        f"--role={name}-runs",
-        f"--serviceaccount={NS}:{name}",
-    )
+    grant(release, name, f"{name}-runs", "get,list,watch,create,patch", "runs.ksquad.io")
     if item_rights:
-        release.kubectl(
-            "-n",
-            NS,
-            "create",
-            "rolebinding",
-            f"{name}-edit",
-            "--clusterrole=edit",
-            f"--serviceaccount={NS}:{name}",
-        )
+        grant(release, name, f"{name}-edit", clusterrole="edit")
         # `kubectl debug`, as clusters give their developers (`edit` has no pods/ephemeralcontainers): RBAC would
         # let them, so what refuses it must be ksquad's admission policy.
-        release.kubectl(
-            "-n",
-            NS,
-            "create",
-            "role",
-            f"{name}-debug",
-            "--verb=patch,update",
-            "--resource=pods/ephemeralcontainers",
-        )
-        release.kubectl(
-            "-n",
-            NS,
-            "create",
-            "rolebinding",
-            f"{name}-debug",
-            f"--role={name}-debug",
-            f"--serviceaccount={NS}:{name}",
-        )
+        grant(release, name, f"{name}-debug", "patch,update", "pods/ephemeralcontainers")
     token = release.kubectl("-n", NS, "create", "token", name, "--duration=1h").stdout.strip()
     return release.cluster.token_kubeconfig(f"trust-{name}", token, NS)
+
+
+async def items_cli(tmp_path: Path, kubeconfig: Path, *args: str) -> Any:
+    """`ksquad items ...` as the user of `kubeconfig`, against the release's ksquad-api."""
+    return await ksquad(tmp_path, "items", *args, "--kubeconfig", str(kubeconfig), "--api", API_URL)
 
 
 def as_user(
@@ -367,20 +330,7 @@ async def test_a_run_claims_an_item_only_if_its_creator_may_update_it(
     model.script(MODEL, {"text": "should not run"})
     squad(release, model)
     owner = member(release, "item-owner")
-    made = await ksquad(
-        tmp_path,
-        "items",
-        "create",
-        "LOCKED-1",
-        "--title",
-        "someone's item",
-        "-n",
-        NS,
-        "--kubeconfig",
-        str(owner),
-        "--api",
-        API_URL,
-    )
+    made = await items_cli(tmp_path, owner, "create", "LOCKED-1", "--title", "someone's item", "-n", NS)
     assert made.code == 0, made.err
     outsider = member(release, "runs-only", item_rights=False)
     run = {
@@ -395,20 +345,7 @@ async def test_a_run_claims_an_item_only_if_its_creator_may_update_it(
     assert (status["phase"], status["reason"]) == ("Failed", "InvalidReferences"), status
     assert "may not update work item" in status["message"] and "LOCKED-1" in status["message"], status
     assert not [j for j in release.get("jobs", "-n", NS)["items"] if "takes-locked" in j["metadata"]["name"]]
-    shown = await ksquad(
-        tmp_path,
-        "items",
-        "get",
-        "LOCKED-1",
-        "-o",
-        "json",
-        "-n",
-        NS,
-        "--kubeconfig",
-        str(owner),
-        "--api",
-        API_URL,
-    )
+    shown = await items_cli(tmp_path, owner, "get", "LOCKED-1", "-o", "json", "-n", NS)
     entries = json.loads(shown.out)["entries"]
     assert [e["kind"] for e in entries] == ["created"], "the item was not touched"
 
@@ -417,20 +354,7 @@ async def test_a_viewer_reads_no_answer(release: Release, model: ModelEndpoint, 
     model.script(MODEL, {"text": "THE-ANSWER-7f3"})
     squad(release, model)
     owner = member(release, "answer-owner")
-    made = await ksquad(
-        tmp_path,
-        "items",
-        "create",
-        "ANSWERED-1",
-        "--title",
-        "a question",
-        "-n",
-        NS,
-        "--kubeconfig",
-        str(owner),
-        "--api",
-        API_URL,
-    )
+    made = await items_cli(tmp_path, owner, "create", "ANSWERED-1", "--title", "a question", "-n", NS)
     assert made.code == 0, made.err
     start_run(release, "answered", "answer", workItemRef="ANSWERED-1")
     done = (await phase_of(release, "answered", {"Succeeded", "Failed"}, timeout=300))["status"]
@@ -459,20 +383,7 @@ async def test_a_viewer_reads_no_answer(release: Release, model: ModelEndpoint, 
         API_URL,
     )
     assert read.code != 0 and "THE-ANSWER-7f3" not in read.out, read.out
-    item = await ksquad(
-        tmp_path,
-        "items",
-        "get",
-        "ANSWERED-1",
-        "-o",
-        "json",
-        "-n",
-        NS,
-        "--kubeconfig",
-        str(viewer),
-        "--api",
-        API_URL,
-    )
+    item = await items_cli(tmp_path, viewer, "get", "ANSWERED-1", "-o", "json", "-n", NS)
     assert item.code == 0, (
         item.err
     )  # view reads work items: their record says the Run finished, not what it said
