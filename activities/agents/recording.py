@@ -26,6 +26,9 @@ OTHER_MODEL = "other"  # the metrics' model label for a reported model the contr
 MAX_TOKENS_PER_CALL = 1 << 32  # a report above it is not a call's usage: dropped, with a warning
 MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses
 MAX_ARTIFACTS = 64  # per attempt: they are listed in the Run's status, which must stay small
+# Distinct model calls one turn may report: a row each in the store, so an agent that reports a new call id in
+# every update would otherwise fill the usage table. Forty times what the reference agent can make (MAX_STEPS).
+MAX_MODEL_CALLS = 1_000
 
 
 class Recorder:
@@ -47,6 +50,7 @@ class Recorder:
         self.credentials = credentials or {}  # each model of the contract -> the credential it gives it
         self.token_budget_left = token_budget_left  # what the Run may still use (None: no budget)
         self.tokens_this_turn = 0
+        self.calls_this_turn: set[str] = set()  # the call ids reported in this turn, each recorded once
         ref = identity.work_item_ref
         self.item_key = (
             None if ref is None else work_item_key(identity.namespace, ref)
@@ -85,6 +89,16 @@ class Recorder:
             log.warning("%s: usage report not understood, dropped: %.200r", self.holder.run, report)
             return
         call_id, model, tokens_in, tokens_out, latency_ms = call
+        if call_id in self.calls_this_turn:
+            return  # reported again: recorded already (the store would refuse it too; no round trip for it)
+        if len(self.calls_this_turn) >= MAX_MODEL_CALLS:
+            message = f"more than {MAX_MODEL_CALLS} model calls reported in one turn (the next was {call_id})"
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                message,
+                FailureDetails(message=message, task_id=self.progress.task_id),
+            )
+        self.calls_this_turn.add(call_id)
         identity, holder = self.identity, self.holder
         credential = self.credentials.get(model, "")
         recorded = await self._fenced(

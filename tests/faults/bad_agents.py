@@ -21,12 +21,21 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from activities.agents import OUTPUTS_ARTIFACT
+from activities.agents.recording import MAX_MODEL_CALLS, USAGE_KEY
 from agent.server import agent_card
 from testbed.asgi import serving
 
 TEN_MB = 10 * 1024 * 1024
 FLOOD_UPDATES = 5_000  # the a2a-sdk server copies the task per update (quadratic): more only slows the agent
 MANY_ARTIFACTS = 1_000
+SAME_CALL_REPORTS = 1_000  # one call's usage, reported again and again
+MANY_CALLS = MAX_MODEL_CALLS + 1  # a new call id in every report, one past the bound
+
+
+def usage_report(call_id: str) -> dict[str, dict[str, object]]:
+    """A status update's metadata saying one model call cost 100 tokens in and 10 out (agent.executor's shape)."""
+    report = {"callId": call_id, "model": "scripted", "inputTokens": 100, "outputTokens": 10, "latencyMs": 1}
+    return {USAGE_KEY: report}
 
 
 @dataclass
@@ -75,6 +84,17 @@ class Misbehaving(AgentExecutor):
             for i in range(MANY_ARTIFACTS):
                 await updater.add_artifact([new_text_part(f"part {i}")], name=f"part-{i}")
             await self._complete(updater, "a thousand artifacts")
+        elif self.behaviour in ("same-call", "many-calls"):  # usage reports: one call 1,000 times, or many
+            count = SAME_CALL_REPORTS if self.behaviour == "same-call" else MANY_CALLS
+            for i in range(count):
+                call_id = "1" if self.behaviour == "same-call" else str(i)
+                await updater.update_status(
+                    TaskState.TASK_STATE_WORKING,
+                    updater.new_agent_message([new_text_part(f"call {call_id}")]),
+                    metadata=usage_report(call_id),
+                )
+                self.seen.sent_updates += 1
+            await self._complete(updater, f"{count} usage reports")
         else:
             raise AssertionError(f"unknown behaviour {self.behaviour}")
 
@@ -88,7 +108,15 @@ class Misbehaving(AgentExecutor):
             await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
 
 
-A2A_BEHAVIOURS = ["hang", "flood", "huge-artifact", "huge-answer", "many-artifacts"]
+A2A_BEHAVIOURS = [
+    "hang",
+    "flood",
+    "huge-artifact",
+    "huge-answer",
+    "many-artifacts",
+    "same-call",
+    "many-calls",
+]
 
 # Endpoints with a valid agent card whose JSON-RPC endpoint answers with something that is not JSON-RPC.
 NOT_JSON_RPC: dict[str, Response] = {

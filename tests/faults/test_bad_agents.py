@@ -1,5 +1,5 @@
-"""Agents that hang, flood progress, answer with 10 MB, send a thousand artifacts or do not speak JSON-RPC at
-all, each behind a Run on the embedded stack: every run ends with a phase and a reason that says what the agent
+"""Agents that hang, flood progress, answer with 10 MB, send a thousand artifacts, report one model call a
+thousand times or more calls than a turn may make, or do not speak JSON-RPC at all, each behind a Run on the embedded stack: every run ends with a phase and a reason that says what the agent
 did wrong, within its bounds; none hangs, none takes the worker down, nothing huge lands in a status."""
 
 import json
@@ -8,9 +8,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from activities.agents.recording import MAX_ARTIFACTS
+from activities.agents.recording import MAX_ARTIFACTS, MAX_MODEL_CALLS
 from testbed.embedded import MODEL, NAMESPACE, bench_stack, wait_terminal
-from tests.faults.bad_agents import A2A_BEHAVIOURS, FLOOD_UPDATES, NOT_JSON_RPC, bad_agents
+from tests.faults.bad_agents import (
+    A2A_BEHAVIOURS,
+    FLOOD_UPDATES,
+    MANY_CALLS,
+    NOT_JSON_RPC,
+    SAME_CALL_REPORTS,
+    bad_agents,
+)
 
 HANG_SECONDS = 8  # the hanging agent's bound (timeouts.runSeconds)
 
@@ -21,6 +28,8 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "huge-artifact": ("Failed", "InvalidAgentResponse"),
     "huge-answer": ("Succeeded", "Succeeded"),
     "many-artifacts": ("Failed", "InvalidAgentResponse"),
+    "same-call": ("Succeeded", "Succeeded"),
+    "many-calls": ("Failed", "InvalidAgentResponse"),
     **{b: ("Failed", "InvalidAgentResponse") for b in NOT_JSON_RPC},
     # A JSON-RPC internal error answering the message itself: the agent failed the task ("the agent crashed:
     # internal kaboom"). Before the first try stopped looking for an earlier task, the lookup got that error
@@ -68,6 +77,10 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
             for b in behaviours
         }
         on_items = {b: await dev.store.item_events(NAMESPACE, f"item-{b}") for b in behaviours}
+        usage = {
+            b: await dev.store.run_usage((await dev.runs.get(NAMESPACE, f"r-{b}")).uid)
+            for b in ("same-call", "many-calls")
+        }
 
     got = {b: (s.get("phase"), s.get("reason")) for b, s in statuses.items()}
     assert got == EXPECTED, (
@@ -90,6 +103,15 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
     assert agents.seen["flood"].sent_updates == FLOOD_UPDATES
     flood_events = [e for e in events["flood"] if e.kind == "status"]
     assert len(flood_events) < 200, f"{len(flood_events)} progress events stored for {FLOOD_UPDATES} updates"
+    # One call reported 1,000 times is one call, charged once; a turn reporting a new call id past the bound
+    # ends there, its recorded calls kept (they were made) and no row past the bound.
+    assert agents.seen["same-call"].sent_updates == SAME_CALL_REPORTS
+    same = usage["same-call"]
+    assert (same.calls, same.input_tokens, same.output_tokens) == (1, 100, 10), same
+    assert statuses["same-call"]["usage"]["calls"] == 1, statuses["same-call"].get("usage")
+    assert agents.seen["many-calls"].sent_updates == MANY_CALLS
+    assert usage["many-calls"].calls == MAX_MODEL_CALLS, usage["many-calls"]
+    assert f"more than {MAX_MODEL_CALLS} model calls" in statuses["many-calls"]["message"]
     print(f"the misbehaving agents were dealt with in {took:.0f}s")
     fault_counts["bad_agents.behaviours"] += len(behaviours)
     fault_counts["bad_agents.flood_updates"] += FLOOD_UPDATES
