@@ -131,48 +131,85 @@ class RateLimits:
             raise ValueError(f"{setting}: each must be more than 0 (got {text!r})")
         return limits
 
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        return {"client": (self.per_client, self.burst), "total": (self.total, max(self.burst, self.total))}
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Requests a second: per person, per namespace, in all; each may burst to BURST_SECONDS' worth."""
+
+    per_person: float
+    per_namespace: float
+    total: float
+
+    BURST_SECONDS = 3
+
+    @classmethod
+    def parse(cls, text: str, setting: str) -> "RequestLimits":
+        """`per person,per namespace,total`, each a second."""
+        try:
+            limits = cls(*(float(n) for n in text.split(",")))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{setting} must be three numbers a second, per person,per namespace,total (got {text!r})"
+            ) from None
+        if min(limits.per_person, limits.per_namespace, limits.total) <= 0:
+            raise ValueError(f"{setting}: each must be more than 0 (got {text!r})")
+        return limits
+
+    def bounds(self) -> dict[str, tuple[float, float]]:
+        return {
+            bound: (rate, rate * self.BURST_SECONDS)
+            for bound, rate in (
+                ("person", self.per_person),
+                ("namespace", self.per_namespace),
+                ("total", self.total),
+            )
+        }
+
 
 class Rate:
-    """How often something costly may happen, per client (its address) and in all: token buckets, each full at
-    `burst` and refilled at its rate. `check` before the costly thing refuses when a bucket is empty; `spend`
-    after it counts it. Clients are remembered up to `clients` (the least recently seen forgotten first: a
-    forgotten client starts full, so the bound in all is what holds a client that rotates addresses)."""
+    """How often something may happen, bounded per key of each bound (a client address, a person, a namespace)
+    and in all: token buckets, each full at its burst and refilled at its rate a second. `check` refuses when a
+    bucket is empty; `spend` counts one; `take` does both (nothing awaits between: atomic in the event loop).
+    Keys are remembered up to `keys` a bound (the least recently seen forgotten first: a forgotten key starts
+    full, so the bound in all is what holds a caller that rotates keys)."""
 
-    def __init__(self, name: str, what: str, limits: RateLimits, clients: int = 4096) -> None:
-        self.name, self.what, self.limits, self.clients = name, what, limits, clients
-        self._total_burst = max(float(limits.burst), limits.total)
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        self._total = (self._total_burst, time.monotonic())
+    def __init__(
+        self, name: str, what: str, bounds: dict[str, tuple[float, float]], keys: int = 4096
+    ) -> None:
+        self.name, self.what, self.bounds, self.keys = name, what, bounds, keys
+        self._buckets: dict[str, OrderedDict[str, tuple[float, float]]] = {b: OrderedDict() for b in bounds}
 
-    @staticmethod
-    def _level(bucket: tuple[float, float], rate: float, most: float, now: float) -> float:
-        level, at = bucket
-        return min(most, level + (now - at) * rate)
+    def _levels(self, keys: dict[str, str], now: float) -> dict[str, float]:
+        levels = {}
+        for bound, (rate, burst) in self.bounds.items():
+            level, at = self._buckets[bound].get(keys.get(bound, ""), (burst, now))
+            levels[bound] = min(burst, level + (now - at) * rate)
+        return levels
 
-    def _levels(self, client: str, now: float) -> tuple[float, float]:
-        full = (float(self.limits.burst), now)
-        mine = self._level(self._buckets.get(client, full), self.limits.per_client, self.limits.burst, now)
-        total = self._level(self._total, self.limits.total, self._total_burst, now)
-        return mine, total
-
-    def check(self, client: str) -> None:
-        """Raise OverBudget when `client`'s bucket or the total's is empty."""
-        mine, total = self._levels(client, time.monotonic())
-        for bound, have, rate in (
-            ("client", mine, self.limits.per_client),
-            ("total", total, self.limits.total),
-        ):
+    def check(self, **keys: str) -> None:
+        """Raise OverBudget when a bucket of these keys (`client=`, `person=`, `namespace=`) is empty."""
+        for bound, have in self._levels(keys, time.monotonic()).items():
             if have < 1:
                 REFUSED.labels(self.name, bound).inc()
-                wait = max(1, math.ceil((1 - have) / rate))
-                who = f"client {client}" if bound == "client" else "all clients"
+                wait = max(1, math.ceil((1 - have) / self.bounds[bound][0]))
+                key = keys.get(bound, "")
+                who = {"client": f"client {key}", "namespace": f"namespace {key}", "person": key}.get(
+                    bound, "all callers"
+                )
                 raise OverBudget(f"too many {self.what} from {who}: try again in {wait} s", wait)
 
-    def spend(self, client: str) -> None:
+    def spend(self, **keys: str) -> None:
         now = time.monotonic()
-        mine, total = self._levels(client, now)
-        self._buckets.pop(client, None)
-        self._buckets[client] = (max(0.0, mine - 1), now)
-        self._total = (max(0.0, total - 1), now)
-        while len(self._buckets) > self.clients:
-            self._buckets.popitem(last=False)
+        for bound, level in self._levels(keys, now).items():
+            buckets, key = self._buckets[bound], keys.get(bound, "")
+            buckets.pop(key, None)
+            buckets[key] = (max(0.0, level - 1), now)
+            while len(buckets) > self.keys:
+                buckets.popitem(last=False)
+
+    def take(self, **keys: str) -> None:
+        self.check(**keys)
+        self.spend(**keys)

@@ -26,8 +26,8 @@ Who may call what:
 - the console: the person's own token, from an authenticating proxy (`Authorization: Bearer`) or the token
   sign-in's sealed cookie; the API server answers its Run reads and writes as that person (api/console/cluster.py).
 Answers: 401 without credentials (or with ones the API server refuses), 403 when RBAC says no, 404 for a Run
-that does not exist, 429 with Retry-After past a budget (api/budgets.py: streams, console requests, refused
-tokens), 503 when the store or the API server does not answer. Health and metrics are on their own
+that does not exist, 429 with Retry-After past a budget (api/budgets.py: requests a second, streams, console
+requests in flight, refused tokens), 503 when the store or the API server does not answer. Health and metrics are on their own
 port (`KSQUAD_HEALTH_PORT`): /healthz, /readyz (the store and the API server), /metrics.
 
 Settings, from the environment (the chart sets them):
@@ -47,6 +47,7 @@ Settings, from the environment (the chart sets them):
   KSQUAD_API_STREAMS           event streams open at once: per person,per namespace,total (default 32,256,1024)
   KSQUAD_API_CONSOLE_REQUESTS  console requests in flight: per person,per namespace,total (default 8,64,128)
   KSQUAD_API_REFUSED_TOKENS    refused tokens reviewed: per client a second,burst,total a second (default 2,20,20)
+  KSQUAD_API_REQUESTS          requests a second: per person,per namespace,total (default 20,100,400; bursts of 3 s)
   KUBECONFIG                   the cluster (default: the pod's service account)
 """
 
@@ -72,7 +73,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 
 from agent.callers import ITEM_KEY_ENV, read_key
-from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits
+from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits, RequestLimits
 from api.codec import codec_app
 from api.console import pages
 from api.console.app import SECURITY_HEADERS, Session, console_routes, csrf_key_of, form_of, same_origin
@@ -110,6 +111,10 @@ CONSOLE_LIMITS = Limits(per_person=8, per_namespace=64, total=128)
 # Tokens the API server refused, reviewed: a flood of made-up tokens from one client stops at its bucket, from
 # many at the total, so it never becomes a flood of TokenReviews.
 REFUSED_TOKENS = RateLimits(per_client=2, burst=20, total=20)
+# Requests a second, once the caller is known (a person, or an attempt by its item token): a console left open in
+# many tabs, a script that polls in a loop, are answered 429 past their share, before they cost a store query or an
+# API server call, so what one tenant sends cannot slow another's. A console tab polls every 2 s.
+REQUEST_RATE = RequestLimits(per_person=20, per_namespace=100, total=400)
 
 
 @dataclass
@@ -132,6 +137,7 @@ class ApiSettings:
     stream_limits: Limits = STREAM_LIMITS
     console_limits: Limits = CONSOLE_LIMITS
     refused_tokens: RateLimits = REFUSED_TOKENS
+    requests: RequestLimits = REQUEST_RATE
 
     @classmethod
     def from_env(cls) -> "ApiSettings":
@@ -162,12 +168,14 @@ class ApiSettings:
 
 
 def budgets_from_env(env: Any) -> dict[str, Any]:
-    """The chart's api.budgets, from KSQUAD_API_STREAMS, KSQUAD_API_CONSOLE_REQUESTS, KSQUAD_API_REFUSED_TOKENS."""
+    """The chart's api.budgets, from KSQUAD_API_STREAMS, KSQUAD_API_CONSOLE_REQUESTS, KSQUAD_API_REFUSED_TOKENS,
+    KSQUAD_API_REQUESTS."""
     found: dict[str, Any] = {}
     for setting, field_name, kind in (
         ("KSQUAD_API_STREAMS", "stream_limits", Limits),
         ("KSQUAD_API_CONSOLE_REQUESTS", "console_limits", Limits),
         ("KSQUAD_API_REFUSED_TOKENS", "refused_tokens", RateLimits),
+        ("KSQUAD_API_REQUESTS", "requests", RequestLimits),
     ):
         if env.get(setting):
             try:
@@ -204,7 +212,16 @@ def cluster_api(
     shared = TokenFile(settings.codec_token_file) if settings.codec_token_file else None
     secure_cookie = bool(settings.tls_cert_file)
     streams = stream_budget(settings.stream_limits)
-    refused_tokens = Rate("refused-tokens", "tokens the API server refused", settings.refused_tokens)
+    refused_tokens = Rate("refused-tokens", "tokens the API server refused", settings.refused_tokens.bounds())
+    requests = Rate("requests", "requests", settings.requests.bounds())
+
+    def over_rate(who: str, namespace: str) -> Response | None:
+        """429 when `who` (a person, or an attempt's run) or `namespace` has sent its share of requests."""
+        try:
+            requests.take(person=who, namespace=namespace)
+        except OverBudget as err:
+            return too_many(str(err), err.retry_after)
+        return None
 
     async def codec_token_matches(given: str | None) -> bool:
         if shared is None or not given:
@@ -218,7 +235,9 @@ def cluster_api(
         expected = (await shared.authorization() or "").removeprefix("Bearer ")
         return bool(expected) and hmac.compare_digest(given.encode(), codec_session(expected).encode())
 
-    async def kubernetes_user(request: Request) -> Caller:
+    async def kubernetes_user(request: Request, counted: bool = True) -> Caller:
+        """Who sent the request, by its bearer token; a request `counted` is one of their requests a second
+        (a stream's own re-check of its reader is not)."""
         token = bearer(request)
         if token is None:
             return Caller(refusal=error(401, "send Authorization: Bearer <a token the cluster accepts>"))
@@ -226,7 +245,9 @@ def cluster_api(
         fresh = not auth.knows(token)
         try:
             if fresh:
-                refused_tokens.check(client)  # a client whose tokens keep being refused waits, unreviewed
+                refused_tokens.check(
+                    client=client
+                )  # a client whose tokens keep being refused waits, unreviewed
             user = await auth.user(token)
         except OverBudget as err:
             return Caller(refusal=too_many(str(err), err.retry_after))
@@ -234,8 +255,13 @@ def cluster_api(
             return Caller(refusal=error(503, f"the Kubernetes API server did not review the token: {err}"))
         if user is None:
             if fresh:
-                refused_tokens.spend(client)
+                refused_tokens.spend(client=client)
             return Caller(refusal=error(401, "the Kubernetes API server does not accept this token"))
+        if counted:
+            namespace = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
+            refusal = over_rate(user.name, namespace)
+            if refusal is not None:
+                return Caller(refusal=refusal)
         return Caller(user=user)
 
     async def may(caller: Caller, access: Access) -> Response | None:
@@ -322,7 +348,7 @@ def cluster_api(
         except ValueError as err:
             return error(422, str(err))
         meta = run["metadata"]
-        reader = (await kubernetes_user(request)).user
+        reader = (await kubernetes_user(request, counted=False)).user
         assert reader is not None  # run_for let them in
         try:
             held = HeldStream(streams, reader.name, meta["namespace"])
@@ -334,7 +360,7 @@ def cluster_api(
         async def look() -> RunLook | None:
             # As the reader: their token still accepted, their rights still there (decisions are cached for
             # seconds), so a reader whose RoleBinding went stops reading within seconds.
-            caller = await kubernetes_user(request)
+            caller = await kubernetes_user(request, counted=False)
             if caller.user is None:  # refused (401), or not reviewed now (look again later)
                 assert caller.refusal is not None
                 return RunLook(None, "", forbidden=True) if caller.refusal.status_code == 401 else None
@@ -412,7 +438,7 @@ def cluster_api(
             return caller.refusal
         return await may(caller, Access("list", "runs", namespace=namespace or ""))
 
-    console = console_app(store, kube, auth, settings, kubernetes_user, streams)
+    console = console_app(store, kube, auth, settings, over_rate, streams)
 
     return Starlette(
         exception_handlers=ROUTING_ERRORS,
@@ -420,7 +446,9 @@ def cluster_api(
             *console,
             *(
                 Route(r.path, counted("items", r.endpoint), methods=r.methods)
-                for r in item_routes(store, with_item_tokens(store, settings.item_token_key, people), streams)
+                for r in item_routes(
+                    store, with_item_tokens(store, settings.item_token_key, people, over_rate), streams
+                )
             ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
@@ -435,11 +463,11 @@ def console_app(
     kube: Kube,
     auth: KubernetesAuth,
     settings: ApiSettings,
-    kubernetes_user: Callable[[Request], Awaitable["Caller"]],
+    over_rate: Callable[[str, str], Response | None],
     streams: Budget,
 ) -> list[Route]:
     """The console's routes, each person's calls made with their own token (api/console/cluster.py); a person's
-    event streams counted with those they open on the API (`streams`)."""
+    requests a second (`over_rate`) and event streams (`streams`) counted with those they send the API."""
     if settings.console_key is None:
 
         async def no_console(request: Request) -> Response:
@@ -480,6 +508,10 @@ def console_app(
             )
             answer.delete_cookie(CONSOLE_COOKIE, path="/console")
             return answer
+        namespace = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
+        refusal = over_rate(user.name, namespace)
+        if refusal is not None:
+            return refusal
         backend = ClusterConsole(
             kube.acting_as(token),
             auth,

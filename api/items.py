@@ -31,9 +31,11 @@ from api.budgets import Budget, OverBudget
 from api.errors import error, too_many
 from api.streams import (
     KEEPALIVE_SECONDS,
-    POLL_SECONDS,
+    PAGE,
     RUN_CHECK_SECONDS,
     HeldStream,
+    catching_up,
+    feeds_of,
     parse_cursor,
     sse,
     stream_budget,
@@ -70,9 +72,15 @@ AGENT_VERBS = frozenset(
 )  # an attempt reads and writes its own item; it lists and creates none
 
 
-def with_item_tokens(store: Store, key: bytes | None, people: Authorize) -> Authorize:
+def with_item_tokens(
+    store: Store,
+    key: bytes | None,
+    people: Authorize,
+    over_rate: Callable[[str, str], Response | None] | None = None,
+) -> Authorize:
     """An API's authorisation, plus an attempt's item token (agent.callers.item_token, made by the worker with
-    `key`): that token reads and writes its Run's item alone, as that attempt, while its fence is current."""
+    `key`): that token reads and writes its Run's item alone, as that attempt, while its fence is current. Its
+    requests are counted as its Run's (`over_rate`: 429 past their share) before they cost a store query."""
 
     async def authorize(request: Request, verb: str, namespace: str, item: str | None) -> Writer | Response:
         token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
@@ -89,6 +97,9 @@ def with_item_tokens(store: Store, key: bytes | None, people: Authorize) -> Auth
                 f"the token of {access.run} attempt {access.attempt} reaches its work item "
                 f"{access.namespace}/{access.item} only",
             )
+        refusal = over_rate(access.run, namespace) if over_rate is not None else None
+        if refusal is not None:
+            return refusal
         claim = await store.claim_of(work_item_key(namespace, access.item))
         if claim is None or (claim[0].uid, claim[1]) != (access.uid, access.fence):
             return error(
@@ -320,17 +331,20 @@ async def stream_entries(
     or the reader may read it no more (asked every RUN_CHECK_SECONDS; then `end` with reason forbidden)."""
     loop = asyncio.get_running_loop()
     last_sent = last_check = loop.time()
-    while not await disconnected():
+
+    async def read(after: int) -> list[ItemEvent]:
+        return await store.item_events(namespace, item_id, after, limit=PAGE)
+
+    key = work_item_key(namespace, item_id)
+    async for entries in catching_up(key, after, read, feeds_of(store)[1], disconnected):
         if loop.time() - last_check >= RUN_CHECK_SECONDS:
             last_check = loop.time()
             if not await still_allowed():
                 yield sse(None, "end", {"reason": "forbidden"})
                 return
-        for entry in await store.item_events(namespace, item_id, after):
-            after = entry.seq
+        for entry in entries:
             last_sent = loop.time()
             yield sse(entry.seq, entry.kind, entry_json(entry))
         if loop.time() - last_sent > KEEPALIVE_SECONDS:
             last_sent = loop.time()
             yield b": keep-alive\n\n"
-        await asyncio.sleep(POLL_SECONDS)

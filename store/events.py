@@ -142,19 +142,26 @@ class RunEvents(StoreBase):
             rows = list(await c.execute(sa.select(run_events).where(*where).order_by(order).limit(limit)))
             if newest:
                 rows.reverse()
-            return [
-                Event(
-                    seq=r.seq,
-                    kind=r.kind,
-                    message=r.message,
-                    data=r.data,
-                    fence=r.fence,
-                    attempt=r.attempt,
-                    triggered_by=r.triggered_by,
-                    at=as_utc(r.at),
+            return [_event(r) for r in rows]
+
+    @unavailable
+    async def events_of_runs(self, cursors: dict[str, int], limit: int = 2000) -> list[tuple[str, Event]]:
+        """(run uid, event) for each run's events after its cursor, by run then in order, at most `limit`: one
+        query for every stream a process has open (api.streams.Feed), not one each."""
+        found: list[tuple[str, Event]] = []
+        async with self.engine.connect() as c:
+            for part in cursor_parts(cursors):
+                where = sa.or_(*(sa.and_(run_events.c.run_uid == k, run_events.c.seq > v) for k, v in part))
+                query = (
+                    sa.select(run_events)
+                    .where(where)
+                    .order_by(run_events.c.run_uid, run_events.c.seq)
+                    .limit(limit - len(found))
                 )
-                for r in rows
-            ]
+                found += [(r.run_uid, _event(r)) for r in await c.execute(query)]
+                if len(found) >= limit:
+                    break
+        return found
 
     @unavailable
     async def next_in_line(self, name: str) -> int:
@@ -162,3 +169,22 @@ class RunEvents(StoreBase):
         named counter kept in run_sequences beside the runs' event numbers."""
         async with self.engine.begin() as c:
             return await self.next_seq(c, name)
+
+
+def cursor_parts(cursors: dict[str, int], size: int = 100) -> list[list[tuple[str, int]]]:
+    """Cursors in parts of `size`: an OR of more terms would pass SQLite's expression depth (1,000)."""
+    pairs = sorted(cursors.items())
+    return [pairs[i : i + size] for i in range(0, len(pairs), size)]
+
+
+def _event(r: Any) -> Event:
+    return Event(
+        seq=r.seq,
+        kind=r.kind,
+        message=r.message,
+        data=r.data,
+        fence=r.fence,
+        attempt=r.attempt,
+        triggered_by=r.triggered_by,
+        at=as_utc(r.at),
+    )

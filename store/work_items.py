@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from store.base import StoreBase
 from store.connection import as_utc, unavailable
+from store.events import cursor_parts
 from store.records import (
     ITEM_STATES,
     ITEM_TRANSITIONS,
@@ -260,18 +261,36 @@ class WorkItems(StoreBase):
             )
             if newest:
                 rows.reverse()
-            return [
-                ItemEvent(
-                    seq=int(r.seq),
-                    kind=r.kind,
-                    body=r.body,
-                    data=r.data,
-                    author=Author(user=r.author, run=r.run, run_uid=r.run_uid, attempt=r.attempt),
-                    fence=r.fence,
-                    at=as_utc(r.at),
-                )
-                for r in rows
-            ]
+            return [_entry(r) for r in rows]
+
+    @unavailable
+    async def entries_of_items(
+        self, cursors: dict[str, int], limit: int = 2000
+    ) -> list[tuple[str, ItemEvent]]:
+        """(item key, entry) for each item's entries after its cursor (keys: work_item_key), by item then in
+        order, at most `limit`: one query for every item stream a process has open (api.streams.Feed)."""
+        found: list[tuple[str, ItemEvent]] = []
+        ref, seq = work_item_events.c.work_item_ref, work_item_events.c.seq
+        async with self.engine.connect() as c:
+            for part in cursor_parts(cursors):
+                where = sa.or_(*(sa.and_(ref == k, seq > v) for k, v in part))
+                query = sa.select(work_item_events).where(where).order_by(ref, seq).limit(limit - len(found))
+                found += [(r.work_item_ref, _entry(r)) for r in await c.execute(query)]
+                if len(found) >= limit:
+                    break
+        return found
+
+
+def _entry(r: Any) -> ItemEvent:
+    return ItemEvent(
+        seq=int(r.seq),
+        kind=r.kind,
+        body=r.body,
+        data=r.data,
+        author=Author(user=r.author, run=r.run, run_uid=r.run_uid, attempt=r.attempt),
+        fence=r.fence,
+        at=as_utc(r.at),
+    )
 
 
 def check_text(field: str, value: str, limit: int, single_line: bool = False, required: bool = False) -> None:

@@ -1,5 +1,5 @@
 """ksquad-api (api.cluster) served on loopback against the real API server and a real store, as a client meets
-it: one user cannot hold unbounded event streams, and the codec cookie is neither the shared token nor sent over
+it: one user cannot hold unbounded event streams nor send unbounded requests, and the codec cookie is neither the shared token nor sent over
 plain HTTP once the browser came through HTTPS; what the router refuses is JSON like the rest; without a codec key
 it serves all the same."""
 
@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from api.budgets import RequestLimits
 from api.cluster import CODEC_COOKIE, REFUSED_TOKENS, ApiSettings, cluster_api, serve
 from api.kubernetes_auth import KubernetesAuth
 from api.streams import STREAM_LIMITS
@@ -293,3 +294,56 @@ async def test_an_absurd_usage_range_is_refused_naming_it(
         answer = await http.get(f"/usage?namespace={namespace}&{query}")
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"].startswith(query.split("=")[0] + ":"), answer.text
+
+
+async def test_a_persons_requests_past_their_share_are_refused_and_others_are_served(
+    ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """Requests a second, per person and per namespace: a person who sends as fast as they can is answered 429
+    (Retry-After, naming them) past their share while a second person of the namespace is served; the two
+    together are held to the namespace's share; a person of another namespace is served throughout."""
+    limits = RequestLimits(per_person=2, per_namespace=3, total=100)
+    settings = ApiSettings(database_url=f"sqlite:///{tmp_path / 'store.db'}", requests=limits)
+    store = await Store.open(settings.database_url)
+    other_namespace = f"other-{uuid.uuid4().hex[:6]}"
+    ksquad_cluster.kubectl("create", "namespace", other_namespace)
+    ksquad_cluster.wait_for_default_service_account(other_namespace)
+    for where in (namespace, other_namespace):
+        make_run(ksquad_cluster, where, "r")
+    flooder, neighbour = (reader(ksquad_cluster, namespace) for _ in range(2))
+    elsewhere = reader(ksquad_cluster, other_namespace)
+    async with (
+        Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube,
+        serving(cluster_api(store, kube, KubernetesAuth(kube), settings, None)) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as http,
+    ):
+
+        async def ask(token: str, where: str = namespace) -> httpx.Response:
+            return await http.get(
+                f"/runs/{where}/r/artifacts/x", headers={"Authorization": f"Bearer {token}"}
+            )
+
+        def served(answers: list[httpx.Response]) -> int:
+            codes = {a.status_code for a in answers}
+            assert codes <= {404, 429}, codes  # 404: answered (the Run has no such artifact)
+            return sum(a.status_code == 404 for a in answers)
+
+        clock = asyncio.get_running_loop().time
+        started = clock()
+        flooded = [await ask(flooder) for _ in range(40)]
+        burst = limits.per_person * RequestLimits.BURST_SECONDS
+        assert burst <= served(flooded) <= burst + limits.per_person * (clock() - started) + 1
+        refused = next(a for a in flooded if a.status_code == 429)
+        assert int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"].startswith("too many requests from system:serviceaccount:"), (
+            refused.text
+        )
+        assert (await ask(neighbour)).status_code == 404, "the flooder's share is theirs alone"
+
+        started = clock()
+        both = await asyncio.gather(*(ask(who) for who in (flooder, neighbour) * 30))
+        most = limits.per_namespace * (RequestLimits.BURST_SECONDS + clock() - started) + 1
+        assert served(list(both)) <= most
+        assert any(f"namespace {namespace}" in a.text for a in both if a.status_code == 429)
+        assert [(await ask(elsewhere, other_namespace)).status_code for _ in range(5)] == [404] * 5
+    await store.close()

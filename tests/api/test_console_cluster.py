@@ -349,6 +349,7 @@ async def test_one_persons_console_requests_do_not_make_another_wait(
         answers = await flood
     codes = [a.status_code for a in answers]
     assert set(codes) <= {200, 429} and 429 in codes and 200 in codes, sorted(set(codes))
-    refused = next(a for a in answers if a.status_code == 429)
-    assert int(refused.headers["retry-after"]) >= 1 and "console requests" in refused.text
+    refused = [a for a in answers if a.status_code == 429]
+    assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
+    assert any("console requests" in a.text for a in refused), "the bound in flight held"
     assert [a.status_code for a in answers_of_other] == [200] * 5, [a.text[:200] for a in answers_of_other]

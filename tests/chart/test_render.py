@@ -447,13 +447,14 @@ def test_the_uninstall_module_runs_last_of_the_packages_release() -> None:
 def test_api_budgets_reach_ksquad_api_as_the_settings_it_reads() -> None:
     """api.budgets in the values are the bounds ksquad-api enforces (api.cluster.ApiSettings), and a malformed
     bound stops it at start naming the setting."""
-    from api.budgets import Limits, RateLimits
+    from api.budgets import Limits, RateLimits, RequestLimits
     from api.cluster import budgets_from_env
 
     budgets = {
         "streams": {"perPerson": 4, "perNamespace": 40, "total": 400},
         "consoleRequests": {"perPerson": 3, "perNamespace": 30, "total": 300},
         "refusedTokens": {"perClient": 1, "burst": 5, "total": 10},
+        "requests": {"perPerson": 2.5, "perNamespace": 25, "total": 250},
     }
     docs = chart.render({**VALUES, "api": {"budgets": budgets}})
     (api,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-api"]
@@ -462,7 +463,12 @@ def test_api_budgets_reach_ksquad_api_as_the_settings_it_reads() -> None:
         "stream_limits": Limits(4, 40, 400),
         "console_limits": Limits(3, 30, 300),
         "refused_tokens": RateLimits(1.0, 5, 10.0),
+        "requests": RequestLimits(2.5, 25.0, 250.0),
     }
-    for setting, bad in (("KSQUAD_API_STREAMS", "4,40"), ("KSQUAD_API_REFUSED_TOKENS", "1,0,10")):
+    for setting, bad in (
+        ("KSQUAD_API_STREAMS", "4,40"),
+        ("KSQUAD_API_REFUSED_TOKENS", "1,0,10"),
+        ("KSQUAD_API_REQUESTS", "20,x,400"),
+    ):
         with pytest.raises(SystemExit, match=setting):
             budgets_from_env({setting: bad})
