@@ -3,11 +3,13 @@ per namespace and in all, so no one tenant can take what the others need.
 
 A `Budget` counts what is held now (open event streams, console requests in flight): taking a slot checks the
 three bounds and counts it in one step (nothing awaits between: atomic in the event loop, so parallel opens
-cannot pass it together). A `Rate` bounds how often something is done (token reviews the API server refused, per
-client address and in all), as a token bucket. A refusal says which bound held and when to try again: the API
-answers 429 with `Retry-After`. Each budget's use and refusals are metrics (docs/operating.md, "Budgets").
+cannot pass it together). A `Rate` bounds how often something is done (requests per person, token reviews the API
+server refused per client address), as token buckets. A refusal says which bound held and when to try again: the
+API answers 429 with `Retry-After`, held back a moment first (`Tarpit`) so that a client asking again at once
+asks less often. Each budget's use and refusals are metrics (docs/operating.md, "Budgets").
 """
 
+import asyncio
 import contextlib
 import math
 import time
@@ -213,3 +215,31 @@ class Rate:
     def take(self, **keys: str) -> None:
         self.check(**keys)
         self.spend(**keys)
+
+    def give_back(self, **keys: str) -> None:
+        """Undo a `take` whose costly thing turned out not to count (a token reviewed and accepted)."""
+        now = time.monotonic()
+        for bound, level in self._levels(keys, now).items():
+            self._buckets[bound][keys.get(bound, "")] = (min(self.bounds[bound][1], level + 1), now)
+
+
+class Tarpit:
+    """Refusals held back up to `seconds` (never past their Retry-After) before they are sent: a client that asks
+    again as soon as it is refused (a script in a loop, a page polling) then asks at most once a `seconds` on each
+    connection, so what its refusals cost ksquad-api stays small. At most `most` are held at once in all (each holds
+    a connection); past that, refusals are sent at once."""
+
+    def __init__(self, seconds: float = 1.0, most: int = 256) -> None:
+        self.seconds, self.most = seconds, most
+        self.held = 0
+
+    async def hold(self, retry_after: int) -> None:
+        if self.held >= self.most or self.seconds <= 0:
+            return
+        self.held += 1
+        IN_USE.labels("tarpit").set(self.held)
+        try:
+            await asyncio.sleep(min(self.seconds, retry_after))
+        finally:
+            self.held -= 1
+            IN_USE.labels("tarpit").set(self.held)

@@ -73,7 +73,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 
 from agent.callers import ITEM_KEY_ENV, read_key
-from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits, RequestLimits
+from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits, RequestLimits, Tarpit
 from api.codec import codec_app
 from api.console import pages
 from api.console.app import SECURITY_HEADERS, Session, console_routes, csrf_key_of, form_of, same_origin
@@ -115,6 +115,8 @@ REFUSED_TOKENS = RateLimits(per_client=2, burst=20, total=20)
 # many tabs, a script that polls in a loop, are answered 429 past their share, before they cost a store query or an
 # API server call, so what one tenant sends cannot slow another's. A console tab polls every 2 s.
 REQUEST_RATE = RequestLimits(per_person=20, per_namespace=100, total=400)
+# Every 429 is held back a second before it is sent (at most 256 at once): see api.budgets.Tarpit.
+TARPIT = Tarpit(seconds=1.0, most=256)
 
 
 @dataclass
@@ -245,18 +247,20 @@ def cluster_api(
         fresh = not auth.knows(token)
         try:
             if fresh:
-                refused_tokens.check(
-                    client=client
-                )  # a client whose tokens keep being refused waits, unreviewed
+                # Taken before the review (parallel requests cannot all pass a check made before any counted),
+                # given back when the token is accepted: a client whose tokens keep being refused waits, unreviewed.
+                refused_tokens.take(client=client)
             user = await auth.user(token)
         except OverBudget as err:
             return Caller(refusal=too_many(str(err), err.retry_after))
         except (ApiError, Unreachable) as err:
+            if fresh:
+                refused_tokens.give_back(client=client)
             return Caller(refusal=error(503, f"the Kubernetes API server did not review the token: {err}"))
         if user is None:
-            if fresh:
-                refused_tokens.spend(client=client)
             return Caller(refusal=error(401, "the Kubernetes API server does not accept this token"))
+        if fresh:
+            refused_tokens.give_back(client=client)
         if counted:
             namespace = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
             refusal = over_rate(user.name, namespace)
@@ -585,6 +589,8 @@ def counted(
     async def wrapped(request: Request) -> Response:
         response = await handler(request)
         REQUESTS.labels(route, str(response.status_code)).inc()
+        if response.status_code == 429:
+            await TARPIT.hold(int(response.headers.get("retry-after", "1")))
         return response
 
     return wrapped

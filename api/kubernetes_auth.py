@@ -5,6 +5,7 @@ who can read its events and artifacts, and nothing of ksquad's keeps its own lis
 
 Answers are cached for a few seconds per token (a stream of requests from one UI page asks once)."""
 
+import asyncio
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class KubernetesAuth:
         self._users: dict[str, tuple[float, User | None]] = {}
         self._decisions: dict[tuple[Any, ...], tuple[float, bool]] = {}
         self._accepted: dict[str, float] = {}  # token hash -> when the API server last accepted it
+        self._reviewing: dict[str, asyncio.Future[User | None]] = {}  # token hash -> its review under way
         self.reviews = 0  # TokenReviews asked of the API server
 
     def knows(self, token: str) -> bool:
@@ -58,15 +60,40 @@ class KubernetesAuth:
         cached = self._users.get(key)
         if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
             return True
+        if key in self._reviewing:
+            return True  # asking waits for that review: no other
         accepted = self._accepted.get(key)
         return accepted is not None and time.monotonic() - accepted < ACCEPTED_SECONDS
 
     async def user(self, token: str) -> User | None:
-        """The token's user, or None when the API server does not accept the token."""
+        """The token's user, or None when the API server does not accept the token. Requests that bring the same
+        token at once wait for one review (a page's parallel requests, a CLI's streams)."""
         key = _token_key(token)
         cached = self._users.get(key)
         if cached is not None and time.monotonic() - cached[0] < CACHE_SECONDS:
             return cached[1]
+        while (under_way := self._reviewing.get(key)) is not None:
+            await asyncio.wait({under_way})  # raises only when this request is cancelled itself
+            if not under_way.cancelled():  # (that one's request went away mid-review: review it here)
+                return under_way.result()
+        review: asyncio.Future[User | None] = asyncio.get_running_loop().create_future()
+        review.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, awaited or not
+        self._reviewing[key] = review
+        try:
+            found = await self._review(key, token)
+        except asyncio.CancelledError:
+            review.cancel()
+            raise
+        except Exception as err:
+            review.set_exception(err)
+            raise
+        else:
+            review.set_result(found)
+            return found
+        finally:
+            del self._reviewing[key]
+
+    async def _review(self, key: str, token: str) -> User | None:
         self.reviews += 1
         review = await self.kube.create(
             path("authentication.k8s.io/v1", "tokenreviews"),

@@ -8,7 +8,6 @@ import pytest
 
 from api.streams import Feed, feeds_of
 from store import Author, Event, Store, StoreError, work_item_key
-from tests.activities.conftest import Clock, clock, store, store_url  # noqa: F401 (fixtures)
 
 STREAMS = 250  # more keys than one query names (store.events.cursor_parts): the parts are read in one tick
 
@@ -41,7 +40,9 @@ async def test_one_query_a_tick_serves_every_stream_each_its_own_entries(store: 
     results = await asyncio.wait_for(asyncio.gather(*following), 60)
     elapsed = loop.time() - started
     assert results == [[f"2:{uid} #1", f"3:{uid} #2"] for uid in uids]
-    assert len(fetched) <= elapsed / 0.05 + 2, f"{len(fetched)} queries in {elapsed:.1f} s for {STREAMS} streams"
+    assert len(fetched) <= elapsed / 0.05 + 2, (
+        f"{len(fetched)} queries in {elapsed:.1f} s for {STREAMS} streams"
+    )
     assert max(fetched) == STREAMS, "one tick reads for every stream waiting"
 
 
@@ -68,7 +69,13 @@ async def test_batched_reads_keep_each_keys_cursor_and_order_by_key_then_seq(sto
         for n in range(1, 4):
             await store.append_notice(uid, f"ns/{uid}", "status", f"{uid}{n}")
     found = await store.events_of_runs({"a": 1, "b": 0, "c": 3, "missing": 0})
-    assert [(k, e.message) for k, e in found] == [("a", "a2"), ("a", "a3"), ("b", "b1"), ("b", "b2"), ("b", "b3")]
+    assert [(k, e.message) for k, e in found] == [
+        ("a", "a2"),
+        ("a", "a3"),
+        ("b", "b1"),
+        ("b", "b2"),
+        ("b", "b3"),
+    ]
     limited = await store.events_of_runs({"a": 0, "b": 0}, limit=4)
     assert [e.message for _, e in limited] == ["a1", "a2", "a3", "b1"]
 
