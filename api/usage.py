@@ -58,10 +58,15 @@ def parse_time(text: str, now: datetime) -> datetime:
 def usage_routes(store: Store, authorize: Authorize) -> list[Route]:
     async def usage(request: Request) -> Response:
         query = request.query_params
+        namespace = query.get("namespace") or None
+        # Who asks first: what they ask, however malformed, is one of their requests (api.budgets), and a caller
+        # who may not read usage learns nothing of how it is asked for.
+        refusal = await authorize(request, namespace)
+        if refusal is not None:
+            return refusal
         by = query.get("by", "credential")
         if by not in GROUPS:
             return error(422, f"by: one of {', '.join(GROUPS)}, not {by!r}")
-        namespace = query.get("namespace") or None
         now = datetime.now(UTC)
         try:
             since = parse_time(query["since"], now) if query.get("since") else now - DEFAULT_WINDOW
@@ -71,9 +76,6 @@ def usage_routes(store: Store, authorize: Authorize) -> list[Route]:
             until = parse_time(query["until"], now) if query.get("until") else None
         except ValueError as err:
             return error(422, f"until: {err}")
-        refusal = await authorize(request, namespace)
-        if refusal is not None:
-            return refusal
         try:
             totals = await store.usage(GROUPS[by], since, until, namespace)
         except StoreError as err:
