@@ -175,7 +175,8 @@ class Rate:
     """How often something may happen, bounded per key of each bound (a client address, a person, a namespace)
     and in all: token buckets, each full at its burst and refilled at its rate a second. `check` refuses when a
     bucket is empty; `spend` counts one; `take` does both (nothing awaits between: atomic in the event loop).
-    Keys are remembered up to `keys` a bound (the least recently seen forgotten first: a forgotten key starts
+    Each counts in the bounds it is given a key for (`total=""` for the bound in all), so a request can be counted
+    in one bound when its caller is known and in another once its access is. Keys are remembered up to `keys` a bound (the least recently seen forgotten first: a forgotten key starts
     full, so the bound in all is what holds a caller that rotates keys)."""
 
     def __init__(
@@ -186,18 +187,19 @@ class Rate:
 
     def _levels(self, keys: dict[str, str], now: float) -> dict[str, float]:
         levels = {}
-        for bound, (rate, burst) in self.bounds.items():
-            level, at = self._buckets[bound].get(keys.get(bound, ""), (burst, now))
+        for bound, key in keys.items():
+            rate, burst = self.bounds[bound]
+            level, at = self._buckets[bound].get(key, (burst, now))
             levels[bound] = min(burst, level + (now - at) * rate)
         return levels
 
     def check(self, **keys: str) -> None:
-        """Raise OverBudget when a bucket of these keys (`client=`, `person=`, `namespace=`) is empty."""
+        """Raise OverBudget when a bucket of these keys (`client=`, `person=`, `namespace=`, `total=`) is empty."""
         for bound, have in self._levels(keys, time.monotonic()).items():
             if have < 1:
                 REFUSED.labels(self.name, bound).inc()
                 wait = max(1, math.ceil((1 - have) / self.bounds[bound][0]))
-                key = keys.get(bound, "")
+                key = keys[bound]
                 who = {"client": f"client {key}", "namespace": f"namespace {key}", "person": key}.get(
                     bound, "all callers"
                 )
@@ -206,7 +208,7 @@ class Rate:
     def spend(self, **keys: str) -> None:
         now = time.monotonic()
         for bound, level in self._levels(keys, now).items():
-            buckets, key = self._buckets[bound], keys.get(bound, "")
+            buckets, key = self._buckets[bound], keys[bound]
             buckets.pop(key, None)
             buckets[key] = (max(0.0, level - 1), now)
             while len(buckets) > self.keys:
@@ -220,7 +222,7 @@ class Rate:
         """Undo a `take` whose costly thing turned out not to count (a token reviewed and accepted)."""
         now = time.monotonic()
         for bound, level in self._levels(keys, now).items():
-            self._buckets[bound][keys.get(bound, "")] = (min(self.bounds[bound][1], level + 1), now)
+            self._buckets[bound][keys[bound]] = (min(self.bounds[bound][1], level + 1), now)
 
 
 class Tarpit:

@@ -217,10 +217,11 @@ def cluster_api(
     refused_tokens = Rate("refused-tokens", "tokens the API server refused", settings.refused_tokens.bounds())
     requests = Rate("requests", "requests", settings.requests.bounds())
 
-    def over_rate(who: str, namespace: str) -> Response | None:
-        """429 when `who` (a person, or an attempt's run) or `namespace` has sent its share of requests."""
+    def over_rate(**keys: str) -> Response | None:
+        """429 when a caller (`person=`: a person, or an attempt's run), a namespace they may act in
+        (`namespace=`), or all together (`total=""`) have sent their share of requests."""
         try:
-            requests.take(person=who, namespace=namespace)
+            requests.take(**keys)
         except OverBudget as err:
             return too_many(str(err), err.retry_after)
         return None
@@ -249,21 +250,20 @@ def cluster_api(
             if fresh:
                 # Taken before the review (parallel requests cannot all pass a check made before any counted),
                 # given back when the token is accepted: a client whose tokens keep being refused waits, unreviewed.
-                refused_tokens.take(client=client)
+                refused_tokens.take(client=client, total="")
             user = await auth.user(token)
         except OverBudget as err:
             return Caller(refusal=too_many(str(err), err.retry_after))
         except (ApiError, Unreachable) as err:
             if fresh:
-                refused_tokens.give_back(client=client)
+                refused_tokens.give_back(client=client, total="")
             return Caller(refusal=error(503, f"the Kubernetes API server did not review the token: {err}"))
         if user is None:
             return Caller(refusal=error(401, "the Kubernetes API server does not accept this token"))
         if fresh:
-            refused_tokens.give_back(client=client)
-        if counted:
-            namespace = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
-            refusal = over_rate(user.name, namespace)
+            refused_tokens.give_back(client=client, total="")
+        if counted:  # the person now; the namespace once they may act in it (`may`): no one spends another's
+            refusal = over_rate(person=user.name, total="")
             if refusal is not None:
                 return Caller(refusal=refusal)
         return Caller(user=user)
@@ -272,7 +272,7 @@ def cluster_api(
         assert caller.user is not None
         try:
             if await auth.allowed(caller.user, access):
-                return None
+                return over_rate(namespace=access.namespace) if access.namespace else None
         except PermissionError as err:
             return error(503, str(err))
         what = f"{access.resource}/{access.subresource}" if access.subresource else access.resource
@@ -467,7 +467,7 @@ def console_app(
     kube: Kube,
     auth: KubernetesAuth,
     settings: ApiSettings,
-    over_rate: Callable[[str, str], Response | None],
+    over_rate: Callable[..., Response | None],
     streams: Budget,
 ) -> list[Route]:
     """The console's routes, each person's calls made with their own token (api/console/cluster.py); a person's
@@ -512,8 +512,9 @@ def console_app(
             )
             answer.delete_cookie(CONSOLE_COOKIE, path="/console")
             return answer
-        namespace = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
-        refusal = over_rate(user.name, namespace)
+        # The person's share only: the console acts as them on the API server, which alone says whether they may
+        # act in the namespace they name, so no namespace's share is spent on their word.
+        refusal = over_rate(person=user.name, total="")
         if refusal is not None:
             return refusal
         backend = ClusterConsole(

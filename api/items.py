@@ -76,7 +76,7 @@ def with_item_tokens(
     store: Store,
     key: bytes | None,
     people: Authorize,
-    over_rate: Callable[[str, str], Response | None] | None = None,
+    over_rate: Callable[..., Response | None] | None = None,
 ) -> Authorize:
     """An API's authorisation, plus an attempt's item token (agent.callers.item_token, made by the worker with
     `key`): that token reads and writes its Run's item alone, as that attempt, while its fence is current. Its
@@ -97,7 +97,7 @@ def with_item_tokens(
                 f"the token of {access.run} attempt {access.attempt} reaches its work item "
                 f"{access.namespace}/{access.item} only",
             )
-        refusal = over_rate(access.run, namespace) if over_rate is not None else None
+        refusal = over_rate(person=access.run, namespace=namespace, total="") if over_rate else None
         if refusal is not None:
             return refusal
         claim = await store.claim_of(work_item_key(namespace, access.item))

@@ -305,7 +305,8 @@ async def test_a_persons_requests_past_their_share_are_refused_and_others_are_se
 ) -> None:
     """Requests a second, per person and per namespace: a person who sends as fast as they can is answered 429
     (Retry-After, naming them) past their share while a second person of the namespace is served; the two
-    together are held to the namespace's share; a person of another namespace is served throughout."""
+    together are held to the namespace's share, which no one without access to it can spend; a person of
+    another namespace is served throughout."""
     limits = RequestLimits(per_person=2, per_namespace=3, total=100)
     settings = ApiSettings(database_url=f"sqlite:///{tmp_path / 'store.db'}", requests=limits)
     store = await Store.open(settings.database_url)
@@ -331,6 +332,10 @@ async def test_a_persons_requests_past_their_share_are_refused_and_others_are_se
             codes = {a.status_code for a in answers}
             assert codes <= {404, 429}, codes  # 404: answered (the Run has no such artifact)
             return sum(a.status_code == 404 for a in answers)
+
+        # Someone with no access to the namespace spends none of its share by naming it: all 403 (or 429, theirs)
+        outsider = await asyncio.gather(*(ask(elsewhere) for _ in range(20)))
+        assert {a.status_code for a in outsider} <= {403, 429} and 403 in {a.status_code for a in outsider}
 
         clock = asyncio.get_running_loop().time
         started = clock()
