@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
@@ -33,6 +34,22 @@ class OverBudget(Exception):
         self.retry_after = retry_after
 
 
+def three_numbers(text: str, setting: str, kinds: tuple[type, type, type], shape: str) -> list[Any]:
+    """A budget setting as the environment has it (the chart's api.budgets values): three numbers, each more
+    than 0, of `kinds`; ValueError naming the setting and its `shape` otherwise."""
+    parts = text.split(",")
+    try:
+        if len(parts) != len(kinds):
+            raise ValueError
+        numbers = [kind(part) for kind, part in zip(kinds, parts, strict=True)]
+    except ValueError:
+        whole = "whole " if set(kinds) == {int} else ""
+        raise ValueError(f"{setting} must be three {whole}numbers, {shape} (got {text!r})") from None
+    if min(numbers) <= 0:
+        raise ValueError(f"{setting}: each must be more than 0 (got {text!r})")
+    return numbers
+
+
 @dataclass(frozen=True)
 class Limits:
     per_person: int
@@ -42,15 +59,7 @@ class Limits:
     @classmethod
     def parse(cls, text: str, setting: str) -> "Limits":
         """`per person,per namespace,total` (the chart's api.budgets values, as the environment has them)."""
-        try:
-            person, namespace, total = (int(n) for n in text.split(","))
-        except ValueError:
-            raise ValueError(
-                f"{setting} must be three whole numbers, per person,per namespace,total (got {text!r})"
-            ) from None
-        if min(person, namespace, total) < 1:
-            raise ValueError(f"{setting}: each bound must be at least 1 (got {text!r})")
-        return cls(person, namespace, total)
+        return cls(*three_numbers(text, setting, (int, int, int), "per person,per namespace,total"))
 
 
 class Budget:
@@ -122,16 +131,8 @@ class RateLimits:
     @classmethod
     def parse(cls, text: str, setting: str) -> "RateLimits":
         """`per client a second,burst,total a second`."""
-        try:
-            client, burst, total = text.split(",")
-            limits = cls(float(client), int(burst), float(total))
-        except ValueError:
-            raise ValueError(
-                f"{setting} must be three numbers, per client a second,burst,total a second (got {text!r})"
-            ) from None
-        if min(limits.per_client, limits.burst, limits.total) <= 0:
-            raise ValueError(f"{setting}: each must be more than 0 (got {text!r})")
-        return limits
+        shape = "per client a second,burst,total a second"
+        return cls(*three_numbers(text, setting, (float, int, float), shape))
 
     def bounds(self) -> dict[str, tuple[float, float]]:
         return {"client": (self.per_client, self.burst), "total": (self.total, max(self.burst, self.total))}
@@ -150,15 +151,8 @@ class RequestLimits:
     @classmethod
     def parse(cls, text: str, setting: str) -> "RequestLimits":
         """`per person,per namespace,total`, each a second."""
-        try:
-            limits = cls(*(float(n) for n in text.split(",")))
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{setting} must be three numbers a second, per person,per namespace,total (got {text!r})"
-            ) from None
-        if min(limits.per_person, limits.per_namespace, limits.total) <= 0:
-            raise ValueError(f"{setting}: each must be more than 0 (got {text!r})")
-        return limits
+        shape = "per person,per namespace,total, each a second"
+        return cls(*three_numbers(text, setting, (float, float, float), shape))
 
     def bounds(self) -> dict[str, tuple[float, float]]:
         return {

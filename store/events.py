@@ -1,15 +1,18 @@
 """Each run's ordered event log (the agent's progress, fenced, and the bridge's phase changes), numbered densely
 per run: the cursor of every run's event stream. The same numbering serves named counters (next_in_line)."""
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from store.base import StoreBase
 from store.connection import as_utc, unavailable
 from store.records import Event, Holder, PhaseRecord
 from store.schema import run_events, run_sequences
+
+R = TypeVar("R")
 
 
 class RunEvents(StoreBase):
@@ -148,20 +151,7 @@ class RunEvents(StoreBase):
     async def events_of_runs(self, cursors: dict[str, int], limit: int = 2000) -> list[tuple[str, Event]]:
         """(run uid, event) for each run's events after its cursor, by run then in order, at most `limit`: one
         query for every stream a process has open (api.streams.Feed), not one each."""
-        found: list[tuple[str, Event]] = []
-        async with self.engine.connect() as c:
-            for part in cursor_parts(cursors):
-                where = sa.or_(*(sa.and_(run_events.c.run_uid == k, run_events.c.seq > v) for k, v in part))
-                query = (
-                    sa.select(run_events)
-                    .where(where)
-                    .order_by(run_events.c.run_uid, run_events.c.seq)
-                    .limit(limit - len(found))
-                )
-                found += [(r.run_uid, _event(r)) for r in await c.execute(query)]
-                if len(found) >= limit:
-                    break
-        return found
+        return await read_after_cursors(self.engine, run_events.c.run_uid, cursors, limit, _event)
 
     @unavailable
     async def next_in_line(self, name: str) -> int:
@@ -171,10 +161,21 @@ class RunEvents(StoreBase):
             return await self.next_seq(c, name)
 
 
-def cursor_parts(cursors: dict[str, int], size: int = 100) -> list[list[tuple[str, int]]]:
-    """Cursors in parts of `size`: an OR of more terms would pass SQLite's expression depth (1,000)."""
-    pairs = sorted(cursors.items())
-    return [pairs[i : i + size] for i in range(0, len(pairs), size)]
+async def read_after_cursors(
+    engine: AsyncEngine, key: sa.Column[Any], cursors: dict[str, int], limit: int, record: Callable[[Any], R]
+) -> list[tuple[str, R]]:
+    """(key, record) of the rows of `key`'s table after each key's cursor (its `seq`), by key then seq, at most
+    `limit`. Read in parts of 100 keys: an OR of more terms would pass SQLite's expression depth (1,000)."""
+    table, pairs = key.table, sorted(cursors.items())
+    found: list[tuple[str, R]] = []
+    async with engine.connect() as c:
+        for i in range(0, len(pairs), 100):
+            after = sa.or_(*(sa.and_(key == k, table.c.seq > v) for k, v in pairs[i : i + 100]))
+            query = sa.select(table).where(after).order_by(key, table.c.seq).limit(limit - len(found))
+            found += [(getattr(r, key.name), record(r)) for r in await c.execute(query)]
+            if len(found) >= limit:
+                break
+    return found
 
 
 def _event(r: Any) -> Event:

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from store.base import StoreBase
 from store.connection import as_utc, unavailable
-from store.events import cursor_parts
+from store.events import read_after_cursors
 from store.records import (
     ITEM_STATES,
     ITEM_TRANSITIONS,
@@ -269,16 +269,7 @@ class WorkItems(StoreBase):
     ) -> list[tuple[str, ItemEvent]]:
         """(item key, entry) for each item's entries after its cursor (keys: work_item_key), by item then in
         order, at most `limit`: one query for every item stream a process has open (api.streams.Feed)."""
-        found: list[tuple[str, ItemEvent]] = []
-        ref, seq = work_item_events.c.work_item_ref, work_item_events.c.seq
-        async with self.engine.connect() as c:
-            for part in cursor_parts(cursors):
-                where = sa.or_(*(sa.and_(ref == k, seq > v) for k, v in part))
-                query = sa.select(work_item_events).where(where).order_by(ref, seq).limit(limit - len(found))
-                found += [(r.work_item_ref, _entry(r)) for r in await c.execute(query)]
-                if len(found) >= limit:
-                    break
-        return found
+        return await read_after_cursors(self.engine, work_item_events.c.work_item_ref, cursors, limit, _entry)
 
 
 def _entry(r: Any) -> ItemEvent:
