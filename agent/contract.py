@@ -116,6 +116,9 @@ class WorkItemAccess(_Read):
     namespace: str
     id: str
     token: str = Field(repr=False)
+    # PEM: the one CA to trust for `url` (the chart's, for ksquad-api's listener for sandboxes); none: the image's
+    # own trust store (and plain http only as the operator configured it, as on the embedded stack).
+    ca: str | None = Field(default=None, repr=False)
 
 
 class Contract(_Read):

@@ -4,6 +4,8 @@ wrote; marked in progress while an attempt works it, and done when one finishes,
 each attempt did. The item is context, not the task: when it cannot be read or written the attempt goes on
 without it, and says so."""
 
+import ssl
+from functools import lru_cache
 from typing import Any
 
 import httpx2
@@ -19,10 +21,21 @@ class WorkItemError(Exception):
     """The items API refused or did not answer; the message says which and why."""
 
 
+@lru_cache(maxsize=4)
+def trusting(ca: str) -> ssl.SSLContext:
+    """A TLS context that trusts this CA alone: the item token goes to the API whose certificate it signed, and
+    to no one a public CA vouches for."""
+    return ssl.create_default_context(cadata=ca)
+
+
 async def _call(access: WorkItemAccess, method: str, path: str, json: Any = None) -> Any:
     url = f"{access.url.rstrip('/')}/items/{access.namespace}/{access.id}{path}"
     try:
-        async with httpx2.AsyncClient(timeout=TIMEOUT_SECONDS) as http:
+        verify: ssl.SSLContext | bool = trusting(access.ca) if access.ca else True
+    except ssl.SSLError as err:
+        raise WorkItemError(f"the contract's CA for the items API is no PEM certificate: {err}") from None
+    try:
+        async with httpx2.AsyncClient(timeout=TIMEOUT_SECONDS, verify=verify) as http:
             response = await http.request(
                 method, url, json=json, headers={"Authorization": f"Bearer {access.token}"}
             )

@@ -38,6 +38,10 @@ Settings, from the environment (the chart sets them):
   KSQUAD_API_UI_ORIGINS        the Temporal UI's origins, comma-separated (CORS for the codec)
   KSQUAD_API_LISTEN_PORT       the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
   KSQUAD_API_TLS_CERT_FILE, KSQUAD_API_TLS_KEY_FILE   serve HTTPS (the UI sends its access token only to https)
+  KSQUAD_API_ITEMS_TLS_CERT_FILE, KSQUAD_API_ITEMS_TLS_KEY_FILE   also serve /items/ alone over HTTPS on
+                               KSQUAD_API_ITEMS_PORT (default 8443), for sandboxes: their item tokens never
+                               cross the network in clear (the chart makes this certificate and gives the worker
+                               its CA, which it hands each attempt beside its token)
   KSQUAD_ITEM_TOKEN_KEY_FILE   the key the worker signs attempts' work item tokens with (none: agents get 401)
   KSQUAD_CONSOLE_KEY_FILE      the console's key: its forms' CSRF tokens and the token sign-in's cookie (the same
                                on every replica; the chart makes it). Unset: the console answers 503
@@ -77,7 +81,7 @@ from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits, RequestLim
 from api.codec import codec_app
 from api.console import pages
 from api.console.app import SECURITY_HEADERS, Session, console_routes, csrf_key_of, form_of, same_origin
-from api.console.cluster import SESSION_SECONDS, ClusterConsole, SessionSeal
+from api.console.cluster import SESSION_SECONDS, ClusterConsole, RunChanges, SessionSeal
 from api.errors import ROUTING_ERRORS, error, too_many
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
@@ -128,6 +132,9 @@ class ApiSettings:
     health_port: int = 8081
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    items_port: int = 8443
+    items_tls_cert_file: str | None = None  # with its key: the listener for sandboxes (/items/ alone, HTTPS)
+    items_tls_key_file: str | None = None
     kubeconfig: str | None = None
     item_token_key: bytes | None = (
         None  # the worker's: attempts' tokens for their work item (None: none accepted)
@@ -157,6 +164,9 @@ class ApiSettings:
             health_port=int(env.get("KSQUAD_HEALTH_PORT", "8081")),
             tls_cert_file=env.get("KSQUAD_API_TLS_CERT_FILE") or None,
             tls_key_file=env.get("KSQUAD_API_TLS_KEY_FILE") or None,
+            items_port=int(env.get("KSQUAD_API_ITEMS_PORT", "8443")),
+            items_tls_cert_file=env.get("KSQUAD_API_ITEMS_TLS_CERT_FILE") or None,
+            items_tls_key_file=env.get("KSQUAD_API_ITEMS_TLS_KEY_FILE") or None,
             kubeconfig=env.get("KUBECONFIG") or None,
             item_token_key=read_key(env[ITEM_KEY_ENV]) if env.get(ITEM_KEY_ENV) else None,
             console_key=read_key(env["KSQUAD_CONSOLE_KEY_FILE"])
@@ -481,6 +491,7 @@ def console_app(
     seal = SessionSeal(settings.console_key)
     csrf_key = csrf_key_of(settings.console_key)
     https = bool(settings.tls_cert_file)
+    run_changes = RunChanges(kube, settings.namespaces)  # one watch a namespace, for every person's tabs
 
     def token_of(request: Request) -> tuple[str | None, str]:
         """The person's token and how it came: from the proxy (Authorization), or the sign-in's cookie."""
@@ -526,6 +537,7 @@ def console_app(
             settings.temporal_ui_url,
             settings.temporal_namespace,
             how,
+            run_changes,
         )
         return Session(backend, hashlib.sha256(token.encode()).hexdigest())
 
@@ -601,10 +613,36 @@ def _phase(run: dict[str, Any]) -> str:
     return str((run.get("status") or {}).get("phase") or "")
 
 
+def items_only(app: Any) -> Any:
+    """The API as sandboxes reach it: /items/ alone (an attempt's token reaches nothing else); any other path is
+    404, before it is routed, so this listener is no way to the console, the codec or a run's artifacts."""
+
+    async def serve_items(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/items/"):
+            await error(404, "only /items/ is served on this port")(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return serve_items
+
+
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Any:
         yield  # the process handles its signals itself
+
+
+def listening(app: Any, port: int, cert_file: str | None, key_file: str | None) -> _Server:
+    config = uvicorn.Config(
+        app,
+        host="0.0.0.0",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=cert_file,
+        ssl_keyfile=key_file,
+    )
+    return _Server(config)
 
 
 async def serve(settings: ApiSettings) -> None:
@@ -624,17 +662,14 @@ async def serve(settings: ApiSettings) -> None:
         await readiness.check()
         checking = asyncio.create_task(readiness.watch())
         app = cluster_api(store, kube, KubernetesAuth(kube), settings, codec)
-        server = _Server(
-            uvicorn.Config(
-                app,
-                host="0.0.0.0",
-                port=settings.port,
-                log_level="warning",
-                lifespan="off",
-                ssl_certfile=settings.tls_cert_file,
-                ssl_keyfile=settings.tls_key_file,
+        servers = [listening(app, settings.port, settings.tls_cert_file, settings.tls_key_file)]
+        if settings.items_tls_cert_file and settings.items_tls_key_file:
+            sandboxes = items_only(app)
+            servers.append(
+                listening(
+                    sandboxes, settings.items_port, settings.items_tls_cert_file, settings.items_tls_key_file
+                )
             )
-        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -642,18 +677,20 @@ async def serve(settings: ApiSettings) -> None:
         async with Probes(
             settings.health_port, lambda: readiness.ready, readiness.details, telemetry.exposition
         ):
-            serving = asyncio.create_task(server.serve())
+            serving = [asyncio.create_task(server.serve()) for server in servers]
             log.info(
-                "serving on :%d (health :%d), %s",
+                "serving on :%d%s (health :%d), %s",
                 settings.port,
+                f", items for sandboxes on :{settings.items_port} (HTTPS)" if len(servers) > 1 else "",
                 settings.health_port,
                 f"codec key ring {codec.ring.ids}" if codec else "no codec (payloads in clear)",
             )
             await asyncio.wait(
-                [serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+                [*serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
             )
-            server.should_exit = True
-            await serving
+            for server in servers:
+                server.should_exit = True
+            await asyncio.gather(*serving)
         checking.cancel()
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from a2a.client import ClientCallContext
@@ -47,6 +48,7 @@ from workflows.contract import CredentialRef, ExecutionContract, RunIdentity
 
 log = logging.getLogger(__name__)
 ITEM_API_ENV = "KSQUAD_ITEM_API_URL"  # where sandboxes reach the items API (with KSQUAD_ITEM_TOKEN_KEY_FILE)
+ITEM_API_CA_ENV = "KSQUAD_ITEM_API_CA_FILE"  # the CA of its certificate (PEM), handed to attempts
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class ItemApi:
 
     url: str
     key: bytes
+    ca: str | None = None  # PEM: the one CA attempts trust for that URL (None: the sandbox's own trust store)
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,9 @@ class CallerKeys:
         endpoint_file = os.environ.get(ENDPOINT_KEY_ENV)
         endpoint = read_key(endpoint_file) if endpoint_file else None
         item_file, item_url = os.environ.get(ITEM_KEY_ENV), os.environ.get(ITEM_API_ENV)
-        items = ItemApi(item_url, read_key(item_file)) if item_file and item_url else None
+        ca_file = os.environ.get(ITEM_API_CA_ENV)
+        ca = Path(ca_file).read_text() if ca_file else None
+        items = ItemApi(item_url, read_key(item_file), ca) if item_file and item_url else None
         sandbox_file = os.environ.get(SANDBOX_KEY_ENV)
         if sandbox_file:
             return cls(read_key(sandbox_file), endpoint, items)
@@ -94,12 +99,15 @@ class CallerKeys:
             fence=run.fence,
             expires=int(time.time()) + ITEM_TOKEN_SECONDS,
         )
-        return {
+        granted = {
             "url": self.items.url,
             "namespace": run.namespace,
             "id": run.work_item_ref,
             "token": item_token(self.items.key, access),
         }
+        if self.items.ca:
+            granted["ca"] = self.items.ca
+        return granted
 
     def sandbox_token(self, run: RunIdentity) -> str:
         return sandbox_token(self.sandbox, run.namespace, run.uid, run.attempt, run.fence)

@@ -4,7 +4,9 @@ an item's entries streamed with Last-Event-ID, and an attempt's item token: its 
 holds, never altered, expired or of another key."""
 
 import asyncio
+import base64
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,11 +18,17 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from activities.agents.callers import CallerKeys
 from agent.callers import ItemAccess, item_token
+from agent.contract import WorkItemAccess
+from agent.work_item import WorkItemError, comment, read_item
+from api.cluster import items_only
 from api.errors import ROUTING_ERRORS, error
 from api.items import MAX_BODY_BYTES, Writer, item_routes, with_item_tokens
 from store import Author, Holder, Store, work_item_key
 from testbed.asgi import serving
+from testbed.pki import Pki
+from workflows.contract import RunIdentity
 
 # Tokens to users, and what each may do: bob reads but may not write.
 USERS = {"t-alice": "alice@example.com", "t-bob": "bob@example.com"}
@@ -294,3 +302,71 @@ async def test_a_list_page_out_of_range_is_refused_naming_it(api: httpx.AsyncCli
     """A page is 1 to 500 items: a negative one is no "everything" (SQLite reads LIMIT -5 as no limit)."""
     refused = await api.get(f"/items/ns?limit={limit}")
     assert refused.status_code == 422 and refused.json()["error"].startswith("limit:"), refused.text
+
+
+async def test_sandboxes_read_their_item_over_tls_trusting_the_ca_the_worker_hands_them_and_nothing_else(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ksquad-api's listener for sandboxes (api.cluster.items_only, HTTPS): the worker reads its CA file and hands
+    the CA with each attempt's token; the agent reads its item trusting that CA alone. A certificate of another CA
+    (a public one included) gets no token; any path but /items/ is 404 on that listener."""
+    ours, theirs = Pki(tmp_path / "ours"), Pki(tmp_path / "theirs")
+    served = ours.issue("items", "ksquad-api", server=True)
+    app = Starlette(
+        routes=item_routes(store, with_item_tokens(store, ITEM_KEY, authorize)),
+        exception_handlers=ROUTING_ERRORS,
+    )
+    async with serving(items_only(app), host="127.0.0.1", tls=(served.cert, served.key)) as url:
+        async with httpx.AsyncClient(
+            base_url=url, verify=ssl.create_default_context(cafile=ours.ca)
+        ) as person:
+            alice = {"Authorization": "Bearer t-alice"}
+            created = await person.post(
+                "/items/payments", json={"id": "PAY-1", "title": "Flaky"}, headers=alice
+            )
+            assert created.status_code == 201, created.text
+            for path in (
+                "/console/",
+                "/codec/encode",
+                "/runs/payments/fix/events",
+                "/usage",
+                "/items/../console/",
+            ):
+                refused = await person.get(path, headers=alice)
+                assert refused.status_code == 404, (path, refused.text)
+                assert refused.json()["error"] == "only /items/ is served on this port"
+        run = Holder("uid-fix", "payments/fix-pay-1", "alice@example.com")
+        fence = (await store.claim(work_item_key("payments", "PAY-1"), run, 60)).fence
+        monkeypatch.setenv("KSQUAD_ITEM_TOKEN_KEY_FILE", str(_key_file(tmp_path)))
+        monkeypatch.setenv("KSQUAD_ITEM_API_URL", url)
+        monkeypatch.setenv("KSQUAD_ITEM_API_CA_FILE", str(ours.ca))
+        monkeypatch.setenv("KSQUAD_SANDBOX_TOKEN_KEY_FILE", str(_key_file(tmp_path)))
+        identity = RunIdentity(
+            namespace="payments",
+            name="fix-pay-1",
+            uid="uid-fix",
+            attempt=1,
+            fence=fence,
+            work_item_ref="PAY-1",
+        )
+        granted = CallerKeys.from_env().work_item_access(identity)
+        assert granted is not None and granted["ca"] == ours.ca.read_text()
+        access = WorkItemAccess.model_validate(granted)
+        state, prompt = await read_item(access)
+        assert state == "open" and "Flaky" in prompt
+        await comment(access, "read over TLS")
+        for other_ca, why in (
+            (theirs.ca.read_text(), "CERTIFICATE_VERIFY_FAILED"),
+            (None, "CERTIFICATE_VERIFY_FAILED"),  # the image's public trust store: no public CA signed it
+            ("not a certificate", "no PEM certificate"),
+        ):
+            with pytest.raises(WorkItemError, match=why):
+                await comment(access.model_copy(update={"ca": other_ca}), "to whom?")
+    entries = await store.item_events("payments", "PAY-1")
+    assert [e.body for e in entries if e.kind == "comment"] == ["read over TLS"], "nothing else was written"
+
+
+def _key_file(tmp_path: Path) -> Path:
+    key = tmp_path / "item-token.key"
+    key.write_text(base64.b64encode(ITEM_KEY).decode())
+    return key

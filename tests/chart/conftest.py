@@ -211,7 +211,7 @@ async def release(
         "--set",
         f"api.service.clusterIP={API_CLUSTER_IP}",
         "--set",
-        f"api.itemsUrl=http://{API_CLUSTER_IP}:8080",
+        f"api.itemsUrl=https://{API_CLUSTER_IP}:8443",  # the listener for sandboxes (no cluster DNS here)
         # what tests/chart/test_placement.py's GPU agent asks for, as an operator allows a team's GPU pool
         "--set",
         f"sandbox.allowedServiceAccounts={{{GPU_ACCOUNT}}}",

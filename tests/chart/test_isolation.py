@@ -1,7 +1,8 @@
 """The isolation the chart promises a Run's sandbox, enforced by the test node (testbed/node.py) and proven on the
 installed release: the sandbox runs under gVisor, and its NetworkPolicy lets it reach its model endpoint (an
-egress entry of the chart's values, off the node) and the cluster DNS in kube-system, nothing else: not the API
-server, not the metadata address, not a pod of another namespace, not a pod labelled as DNS outside kube-system.
+egress entry of the chart's values, off the node), the cluster DNS in kube-system and ksquad-api's listener for
+sandboxes (its work item), nothing else: not the API server, not ksquad-api's port for people, not the metadata
+address, not a pod of another namespace, not a pod labelled as DNS outside kube-system.
 
 Each target the sandbox is denied is first reached from a pod under no policy (the control), so a denial is the
 policy's (the connection times out, and kube-network-policies counts drops), not an empty address. One Run, the
@@ -27,7 +28,7 @@ from testbed.agents import MODEL_KEY, ModelEndpoint, serving_model
 from testbed.images import AGENT_IMAGE
 from testbed.isolate import NODE_ADDRESS
 from testbed.outside import METADATA_ADDRESS, OFF_NODE_ADDRESS
-from tests.chart.conftest import NS, SEED, Release, phase_of, wait_for
+from tests.chart.conftest import API_CLUSTER_IP, NS, SEED, Release, phase_of, wait_for
 
 RUN = "isolated-seed"
 OTHER = "isolation-other"  # a namespace under no policy: the impostor DNS pod, which is also the control
@@ -164,6 +165,8 @@ async def bed(release: Release, off_node_model: ModelEndpoint) -> AsyncIterator[
                 "API server (its address)": (apiserver.apiserver_address, apiserver.apiserver_port),
                 "metadata address": (METADATA_ADDRESS, metadata.server_address[1]),
                 "pod of another namespace": (impostor, 8080),
+                "ksquad-api for sandboxes (items, HTTPS)": (API_CLUSTER_IP, 8443),
+                "ksquad-api for people (console, codec, runs)": (API_CLUSTER_IP, 8080),
                 "kube-dns label outside kube-system": (impostor, 53),
             },
             (OTHER, "dns-impostor"),
@@ -255,11 +258,11 @@ async def test_the_sandbox_runs_under_gvisors_kernel_not_the_hosts(bed: Bed, san
     assert os.uname().release != "4.4.0" and inside.stdout != host
 
 
-async def test_the_sandbox_reaches_its_model_and_the_cluster_dns_and_nothing_else(
+async def test_the_sandbox_reaches_its_model_the_cluster_dns_and_its_item_listener_and_nothing_else(
     bed: Bed, sandbox: Sandbox
 ) -> None:
     release = bed.release
-    allowed = {"model endpoint", "cluster DNS"}
+    allowed = {"model endpoint", "cluster DNS", "ksquad-api for sandboxes (items, HTTPS)"}
     # From a pod under no policy every target answers: each is there, on a path a pod can take.
     control = await asyncio.to_thread(probe, release, *bed.control, bed.targets)
     assert control == {name: "connected" for name in bed.targets}, control

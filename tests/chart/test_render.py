@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
 
 from activities.sandboxes import SandboxSettings, job_manifest
 from testbed import chart
@@ -167,19 +168,95 @@ def test_the_item_token_key_reaches_the_worker_and_the_api_alone_and_the_worker_
     assert {name for name, (held, _) in holders.items() if held} == {"ksquad-worker", "ksquad-api"}
     for name in ("ksquad-worker", "ksquad-api"):
         assert holders[name][1]["KSQUAD_ITEM_TOKEN_KEY_FILE"] == "/var/run/ksquad/item-token/key"
-    url = f"http://ksquad-api.{chart.RELEASE_NAMESPACE}.svc:8080"
-    assert holders["ksquad-worker"][1]["KSQUAD_ITEM_API_URL"] == url
-    with_tls = chart.render({**VALUES, "api": {"tlsSecret": "api-tls"}})
-    (worker,) = [
-        d for d in with_tls if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-worker"
-    ]
-    env = {e["name"]: e.get("value") for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["KSQUAD_ITEM_API_URL"] == url.replace("http:", "https:")
+    url = f"https://ksquad-api.{chart.RELEASE_NAMESPACE}.svc:8443"
+    assert holders["ksquad-worker"][1]["KSQUAD_ITEM_API_URL"] == url, "the listener for sandboxes, over TLS"
     without = chart.render({**VALUES, "api": {"enabled": False}})
     assert not [d for d in without if d["kind"] == "Secret" and "item-token" in d["metadata"]["name"]]
     (worker,) = [d for d in without if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-worker"]
     names = {e["name"] for e in worker["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert not names & {"KSQUAD_ITEM_TOKEN_KEY_FILE", "KSQUAD_ITEM_API_URL"}, "no API: no way to an item"
+    assert not names & {"KSQUAD_ITEM_TOKEN_KEY_FILE", "KSQUAD_ITEM_API_URL", "KSQUAD_ITEM_API_CA_FILE"}, (
+        "no API: no way to an item"
+    )
+    assert not [d for d in without if d["kind"] == "Secret" and "items-tls" in d["metadata"]["name"]]
+
+
+def _items_tls(docs: list[dict[str, Any]]) -> tuple[x509.Certificate, x509.Certificate, bytes]:
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "ksquad-items-tls"]
+    assert secret["type"] == "kubernetes.io/tls"
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    return (
+        x509.load_pem_x509_certificate(data["ca.crt"]),
+        x509.load_pem_x509_certificate(data["tls.crt"]),
+        data["tls.key"],
+    )
+
+
+def _names(cert: x509.Certificate) -> tuple[set[str], set[str]]:
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return set(names.get_values_for_type(x509.DNSName)), {
+        str(a) for a in names.get_values_for_type(x509.IPAddress)
+    }
+
+
+def test_sandboxes_reach_their_item_over_tls_with_a_ca_the_worker_hands_them_and_never_the_listeners_key() -> (
+    None
+):
+    docs = chart.render(VALUES)
+    ca, cert, key = _items_tls(docs)
+    cert.verify_directly_issued_by(ca)  # what the agent checks, trusting this CA alone
+    ns = chart.RELEASE_NAMESPACE
+    dns, ips = _names(cert)
+    assert dns == {
+        "ksquad-api",
+        f"ksquad-api.{ns}",
+        f"ksquad-api.{ns}.svc",
+        f"ksquad-api.{ns}.svc.cluster.local",
+    }
+    assert ips == set()
+    assert b"PRIVATE KEY" in key
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"}
+    mounted = {
+        name: [
+            v["secret"] for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "ksquad-items-tls"
+        ]
+        for name, pod in pods.items()
+    }
+    assert {name for name, found in mounted.items() if found} == {"ksquad-worker", "ksquad-api"}
+    assert [i["key"] for i in mounted["ksquad-worker"][0]["items"]] == ["ca.crt"], "the worker: the CA alone"
+    assert [i["key"] for i in mounted["ksquad-api"][0]["items"]] == ["tls.crt", "tls.key"]
+    worker = {e["name"]: e.get("value") for e in pods["ksquad-worker"]["containers"][0]["env"]}
+    assert worker["KSQUAD_ITEM_API_CA_FILE"] == "/var/run/ksquad/items-ca/ca.crt"
+    api = pods["ksquad-api"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in api["env"]}
+    assert env["KSQUAD_API_ITEMS_PORT"] == "8443"
+    assert env["KSQUAD_API_ITEMS_TLS_CERT_FILE"] == "/var/run/ksquad/items-tls/tls.crt"
+    assert {"name": "items", "containerPort": 8443} in api["ports"]
+    (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "ksquad-api"]
+    assert {"name": "items", "port": 8443, "targetPort": "items"} in service["spec"]["ports"]
+    # A fixed cluster address and an items URL of another host: the certificate names both.
+    fixed = chart.render(
+        {
+            **VALUES,
+            "api": {"service": {"clusterIP": "10.0.0.80"}, "itemsUrl": "https://items.example.com:8443"},
+        }
+    )
+    dns, ips = _names(_items_tls(fixed)[1])
+    assert ips == {"10.0.0.80"} and "items.example.com" in dns
+    by_ip = chart.render({**VALUES, "api": {"itemsUrl": "https://10.0.0.81:8443"}})
+    assert _names(_items_tls(by_ip)[1])[1] == {"10.0.0.81"}
+    # A Secret of one's own (cert-manager's): the chart makes none and mounts it.
+    own = chart.render({**VALUES, "api": {"itemsTlsSecret": "items-cert"}})
+    assert not [d for d in own if d["kind"] == "Secret" and "items-tls" in d["metadata"]["name"]]
+    (worker_pod,) = [
+        d["spec"]["template"]["spec"]
+        for d in own
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "ksquad-worker"
+    ]
+    assert {
+        "secretName": "items-cert",
+        "defaultMode": 0o440,
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    } in [v.get("secret") for v in worker_pod["volumes"]]
 
 
 def test_the_default_images_are_the_projects_version_built_by_make_images() -> None:
@@ -379,7 +456,9 @@ def test_sandboxes_may_ask_only_the_cluster_dns_in_kube_system_and_ksquad_api_fo
                     "podSelector": {"matchLabels": {"app.kubernetes.io/component": "api"}},
                 }
             ],
-            "ports": [{"port": 8080, "protocol": "TCP"}],
+            "ports": [
+                {"port": 8443, "protocol": "TCP"}
+            ],  # the listener for sandboxes, not the one for people
         },
     ]
     assert _sandbox_policy([], api=False)["egress"] == [dns], "no API, no way out to it"

@@ -155,13 +155,56 @@ capabilities:
 {{- .Values.api.console.keySecret.name | default (printf "%s-console-key" .Release.Name) -}}
 {{- end -}}
 
-{{- /* Where attempts reach ksquad-api for their work items: api.itemsUrl, or the Service's cluster address. */ -}}
+{{- /* Where attempts reach ksquad-api for their work items: api.itemsUrl, or the Service's cluster address on
+       the listener for sandboxes. */ -}}
 {{- define "ksquad.itemsUrl" -}}
 {{- if .Values.api.itemsUrl -}}
 {{- .Values.api.itemsUrl -}}
 {{- else -}}
-{{- printf "%s://ksquad-api.%s.svc:%v" (ternary "https" "http" (not (empty .Values.api.tlsSecret))) .Release.Namespace .Values.api.service.port -}}
+{{- printf "https://ksquad-api.%s.svc:%v" .Release.Namespace .Values.api.itemsPort -}}
 {{- end -}}
+{{- end -}}
+
+{{- define "ksquad.itemsTlsSecretName" -}}
+{{- .Values.api.itemsTlsSecret | default (printf "%s-items-tls" .Release.Name) -}}
+{{- end -}}
+
+{{- /* The names the items listener's certificate must hold, as JSON {"dns": [...], "ips": [...]}: the Service's
+       names, its fixed clusterIP, and api.itemsUrl's host. */ -}}
+{{- define "ksquad.itemsTlsNames" -}}
+{{- $ns := .Release.Namespace -}}
+{{- $dns := list "ksquad-api" (printf "ksquad-api.%s" $ns) (printf "ksquad-api.%s.svc" $ns) (printf "ksquad-api.%s.svc.cluster.local" $ns) -}}
+{{- $ips := list -}}
+{{- with .Values.api.service.clusterIP }}{{ $ips = append $ips . }}{{ end -}}
+{{- with .Values.api.itemsUrl -}}
+  {{- $host := (urlParse .).hostname -}}
+  {{- if or (regexMatch "^[0-9.]+$" $host) (contains ":" $host) -}}
+    {{- $ips = append $ips $host -}}
+  {{- else if $host -}}
+    {{- $dns = append $dns $host -}}
+  {{- end -}}
+{{- end -}}
+{{- dict "dns" (uniq $dns) "ips" (uniq $ips) | toJson -}}
+{{- end -}}
+
+{{- define "ksquad.itemsCaEnv" -}}
+{{- if .Values.api.enabled }}
+- {name: KSQUAD_ITEM_API_CA_FILE, value: /var/run/ksquad/items-ca/ca.crt}
+{{- end }}
+{{- end -}}
+
+{{- define "ksquad.itemsCaMount" -}}
+{{- if .Values.api.enabled }}
+- {name: items-ca, mountPath: /var/run/ksquad/items-ca, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- /* The CA alone: the worker never holds the listener's key. */ -}}
+{{- define "ksquad.itemsCaVolume" -}}
+{{- if .Values.api.enabled }}
+- name: items-ca
+  secret: {secretName: {{ include "ksquad.itemsTlsSecretName" . }}, defaultMode: 0440, items: [{key: ca.crt, path: ca.crt}]}
+{{- end }}
 {{- end -}}
 
 {{- define "ksquad.codecMount" -}}
