@@ -75,16 +75,13 @@ class Budget:
         self.total = 0
 
     def _refusal(self, person: str, namespace: str) -> OverBudget | None:
-        bounds = (
+        bounds = [
             ("person", self.people.get(person, 0), self.limits.per_person, person),
-            (
-                "namespace",
-                self.namespaces.get(namespace, 0),
-                self.limits.per_namespace,
-                f"namespace {namespace}",
-            ),
             ("total", self.total, self.limits.total, "ksquad-api"),
-        )
+        ]
+        if namespace:
+            held = self.namespaces.get(namespace, 0)
+            bounds.insert(1, ("namespace", held, self.limits.per_namespace, f"namespace {namespace}"))
         for bound, held, most, who in bounds:
             if held >= most:
                 REFUSED.labels(self.name, bound).inc()
@@ -96,17 +93,21 @@ class Budget:
         return None
 
     def take(self, person: str, namespace: str) -> None:
-        """Hold a slot for `person` in `namespace`, or raise OverBudget. Call `give_back` with the same."""
+        """Hold a slot for `person` in `namespace` (none: "", for what is in no namespace or in one the person may
+        not act in), or raise OverBudget. Call `give_back` with the same."""
         refusal = self._refusal(person, namespace)
         if refusal is not None:
             raise refusal
         self.people[person] = self.people.get(person, 0) + 1
-        self.namespaces[namespace] = self.namespaces.get(namespace, 0) + 1
+        if namespace:
+            self.namespaces[namespace] = self.namespaces.get(namespace, 0) + 1
         self.total += 1
         IN_USE.labels(self.name).set(self.total)
 
     def give_back(self, person: str, namespace: str) -> None:
         for counts, key in ((self.people, person), (self.namespaces, namespace)):
+            if not key:
+                continue
             counts[key] -= 1
             if not counts[key]:
                 del counts[key]

@@ -1,6 +1,8 @@
 """The console on the embedded stack: the developer (the holder of the API's token, signed in with the link
 `ksquad dev` prints) may read and do everything, as themselves; Runs are created as `ksquad run` creates them."""
 
+import hashlib
+import json
 from urllib.parse import quote
 
 from api.console.backend import Obj, Refused, Viewer
@@ -32,6 +34,13 @@ class EmbeddedConsole:
 
     async def runs(self, namespace: str | None) -> list[Obj]:
         return [r.manifest() for r in await self.embedded.objects.of_kind("Run", namespace)]
+
+    async def runs_version(self, namespace: str | None) -> str:
+        """A digest of the Runs as the table shows them: one developer's tabs, on the embedded store."""
+        runs = [
+            (r.uid, r.generation, r.status) for r in await self.embedded.objects.of_kind("Run", namespace)
+        ]
+        return hashlib.sha256(json.dumps(runs, sort_keys=True, default=str).encode()).hexdigest()
 
     async def run(self, namespace: str, name: str) -> Obj:
         try:

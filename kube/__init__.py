@@ -351,19 +351,22 @@ async def reflect(
     max_backoff: float = 10.0,
     keep: Callable[[Obj], bool] = lambda _: True,
     page: int = 500,
+    metadata_only: bool = False,
 ) -> None:
     """Keep a copy of what `url` (with `labels`) holds, as client-go's reflector does, until cancelled: list
     (`listed` gets every object `keep` keeps, read `page` at a time: what is not kept is never held all at once),
     then watch from the list's version (`changed` gets ADDED, MODIFIED or DELETED and the object). A version the
     server no longer has (410 Gone) lists again; a failure calls `lost` (what the copy holds may be stale from
-    now on) and lists again after a capped backoff."""
+    now on) and lists again after a capped backoff. `metadata_only`: PartialObjectMetadata, lists and events."""
     backoff = 0.5
     while True:
         try:
             kept: builtins.list[Obj] = []
             token: str | None = None
             while True:
-                answer = await kube.list(url, labels=labels, limit=page, continue_token=token)
+                answer = await kube.list(
+                    url, labels=labels, limit=page, continue_token=token, metadata_only=metadata_only
+                )
                 kept += [obj for obj in answer.get("items") or [] if keep(obj)]
                 token = answer["metadata"].get("continue") or None
                 if token is None:
@@ -372,7 +375,7 @@ async def reflect(
             version: str | None = answer["metadata"]["resourceVersion"]
             backoff = 0.5
             while version is not None:
-                version = await _follow(kube, url, version, labels, changed)
+                version = await _follow(kube, url, version, labels, changed, metadata_only)
         except (Unreachable, ApiError) as err:
             lost()
             log.warning("watching %s: %s; again in %.1fs", url, err, backoff)
@@ -381,10 +384,15 @@ async def reflect(
 
 
 async def _follow(
-    kube: Kube, url: str, version: str, labels: str | None, changed: Callable[[str, Obj], None]
+    kube: Kube,
+    url: str,
+    version: str,
+    labels: str | None,
+    changed: Callable[[str, Obj], None],
+    metadata_only: bool = False,
 ) -> str | None:
     """Watch from `version`; the version to go on from, or None when the server no longer has it."""
-    async for event in kube.watch(url, resource_version=version, labels=labels):
+    async for event in kube.watch(url, resource_version=version, labels=labels, metadata_only=metadata_only):
         kind, obj = event["type"], event["object"]
         if kind == "ERROR":
             if obj.get("code") == 410:

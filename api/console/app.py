@@ -3,7 +3,8 @@
 `Session` (their Backend) or with the response to send instead (to the sign-in page, or a refusal).
 
     GET  /console/                              runs, filtered by namespace, phase, Team, Agent and person
-    GET  /console/runs.frag?...                 the runs table alone (the page refreshes it)
+    GET  /console/runs.frag?...                 the runs table alone (the page fetches it again when told)
+    GET  /console/runs.changes?namespace=NS     server-sent `change` when that table may have changed
     GET  /console/runs/{ns}/{name}              a run: timeline, countdown, progress, artifacts, usage, actions
     GET  /console/runs/{ns}/{name}/events       its events (server-sent; Last-Event-ID resumes)
     GET  /console/runs/{ns}/{name}/artifacts/{artifact}   an artifact, as text or as a download, never as a page
@@ -19,12 +20,13 @@ the form's CSRF token (an HMAC of the sign-in, under the console's key) and, whe
 from (Origin, Sec-Fetch-Site), comes from this origin.
 """
 
+import asyncio
 import hashlib
 import hmac
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,16 @@ from api.budgets import Budget, Limits, OverBudget
 from api.console import pages
 from api.console.backend import Backend, Refused
 from api.console.html import Html
-from api.streams import HeldStream, RunLook, parse_cursor, run_ending, stream_budget, stream_events
+from api.streams import (
+    KEEPALIVE_SECONDS,
+    HeldStream,
+    RunLook,
+    parse_cursor,
+    run_ending,
+    sse,
+    stream_budget,
+    stream_events,
+)
 from store import InvalidItemWrite, ItemNotFound, StoreError
 from workflows.signals import RunSignal
 from workflows.status import not_waiting_for_input
@@ -55,8 +66,9 @@ DONE = {
     "comment": "Comment added",
     "created": "Run created",
 }
-# The newest runs shown; more is a filter's job (the page fetches its table again every few seconds).
+# The newest runs shown; more is a filter's job (the page fetches its table again when it changes).
 MAX_RUNS_SHOWN = 200
+CHANGE_SECONDS = 2.0  # a runs table is told of changes at most this often
 ENTRIES_SHOWN = 200  # an item's newest entries on its page (older ones: ?before=<seq>)
 PROGRESS_SHOWN = 200  # a run's newest progress lines on its page (the stream appends what comes after)
 CSP = (
@@ -213,6 +225,10 @@ def console_routes(
             person = session.backend.viewer.name
             where = request.path_params.get("namespace") or request.query_params.get("namespace") or ""
             try:
+                # A namespace's share is spent only by who may read its Runs (RBAC, cached): naming a namespace
+                # one may not read spends one's own share and the total, never that namespace's.
+                if where and await session.backend.may("list", "runs", where) is not None:
+                    where = ""
                 with requests.held(person, where):
                     return await handler(request, session)
             except OverBudget as err:
@@ -282,11 +298,49 @@ def console_routes(
             await session.backend.namespaces(),
             chosen(request),
             pages.url("runs.frag", **query),
+            pages.url("runs.changes", namespace=namespace),
         )
         return shell(session, "Runs", body, request)
 
     async def runs_fragment(request: Request, session: Session) -> Response:
         return page(shown(await listed_runs(session, request)))
+
+    async def runs_changes(request: Request, session: Session) -> Response:
+        """Server-sent `change` when the runs table may have changed, looked at every CHANGE_SECONDS (a busy
+        namespace costs a tab what polling did, a quiet one nothing); `end` with the reason once the person may no
+        longer list those Runs. One of the person's event streams (the streams budget)."""
+        namespace = request.query_params.get("namespace") or None
+        backend = session.backend
+        seen = await backend.runs_version(namespace)  # Refused: before a stream is held
+        held = HeldStream(streams, backend.viewer.name, namespace or "")  # OverBudget: 429
+
+        async def changes() -> AsyncIterator[bytes]:
+            nonlocal seen
+            loop = asyncio.get_running_loop()
+            last_sent = loop.time()
+            yield b"retry: 5000\n\n"
+            while not await request.is_disconnected():
+                await asyncio.sleep(CHANGE_SECONDS)
+                try:
+                    now = await backend.runs_version(namespace)
+                except Refused as err:
+                    yield sse(None, "end", {"reason": err.message})
+                    return
+                except StoreError as err:
+                    yield sse(None, "end", {"reason": f"the store does not answer: {err}"})
+                    return
+                if now != seen:
+                    seen, last_sent = now, loop.time()
+                    yield sse(None, "change", {})
+                elif loop.time() - last_sent > KEEPALIVE_SECONDS:
+                    last_sent = loop.time()
+                    yield b": keep-alive\n\n"
+
+        return StreamingResponse(
+            held.counted(changes()),
+            media_type="text/event-stream",
+            headers={**SECURITY_HEADERS, "X-Accel-Buffering": "no"},
+        )
 
     async def run_page(request: Request, session: Session) -> Response:
         namespace, name = request.path_params["namespace"], request.path_params["name"]
@@ -512,6 +566,7 @@ def console_routes(
         Route("/console/static/{file}", static),
         Route("/console/", signed_in(runs_page)),
         Route("/console/runs.frag", signed_in(runs_fragment)),
+        Route("/console/runs.changes", signed_in(runs_changes)),
         Route("/console/runs/{namespace}/{name}", signed_in(run_page)),
         Route("/console/runs/{namespace}/{name}/events", signed_in(run_events)),
         Route("/console/runs/{namespace}/{name}/artifacts/{artifact:path}", signed_in(artifact)),

@@ -42,6 +42,11 @@ class Backend(Protocol):
         """The Runs of `namespace` (every namespace the person may list, when None), as the API server has them."""
         ...
 
+    async def runs_version(self, namespace: str | None) -> str:
+        """What moves when a Run `runs(namespace)` returns changes, read cheaply and often (a tab asks every few
+        seconds, and fetches its table only when it moved); Refused when the person may not list them."""
+        ...
+
     async def run(self, namespace: str, name: str) -> Obj: ...
 
     async def objects(self, plural: str, namespace: str) -> list[Obj]:

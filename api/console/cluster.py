@@ -7,6 +7,7 @@ Who the person is comes from their token: sent by an authenticating proxy in fro
 (`Authorization: Bearer`, as oauth2-proxy or Pinniped send it), or pasted once on the sign-in page and kept in a
 cookie sealed with the console's key (AES-GCM; HttpOnly, SameSite=Strict, Secure over HTTPS; 12 hours)."""
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -23,7 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from api.console.backend import Obj, Refused, Viewer
 from api.kubernetes_auth import Access, KubernetesAuth, User
 from crd_bridge.resources import CANCEL_ANNOTATION, INPUT_ANNOTATION, PAUSE_ANNOTATION
-from kube import ApiError, Kube, Unreachable, path
+from kube import ApiError, Kube, Unreachable, path, reflect
 from store import Author, Store
 from workflows.signals import RunSignal
 
@@ -35,6 +36,66 @@ SESSION_SECONDS = 12 * 3600
 MAX_RUNS_READ = 2000
 RUNS_PAGE = 500
 SEAL_CONTEXT = b"ksquad-console-session-v1"
+WATCH_IDLE_SECONDS = 60.0  # a namespace's watch stops this long after no console asked about it
+
+
+class RunChanges:
+    """What tells console tabs that their runs table changed, instead of each tab listing Runs every few seconds:
+    one watch of each served namespace's Runs, as ksquad-api (metadata only: names and versions), shared by every
+    person's tabs. Each change counts; a tab whose count moved fetches its table again, as the person. A
+    namespace's watch starts when a tab first asks about it (its first list counts too: what changed between the
+    tab's own list and the watch's start is then read) and stops when none has asked for WATCH_IDLE_SECONDS."""
+
+    def __init__(self, kube: Kube, namespaces: list[str]) -> None:
+        self.kube = kube
+        self.served = frozenset(namespaces)
+        self.counts: dict[str, int] = {}
+        self._asked: dict[str, float] = {}
+        self._watching: dict[str, asyncio.Task[None]] = {}
+
+    def count(self, namespace: str) -> int:
+        """Changes seen in the namespace's Runs since its watch started (a failed watch counts too: its tabs
+        read again). 0, never moving, for a namespace ksquad does not serve (it holds no Runs)."""
+        if namespace not in self.served:
+            return 0
+        loop = asyncio.get_running_loop()
+        self._asked[namespace] = loop.time()
+        task = self._watching.get(namespace)
+        if task is None or task.done():
+            self._bump(namespace)
+            self._watching[namespace] = loop.create_task(self._watch(namespace))
+        return self.counts[namespace]
+
+    def _bump(self, namespace: str) -> None:
+        self.counts[namespace] = self.counts.get(namespace, 0) + 1
+
+    async def _watch(self, namespace: str) -> None:
+        def bump(*_: object) -> None:
+            self._bump(namespace)
+
+        def nothing(_: Obj) -> bool:
+            return False  # the list's objects are not kept: a change is all a tab needs to know
+
+        following = asyncio.create_task(
+            reflect(
+                self.kube,
+                path(RUN_API, "runs", namespace),
+                bump,
+                bump,
+                bump,
+                keep=nothing,
+                metadata_only=True,
+            )
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            while True:  # looked at again when it may have gone idle
+                idle = loop.time() - self._asked[namespace]
+                if idle >= WATCH_IDLE_SECONDS:
+                    break
+                await asyncio.sleep(WATCH_IDLE_SECONDS - idle)
+        finally:
+            following.cancel()
 
 
 class SessionSeal:
@@ -69,9 +130,10 @@ class ClusterConsole:
         user: User,
         store: Store,
         namespaces: list[str],
-        temporal_ui: str | None = None,
-        temporal_namespace: str = "default",
-        how: str = "your Kubernetes identity",
+        temporal_ui: str | None,
+        temporal_namespace: str,
+        how: str,
+        changes: RunChanges,
     ) -> None:
         self.kube = kube  # acting as the person
         self.auth = auth
@@ -81,6 +143,7 @@ class ClusterConsole:
         self._namespaces = namespaces
         self.temporal_ui = temporal_ui.rstrip("/") if temporal_ui else None
         self.temporal_namespace = temporal_namespace
+        self.changes = changes  # ksquad-api's, shared by every person
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
@@ -127,6 +190,22 @@ class ClusterConsole:
             if len(runs) >= MAX_RUNS_READ:
                 break
         return runs
+
+    async def runs_version(self, namespace: str | None) -> str:
+        """Moves when a Run of the namespace (of every served one the person may list, when None) changes: the
+        shared watch's counts (no API server call), once RBAC says the person may list them (asked as a
+        SubjectAccessReview, cached for a few seconds: a person whose rights go is told within that)."""
+        if namespace:
+            why = await self.may("list", "runs", namespace)
+            if why:
+                raise Refused(403, why)
+            return str(self.changes.count(namespace))
+        counts = [
+            f"{ns}:{self.changes.count(ns)}"
+            for ns in self._namespaces
+            if await self.may("list", "runs", ns) is None
+        ]
+        return ",".join(counts)
 
     async def run(self, namespace: str, name: str) -> Obj:
         return await self._call(

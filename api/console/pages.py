@@ -226,12 +226,19 @@ def more_runs(matching: int, shown: int) -> Html:
 
 
 def runs_page(
-    table: Html, namespace: str, namespaces: list[str], chosen: Mapping[str, str], fragment_url: str
+    table: Html,
+    namespace: str,
+    namespaces: list[str],
+    chosen: Mapping[str, str],
+    fragment_url: str,
+    changes_url: str,
 ) -> Html:
+    """The table is fetched again from `fragment_url` when `changes_url` (server-sent) says it changed."""
+    live = {"data-refresh": fragment_url, "data-changes": changes_url}
     return Html(
         el("h1", {}, "Runs")
         + runs_filters(namespace, namespaces, chosen)
-        + el("div", {"id": "runs", "data-refresh": fragment_url, "aria-live": "polite"}, table)
+        + el("div", {"id": "runs", **live, "aria-live": "polite"}, table)
     )
 
 

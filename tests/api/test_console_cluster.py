@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from api.budgets import Limits
 from api.cluster import CONSOLE_COOKIE, CONSOLE_LIMITS, ApiSettings, cluster_api
 from api.console.app import csrf_key_of, csrf_token
 from api.kubernetes_auth import KubernetesAuth
@@ -353,3 +354,118 @@ async def test_one_persons_console_requests_do_not_make_another_wait(
     assert all(int(a.headers["retry-after"]) >= 1 for a in refused)
     assert any("console requests" in a.text for a in refused), "the bound in flight held"
     assert [a.status_code for a in answers_of_other] == [200] * 5, [a.text[:200] for a in answers_of_other]
+
+
+async def test_an_outsider_naming_a_namespace_spends_none_of_its_console_share(
+    ksquad_cluster: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """A namespace's share of the console's requests in flight is spent only by who may read its Runs: someone
+    who may not, naming it in every request, is refused by RBAC (403) and never by the namespace's bound, and a
+    member is answered all the while."""
+    cluster = ksquad_cluster
+    _, member = person(cluster, namespace, "get,list,watch", "get,list")
+    outsider_name = f"o-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "serviceaccount", outsider_name, "-n", namespace)  # no grant at all
+    outsider = cluster.kubectl("create", "token", outsider_name, "-n", namespace).stdout.strip()
+    make_run(cluster, namespace, "shared")
+    settings = ApiSettings(
+        database_url=f"sqlite:///{tmp_path / 'store.db'}",
+        console_key=KEY,
+        namespaces=[namespace],
+        console_limits=Limits(per_person=64, per_namespace=4, total=1000),
+    )
+    store = await Store.open(settings.database_url)
+    fragment = f"/console/runs.frag?namespace={namespace}"
+    try:
+        async with (
+            Kube(Config.from_kubeconfig(cluster.admin_kubeconfig)) as kube,
+            serving(cluster_api(store, kube, KubernetesAuth(kube), settings, None)) as url,
+            httpx.AsyncClient(
+                base_url=url, timeout=60, headers={"Authorization": f"Bearer {outsider}"}
+            ) as out,
+            httpx.AsyncClient(
+                base_url=url, timeout=60, headers={"Authorization": f"Bearer {member}"}
+            ) as mine,
+        ):
+            assert (
+                await out.get(fragment)
+            ).status_code == 403  # signed in and reviewed: what follows is the budget
+            flood = asyncio.gather(*(out.get(fragment) for _ in range(48)))
+            answers_of_member = [await mine.get(fragment) for _ in range(3)]
+            answers = await flood
+    finally:
+        await store.close()
+    assert {a.status_code for a in answers} == {403}, sorted({(a.status_code, a.text[:120]) for a in answers})
+    assert [a.status_code for a in answers_of_member] == [200] * 3, [a.text[:200] for a in answers_of_member]
+
+
+async def next_event(lines: AsyncIterator[str]) -> tuple[str, Any]:
+    """The next server-sent event's name and data (comments and `retry:` skipped)."""
+    kind = ""
+    async for text in lines:
+        if text.startswith("event:"):
+            kind = text.removeprefix("event:").strip()
+        elif text.startswith("data:") and kind:
+            return kind, json.loads(text.removeprefix("data:"))
+    raise AssertionError("the stream ended without another event")
+
+
+def person_requests(cluster: ControlPlane, user: str, verb: str, resource: str) -> int:
+    """How many `verb` requests on `resource` the API server's audit log has from `user` (once each)."""
+    seen = set()
+    for line in cluster.audit_log.read_text().splitlines():
+        event = json.loads(line)
+        ref = event.get("objectRef") or {}
+        if (
+            event["user"]["username"] == user
+            and event.get("verb") == verb
+            and ref.get("resource") == resource
+        ):
+            seen.add(event["auditID"])
+    return len(seen)
+
+
+async def test_a_runs_table_is_told_when_its_runs_change_and_costs_the_api_server_nothing_while_they_do_not(
+    ksquad_cluster: ControlPlane, namespace: str, api: str
+) -> None:
+    """The runs page follows /console/runs.changes instead of listing Runs every few seconds: ksquad-api's one
+    metadata watch of the namespace tells each tab when a Run came, changed or went, and the tab lists them again,
+    as the person, only then. A person who may not list the namespace's Runs is refused the stream; one whose
+    rights go is told so and the stream ends."""
+    cluster = ksquad_cluster
+    member, token = person(cluster, namespace, "get,list,watch", "get,list")
+    _, outsider = person(cluster, namespace, "get", "get")  # may get a Run, never list them
+    auth = {"Authorization": f"Bearer {token}"}
+    changes = f"/console/runs.changes?namespace={namespace}"
+    async with httpx.AsyncClient(base_url=api, timeout=30) as http:
+        refused = await http.get(changes, headers={"Authorization": f"Bearer {outsider}"})
+        assert refused.status_code == 403 and "may not list runs" in refused.text, refused.text
+        async with asyncio.timeout(90), http.stream("GET", changes, headers=auth) as stream:
+            assert stream.status_code == 200, await stream.aread()
+            lines = stream.aiter_lines()
+            # No tab followed the namespace yet: its watch starts now, and the tab is told once it has listed
+            # (what changed between the page's own list and the watch's start, the watch could not see).
+            assert await next_event(lines) == ("change", {})
+            lists_before = person_requests(cluster, member, "list", "runs")
+            quiet = asyncio.create_task(next_event(lines))
+            await asyncio.sleep(6)  # three looks with nothing changed: no event, and no list as the person
+            assert not quiet.done(), quiet.result()
+            assert person_requests(cluster, member, "list", "runs") == lists_before
+            make_run(cluster, namespace, "arrives")
+            assert await quiet == ("change", {})
+            cluster.kubectl(
+                "patch",
+                "run",
+                "arrives",
+                "-n",
+                namespace,
+                "--type=merge",
+                "-p",
+                '{"metadata": {"labels": {"touched": "yes"}}}',
+            )
+            assert await next_event(lines) == ("change", {})
+            cluster.kubectl("delete", "rolebinding", member.rsplit(":", 1)[1], "-n", namespace)
+            kind, data = await next_event(lines)
+            while kind == "change":
+                kind, data = await next_event(lines)
+    assert kind == "end" and "may not list runs" in data["reason"], (kind, data)

@@ -128,7 +128,10 @@ async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
     await view.goto(f"{API_URL}/console/?namespace={NS}")
     await wait_for_text(view, dave_log, "from-the-console")
     await view.screenshot(path=str(SHOTS / "cluster-dave-runs.png"), full_page=True)
+    # A Run started meanwhile appears on his open runs page, told by ksquad-api's watch (its own ServiceAccount's
+    # list and watch of the namespace's Runs), the table read again as dave
     start_run(release, "dave-watches", "another long task")
+    await wait_for_text(view, dave_log, "dave-watches", live=True)
     await view.goto(f"{API_URL}/console/runs/{NS}/dave-watches")
     await badge(view, "Running")
     why = await view.inner_text("[data-testid=why-not-cancel]")

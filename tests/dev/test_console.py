@@ -101,7 +101,7 @@ async def test_a_run_is_followed_live_from_pending_to_succeeded(
     await tab.goto(f"{dev.api_url}/console/?namespace={NS}")
     await dev.runs.apply([run("followed", "steady")])
     # the runs table refreshes itself: the new run appears without a reload
-    await wait_for_text(tab, log, "followed")
+    await wait_for_text(tab, log, "followed", live=True)
     await tab.click("text=followed")
     await phase_shown(tab, log, "Running")
     await tab.screenshot(path=str(SHOTS / "run-running.png"), full_page=True)

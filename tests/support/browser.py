@@ -78,14 +78,20 @@ class PageLog:
 
 
 async def wait_for_text(
-    page: Page, log: PageLog, text: str, screenshot: Path | None = None, timeout_ms: int = UI_WAIT_MS
+    page: Page,
+    log: PageLog,
+    text: str,
+    screenshot: Path | None = None,
+    timeout_ms: int = UI_WAIT_MS,
+    live: bool = False,
 ) -> None:
     """Wait until `page` shows `text` (a Playwright text selector: a string or a /regular expression/), then
     take the `screenshot` if asked. A page that has not shown it after half the time is reloaded once, as its
     user would, and a warning (in pytest's summary) says what it showed; one that still does not fails with
     the page's address, what it showed and what `log` recorded. A page whose requests Chromium aborted because
     the network changed (net::ERR_NETWORK_CHANGED: the test bed's node adds interfaces as pods start) is
-    reloaded when that happens, within the same time."""
+    reloaded when that happens, within the same time. `live`: the page must show it by itself, never reloaded
+    (what a page that follows a stream promises)."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     deadline, halfway = started + timeout_ms / 1000, started + timeout_ms / 2000
@@ -102,6 +108,8 @@ async def wait_for_text(
                 return
             except PlaywrightTimeout:
                 pass
+            if live:
+                continue
             if log.network_changes > changes_seen:
                 changes_seen = log.network_changes
                 await reload(page)

@@ -3,29 +3,86 @@
 // fetched again) or text set with textContent.
 "use strict";
 
-// The runs table: fetched again every few seconds with the page's filters, while the page is in view (a tab in
-// the background asks nothing), and less often when the console says it is busy (429: its Retry-After).
+// The runs table: fetched again with the page's filters when the console says it changed (server-sent `change`
+// events from data-changes), while the page is in view (a tab in the background holds no stream and asks
+// nothing; back in view, or reconnected, it fetches once and follows again). When the console will not follow (its stream refused
+// or ended: a budget, rights gone), the table is fetched every 10 s instead, and less often when the console says
+// it is busy (429: its Retry-After).
 function refreshTables() {
   for (const box of document.querySelectorAll("[data-refresh]")) {
     const source = box.getAttribute("data-refresh");
-    const again = async () => {
-      let wait = 2000;
-      if (!document.hidden) {
-        try {
-          const answer = await fetch(source, { credentials: "same-origin", headers: { Accept: "text/html" } });
-          if (answer.ok && !answer.redirected) {
-            box.innerHTML = await answer.text(); // the server's escaped rendering of the same table
-            showTimes(box);
-          } else if (answer.status === 429) {
-            wait = 1000 * Math.max(2, Number(answer.headers.get("Retry-After")) || 5);
-          }
-        } catch (err) {
-          // the next look tries again
-        }
+    const changes = box.getAttribute("data-changes");
+    let fetching = false;
+    let again = false;
+    let events = null;
+    let polling = null;
+    let pollWait = 10000;
+    const refresh = async () => {
+      if (fetching) {
+        again = true;
+        return;
       }
-      setTimeout(again, wait);
+      fetching = true;
+      try {
+        const answer = await fetch(source, { credentials: "same-origin", headers: { Accept: "text/html" } });
+        if (answer.ok && !answer.redirected) {
+          box.innerHTML = await answer.text(); // the server's escaped rendering of the same table
+          showTimes(box);
+        } else if (answer.status === 429) {
+          pollWait = 1000 * Math.max(10, Number(answer.headers.get("Retry-After")) || 10);
+        }
+      } catch (err) {
+        // the next change (or look) tries again
+      }
+      fetching = false;
+      if (again) {
+        again = false;
+        refresh();
+      }
     };
-    setTimeout(again, 2000);
+    const poll = () => {
+      if (polling !== null) return;
+      const look = () => {
+        if (!document.hidden) refresh();
+        polling = setTimeout(look, pollWait);
+      };
+      polling = setTimeout(look, pollWait);
+    };
+    const stopPolling = () => {
+      if (polling !== null) clearTimeout(polling);
+      polling = null;
+    };
+    let opened = 0;
+    const follow = () => {
+      if (events !== null || document.hidden || !changes) return;
+      const stream = new EventSource(changes);
+      events = stream;
+      stream.addEventListener("open", () => {
+        stopPolling();
+        // (Re)connected: what changed while no stream was open is read once (the page's own rendering is fresh).
+        if (opened++ > 0) refresh();
+      });
+      stream.addEventListener("change", refresh);
+      const giveUp = () => {
+        stream.close();
+        if (events === stream) events = null;
+        poll();
+      };
+      stream.addEventListener("end", giveUp);
+      stream.addEventListener("error", () => {
+        if (stream.readyState === EventSource.CLOSED) giveUp(); // refused: no reconnecting on its own
+      });
+    };
+    document.addEventListener("visibilitychange", () => {
+      if (document.hidden) {
+        if (events !== null) events.close();
+        events = null;
+      } else {
+        follow();
+      }
+    });
+    if (changes) follow();
+    else poll();
   }
 }
 
