@@ -45,7 +45,7 @@ from agent.callers import Caller
 from agent.contract import Contract, ContractError, Model, WorkItemAccess, build_prompt, parse_contract
 from agent.credentials import CredentialError, Credentials
 from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, Usage, complete
-from agent.tools import ToolBox
+from agent.tools import ToolBox, ToolServerError
 from agent.work_item import WorkItemError, read_item, set_state
 from agent.work_item import comment as comment_on_item
 
@@ -256,7 +256,17 @@ class KsquadAgentExecutor(AgentExecutor):
         if contract.work_item is not None and not conversation.item_read:
             conversation.item_read = True
             await self._read_work_item(contract.work_item, conversation, updater)
-        async with ToolBox(contract) as tools:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                tools = await stack.enter_async_context(ToolBox(contract))
+            except ToolServerError as err:
+                await self._note_on_item(contract, f"failed: {err}", updater)
+                await updater.update_status(
+                    TaskState.TASK_STATE_FAILED,
+                    self._text(updater, str(err)),
+                    metadata={ERROR_KEY: "tool_server_failed"},
+                )
+                return
             definitions = [*tools.definitions(), ASK_USER_TOOL]
             for step in range(1, MAX_STEPS + 1):
                 model = conversation.model

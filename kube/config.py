@@ -66,6 +66,10 @@ class TokenFile:
         if version != self._seen or self._token is None:
             token = self.path.read_text().strip()
             if not token:
+                if self._token is not None:
+                    # Read between a writer's truncate and its write (one that does not rename a new file into
+                    # place): the token of before stands, and the file is read again at the next request.
+                    return self._token
                 raise ConfigError(f"the token file {self.path} is empty")
             self._seen, self._token = version, token
         return self._token

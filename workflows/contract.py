@@ -7,9 +7,9 @@ by hand may also read it from `KSQUAD_EXECUTION_CONTRACT`.
 """
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StringConstraints, model_validator
 
 from workflows.model import KsquadModel
 from workflows.spec import Placement, SandboxPolicy
@@ -80,6 +80,52 @@ class SkillSpec(KsquadModel):
     requires: SkillRequirements = Field(default_factory=SkillRequirements)
 
 
+PRIVATE_JWK_MEMBERS = frozenset(
+    {"d", "p", "q", "dp", "dq", "qi", "oth", "k"}
+)  # RFC 7518: private or symmetric
+B64Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class PublicJwk(KsquadModel):
+    """A public signing key (RFC 7517): EC (P-256, P-384, P-521), RSA or Ed25519. A private or symmetric member
+    (`d`, `p`, `k`...) is an unknown field: refused, naming it."""
+
+    kty: Literal["EC", "RSA", "OKP"]
+    kid: Annotated[str, StringConstraints(min_length=1, max_length=256)] | None = None
+    use: Literal["sig"] | None = None
+    alg: (
+        Literal["ES256", "ES384", "ES512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "EdDSA"]
+        | None
+    ) = None
+    crv: Literal["P-256", "P-384", "P-521", "Ed25519"] | None = None
+    x: B64Url | None = None
+    y: B64Url | None = None
+    n: B64Url | None = None
+    e: B64Url | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _public(cls, data: object) -> object:
+        private = sorted(set(data) & PRIVATE_JWK_MEMBERS) if isinstance(data, dict) else []
+        if private:
+            raise ValueError(f"holds private key members ({', '.join(private)}): give the public key alone")
+        return data
+
+    @model_validator(mode="after")
+    def _complete(self) -> "PublicJwk":
+        needs = {"EC": ("crv", "x", "y"), "RSA": ("n", "e"), "OKP": ("crv", "x")}[self.kty]
+        missing = [f for f in needs if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"a {self.kty} key needs {', '.join(missing)}")
+        return self
+
+
+class CardKeys(KsquadModel):
+    """The keys an agent's card must be signed with (a JWKS, A2A 1.0 section 8.4)."""
+
+    keys: list[PublicJwk] = Field(min_length=1, max_length=16)
+
+
 class ResolvedAgent(KsquadModel):
     """An Agent with every reference resolved and the Run's overrides applied."""
 
@@ -90,6 +136,7 @@ class ResolvedAgent(KsquadModel):
     system_prompt: str = ""
     image: str | None = None
     endpoint: str | None = None  # an already-running A2A agent: no sandbox is made
+    card_keys: CardKeys | None = None  # its card must be signed with one of these; None: not checked
     tools: list[ToolSpec] = Field(default_factory=list)
     allowed_tools: list[str] = Field(default_factory=list)
     skills: list[SkillSpec] = Field(default_factory=list)

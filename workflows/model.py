@@ -41,5 +41,7 @@ def field_problems(err: ValidationError, prefix: str = "") -> list[str]:
             else f" (got {got!r})"
         )
         message = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "value_error":  # a validator's own sentence, without pydantic's "Value error, "
+            message = str((e.get("ctx") or {}).get("error") or message)
         problems.append(f"{path}: {message}{shown}")
     return problems

@@ -37,6 +37,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agents.callers import BearerToken, CallerKeys, off_endpoint, process_keys
+from activities.agents.card_signatures import card_not_signed
 from activities.agents.invocation import Invocation, cancel_and_wait
 from activities.agents.outcomes import agent_error
 from activities.agents.progress import OUTPUTS_ARTIFACT, Progress, Timing, previous_task_id
@@ -66,13 +67,20 @@ CARD_TTL_SECONDS = 30.0
 MAX_CACHED_CARDS = 256
 
 
+def card_cache_key(inv: AgentInvocation) -> str:
+    """The endpoint, and the keys its card was checked against: a card one Agent's keys verified is not taken as
+    verified for another Agent naming the same endpoint."""
+    keys = inv.contract.agent.card_keys
+    return f"{inv.endpoint} {keys.model_dump_json() if keys else ''}"
+
+
 class AgentActivities:
     def __init__(self, store: Store, timing: Timing | None = None, keys: CallerKeys | None = None) -> None:
         self.store = store
         self.timing = timing or Timing()
         self.keys = keys or process_keys()
         self._http: tuple[asyncio.AbstractEventLoop, httpx.AsyncClient] | None = None
-        self._cards: dict[str, tuple[float, AgentCard]] = {}  # endpoint -> (read at, monotonic; card)
+        self._cards: dict[str, tuple[float, AgentCard]] = {}  # card_cache_key -> (read at, monotonic; card)
 
     async def work_item_for(self, contract: ExecutionContract) -> dict[str, str] | None:
         """The attempt's access to its Run's work item, when the workItemRef names an item of the namespace (an
@@ -156,7 +164,7 @@ class AgentActivities:
                     return result.model_copy(update={"usage": await self._attempt_usage(holder, run.attempt)})
                 except ApplicationError as err:
                     outcome = err.type or "error"
-                    self._cards.pop(inv.endpoint, None)  # the next attempt reads the card again
+                    self._cards.pop(card_cache_key(inv), None)  # the next attempt reads the card again
                     if err.type == AgentError.TOKEN_BUDGET_SPENT:
                         await call.cancel_remote()  # no call after the one that spent the budget
                     usage = await self._attempt_usage(holder, run.attempt)
@@ -196,7 +204,9 @@ class AgentActivities:
         factory = ClientFactory(ClientConfig(streaming=True, httpx_client=http))
         interceptors: list[ClientCallInterceptor] = [BearerToken(lambda: self.keys.token(inv.contract))]
         now = time.monotonic()
-        cached = self._cards.get(inv.endpoint)
+        keys = inv.contract.agent.card_keys
+        cache_key = card_cache_key(inv)
+        cached = self._cards.get(cache_key)
         if cached is not None and now - cached[0] < CARD_TTL_SECONDS:
             return factory.create(cached[1], interceptors)
         token = self.keys.token(inv.contract)
@@ -205,7 +215,8 @@ class AgentActivities:
                 http_kwargs={"headers": {"Authorization": f"Bearer {token}"}} if token else None
             )
             elsewhere = off_endpoint(card, inv.endpoint)
-            if elsewhere is None:
+            unsigned = card_not_signed(card, keys) if keys is not None else None
+            if elsewhere is None and unsigned is None:
                 client = factory.create(card, interceptors)
         except AgentCardResolutionError as err:
             raise agent_error(
@@ -219,6 +230,12 @@ class AgentActivities:
                 f"invalid agent card at {inv.endpoint}: {err}",
                 FailureDetails(message=str(err)),
             ) from None
+        if unsigned is not None:
+            why = (
+                f"the agent card at {inv.endpoint} is not signed as Agent {inv.contract.agent.name}'s cardKeys "
+                f"require: {unsigned}; no task was sent"
+            )
+            raise agent_error(AgentError.INVALID_AGENT_RESPONSE, why, FailureDetails(message=why))
         if elsewhere is not None:
             raise agent_error(
                 AgentError.INVALID_AGENT_RESPONSE,
@@ -226,12 +243,12 @@ class AgentActivities:
                 "endpoint: not followed",
                 FailureDetails(message=f"agent card points at {elsewhere}"),
             )
-        self._cards.pop(inv.endpoint, None)
+        self._cards.pop(cache_key, None)
         if len(self._cards) >= MAX_CACHED_CARDS:
             self._cards = {e: c for e, c in self._cards.items() if now - c[0] < CARD_TTL_SECONDS}
             while len(self._cards) >= MAX_CACHED_CARDS:
                 del self._cards[next(iter(self._cards))]  # the oldest read
-        self._cards[inv.endpoint] = (now, card)
+        self._cards[cache_key] = (now, card)
         return client
 
     async def _heartbeat(self, progress: Progress) -> None:

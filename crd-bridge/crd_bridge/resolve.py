@@ -313,6 +313,7 @@ class Resolver:
             system_prompt=agent.system_prompt,
             image=agent.image,
             endpoint=agent.endpoint,
+            card_keys=agent.card_keys,
             tools=tools,
             allowed_tools=agent.allowed_tools,
             skills=skills,

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from workflows.contract import CardKeys
 from workflows.model import KsquadModel
 from workflows.spec import K8sName, Placement
 
@@ -78,6 +79,9 @@ class AgentSpec(KsquadModel):
     endpoint: Url | None = None
     """An already-running A2A agent's URL: no sandbox is made. Only where the chart's agents.allowedEndpoints
     allows it."""
+    card_keys: CardKeys | None = None
+    """The public keys (a JWKS: {keys: [...]}) the agent's card must be signed with (A2A's signed Agent Cards):
+    the worker verifies the card before it sends a task and refuses an unsigned or wrongly signed one."""
     placement: Placement | None = None
     """Where its sandboxes run: ServiceAccount, node selector, tolerations, affinity, resources (GPUs included),
     priority class. A Run's spec.placement overrides it field by field."""
@@ -115,9 +119,9 @@ class MCPServerSpec(KsquadModel):
 
     url: Url
     """The server's URL."""
-    transport: Literal["streamable-http"] = "streamable-http"
-    """The MCP transport: streamable HTTP, the only one the reference agent speaks (MCP's older `sse` transport is
-    refused rather than served as streamable HTTP)."""
+    transport: Literal["streamable-http", "sse"] = "streamable-http"
+    """The MCP transport at that URL: `streamable-http`, or `sse`, MCP's older HTTP+SSE transport (what
+    `mcp-proxy` serves a stdio server on at /sse, beside streamable HTTP at /mcp)."""
 
 
 class SkillRequirements(KsquadModel):

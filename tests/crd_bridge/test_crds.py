@@ -213,15 +213,20 @@ def test_a_credential_key_is_a_secrets_key_never_a_path(crds: ControlPlane, name
 def test_an_mcp_server_of_a_transport_the_agent_does_not_speak_is_refused(
     crds: ControlPlane, namespace: str
 ) -> None:
-    """`transport: sse` used to be accepted and then spoken to as streamable HTTP: refused, naming the field."""
+    """The agent speaks streamable HTTP and the older HTTP+SSE transport; `stdio` (a process in the sandbox) is
+    refused, naming the field, and `sse` is taken."""
     doc = {
         "apiVersion": "ksquad.io/v1alpha1",
         "kind": "MCPServer",
         "metadata": {"name": "m", "namespace": namespace},
     }
-    spec = {"url": "https://mcp.example/mcp", "transport": "sse"}
+    spec = {"url": "https://mcp.example/mcp", "transport": "stdio"}
     done = crds.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": spec}), check=False)
-    assert done.returncode != 0, "an sse MCPServer was accepted"
-    assert 'spec.transport: Unsupported value: "sse"' in done.stderr, done.stderr
+    assert done.returncode != 0, "a stdio MCPServer was accepted"
+    assert 'spec.transport: Unsupported value: "stdio"' in done.stderr, done.stderr
+    sse = crds.kubectl(
+        "apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": {**spec, "transport": "sse"}})
+    )
+    assert sse.returncode == 0
     accepted = crds.kubectl("apply", "-f", "-", input=yaml.safe_dump({**doc, "spec": {"url": spec["url"]}}))
     assert accepted.returncode == 0

@@ -215,6 +215,12 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     # ksquad-api (api/cluster.py, run_for): the Run whose events or artifacts a caller asks for, once RBAC said
     # the caller may get it; its uid keys the store's records.
     ("ksquad-api", "ksquad.io", "runs", "get"): lambda k, f: k.get(run_url(f)),
+    # ksquad-api (api/console/cluster.py, RunChanges): one metadata-only list and watch of a namespace's Runs, which
+    # tell console tabs when their runs table changed (reflect retries a refusal: the requests, written out)
+    ("ksquad-api", "ksquad.io", "runs", "list"): (
+        lambda k, f: k.list(path(RUN_API, "runs", f.ns), limit=500, metadata_only=True)
+    ),
+    ("ksquad-api", "ksquad.io", "runs", "watch"): lambda k, f: first_event(k, path(RUN_API, "runs", f.ns)),
 }
 
 # Calls the chart must NOT grant (each refused as it stands).
@@ -227,7 +233,7 @@ NOT_GRANTED: dict[str, Call] = {
         run_url(f, sub="status"), {"status": {"message": "no"}}
     ),
     "worker creates pods directly": lambda k, f: k.create(path("v1", "pods", f.ns), pod(f.unique("pod"))),
-    "api lists Runs": lambda k, f: k.list(path(RUN_API, "runs", f.ns)),
+    "api patches a Run": lambda k, f: k.patch(run_url(f), {"metadata": {"labels": {"rbac": "no"}}}),
     "api reads a Secret": lambda k, f: k.get(path("v1", "secrets", f.ns, "subject")),
 }
 

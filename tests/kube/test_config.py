@@ -88,6 +88,15 @@ async def test_a_token_file_is_read_again_when_it_changes(tmp_path: Path) -> Non
     assert await credentials.authorization() == "Bearer first"
     token.write_text("second-and-longer\n")
     assert await credentials.authorization() == "Bearer second-and-longer"
+    # Read between a writer's truncate and its write: the token of before stands, the next read takes the new one.
+    token.write_text("")
+    assert await credentials.authorization() == "Bearer second-and-longer"
+    token.write_text("third\n")
+    assert await credentials.authorization() == "Bearer third"
+    never = tmp_path / "never-written"
+    never.write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        await TokenFile(never).authorization()  # no token before: nothing to stand on
 
 
 async def test_an_exec_plugin_runs_again_after_a_401(tmp_path: Path) -> None:
