@@ -15,17 +15,26 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# MODEL=local: the seed's Run against a real model instead (llama.cpp's server with SmolLM2-135M-Instruct, built
+# once from PyPI's llama-cpp-python source and cached like the test binaries).
 demo: venv
+ifeq ($(MODEL),local)
+	$(BIN)/python -m testbed.local_model $(BIN)/ksquad dev --demo --real-model
+else
 	$(BIN)/ksquad dev --demo
+endif
 
 # The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server,
 # kube-network-policies (the node's NetworkPolicy) and kwok (simulated nodes), built from the Go module proxy once into
-# ~/.cache/ksquad-testbins/<versions>/; a no-op when the cache has them.
-testbins:
+# ~/.cache/ksquad-testbins/<versions>/; llama.cpp's server and the field's Python programs (MCP servers, mcp-proxy)
+# from PyPI beside them; a no-op when the cache has them.
+testbins: venv
 	testbed/build-control-plane.sh >/dev/null
 	testbed/build-temporal.sh >/dev/null
 	testbed/build-network-policies.sh >/dev/null
 	testbed/build-kwok.sh >/dev/null
+	PYTHON=$(BIN)/python testbed/build-llama-server.sh >/dev/null
+	$(BIN)/python -m testbed.pyenvs
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
 # podman and mmdebstrap (the images), containerd, runc, gVisor's runsc, the CNI plugins and nftables (the test

@@ -444,12 +444,15 @@ def log_to_file(path: Path) -> None:
 
 async def dev_command(args: argparse.Namespace) -> int:
     # Imported here: the stack's modules take a second to import, and the runs commands need none of them.
-    from dev.demo import run_demo
+    from dev.demo import run_demo, run_real_model_demo
     from dev.stack import DevOptions, dev_stack, private_state, serve
 
     private_state(args.state_dir)  # before the log file: it too is this user's only
     log_to_file(args.state_dir / "dev.log")
-    options = DevOptions(state_dir=args.state_dir, scripted_model=args.demo)
+    if args.real_model and not os.environ.get("OPENAI_BASE_URL"):
+        print("ksquad dev --real-model: set OPENAI_BASE_URL (and OPENAI_MODEL, OPENAI_API_KEY) to the model")
+        return 2
+    options = DevOptions(state_dir=args.state_dir, scripted_model=args.demo and not args.real_model)
     for port in ("temporal_port", "ui_port", "api_port", "model_port"):
         if getattr(args, port) is not None:
             setattr(options, port, getattr(args, port))
@@ -460,7 +463,7 @@ async def dev_command(args: argparse.Namespace) -> int:
         print(
             f"ksquad dev is up in {time.monotonic() - t0:.1f}s: Temporal UI {dev.ui_url}, API {dev.api_url}"
         )
-        code = await run_demo(dev)
+        code = await (run_real_model_demo(dev) if args.real_model else run_demo(dev))
     print(f"demo finished in {time.monotonic() - t0:.0f}s")
     return code
 
@@ -482,6 +485,11 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("dev", help="run the embedded stack until Ctrl-C")
     d.add_argument("--demo", action="store_true", help="run the demo's three runs, print a summary, and stop")
+    d.add_argument(
+        "--real-model",
+        action="store_true",
+        help="with --demo: the seed's Run against the model at OPENAI_BASE_URL instead (make demo MODEL=local)",
+    )
     for port, default in (
         ("temporal-port", 7233),
         ("ui-port", 8233),

@@ -170,3 +170,57 @@ async def run_demo(dev: DevStack) -> int:
         else "NOT every run ended as expected (or the work item is not done)"
     )
     return 0 if ok else 1
+
+
+REAL_MODEL_TIMEOUT_SECONDS = 600.0
+CARRY_ON = "Carry on with what you have, and answer in a few sentences."
+
+
+async def run_real_model_demo(dev: DevStack) -> int:
+    """`ksquad dev --demo --real-model`: the seed's Run against the model at OPENAI_BASE_URL (`make demo MODEL=local`:
+    llama.cpp's server with SmolLM2-135M-Instruct): its phases and the agent's progress as they happen, then its
+    answer and the tokens charged to the credential and the person. What the model says is its own; a question it
+    asks (the agent may ask the person) is answered once, so the demo ends whatever the model does."""
+    namespace = "ksquad-system"
+    squad, seed = EXAMPLES / "local-squad.yaml", EXAMPLES / "fix-flaky-tests.yaml"
+    name = load(seed)[0]["metadata"]["name"]
+    if await dev.runs.objects.get("Run", namespace, name) is not None:
+        await dev.runs.delete(namespace, name)
+    timeline = Timeline(dev)
+    print(f"\nthe seed's Run against the model at {dev.model_url}\n")
+    await dev.runs.apply(load(squad, seed))
+    run = await dev.runs.get(namespace, name)
+    uids = {name: run.uid}
+    deadline = time.monotonic() + REAL_MODEL_TIMEOUT_SECONDS
+    answered = False
+    while True:
+        await timeline.poll(uids)
+        status = (await dev.runs.get(namespace, name)).status or {}
+        phase = Phase(status.get("phase", "Pending"))
+        if phase.terminal:
+            break
+        if phase == Phase.PAUSED and status.get("reason") == "InputRequired" and not answered:
+            print(f"  the model asked: {status.get('message', '')[:120]!r}; the demo answers {CARRY_ON!r}")
+            await dev.runs.signal(namespace, name, RunSignal.INPUT, CARRY_ON)
+            answered = True
+        if time.monotonic() > deadline:
+            print(f"the Run did not finish in {REAL_MODEL_TIMEOUT_SECONDS:.0f}s (phase {phase})")
+            return 1
+        await asyncio.sleep(0.5)
+    await timeline.poll(uids)
+    answer = next(iter(status.get("outputs", {}).values()), status.get("message") or "")
+    usage = await dev.store.run_usage(run.uid)
+    since = datetime.fromtimestamp(0).astimezone()
+    credentials = await dev.store.usage("credential", since, namespace=namespace)
+    people = await dev.store.usage("triggered_by", since, namespace=namespace)
+    print(f"\n{name}: {status.get('phase')} after {status.get('attempt', 0)} attempt(s)")
+    print(f"answer: {answer[:800]}")
+    print(f"usage: {usage.calls} model call(s), {usage.input_tokens} tokens in, {usage.output_tokens} out")
+    print(
+        "charged to credential "
+        + ", ".join(f"{u.key} ({u.input_tokens + u.output_tokens})" for u in credentials)
+    )
+    print("and to person " + ", ".join(f"{u.key} ({u.input_tokens + u.output_tokens})" for u in people))
+    ok = status.get("phase") == Phase.SUCCEEDED and usage.calls > 0 and usage.output_tokens > 0
+    print("the Run succeeded and its tokens were charged" if ok else "NOT as expected")
+    return 0 if ok else 1

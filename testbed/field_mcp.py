@@ -9,11 +9,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from dev.binaries import die_with_parent
 from testbed.isolate import free_port, service_address
 from testbed.pyenvs import MCP_PROXY, MCP_SERVERS, field_env
+from testbed.served import serving_process
 
 COMMITS = ("first: the payment retry test", "second: the retry test freezes its clock")
 
@@ -50,44 +48,21 @@ async def serving_field_mcp(root: Path) -> AsyncIterator[FieldMcp]:
     repo = repository(root / "repo")
     host, port = service_address(), free_port()
     log = root / "mcp-proxy.log"
-    process = subprocess.Popen(
-        [
-            str(proxy / "mcp-proxy"),
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--log-level",
-            "WARNING",
-            "--named-server",
-            "time",
-            f"{servers / 'mcp-server-time'} --local-timezone UTC",
-            "--named-server",
-            "git",
-            f"{servers / 'mcp-server-git'} --repository {repo}",
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        preexec_fn=die_with_parent,
-    )
+    command = [
+        str(proxy / "mcp-proxy"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--log-level",
+        "WARNING",
+        "--named-server",
+        "time",
+        f"{servers / 'mcp-server-time'} --local-timezone UTC",
+        "--named-server",
+        "git",
+        f"{servers / 'mcp-server-git'} --repository {repo}",
+    ]
     base = f"http://{host}:{port}"
-    try:
-        async with httpx.AsyncClient(timeout=2) as http:
-            for _ in range(300):
-                if process.poll() is not None:
-                    raise RuntimeError(f"mcp-proxy exited {process.returncode}: {log.read_text()[-2000:]}")
-                try:
-                    if (await http.get(f"{base}/status")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
-            else:
-                raise RuntimeError(f"mcp-proxy did not answer on {base}: {log.read_text()[-2000:]}")
+    async with serving_process("mcp-proxy", command, f"{base}/status", log):
         yield FieldMcp(base, repo, log)
-    finally:
-        process.terminate()
-        try:
-            await asyncio.to_thread(process.wait, 10)
-        except subprocess.TimeoutExpired:
-            process.kill()

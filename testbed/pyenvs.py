@@ -18,6 +18,8 @@ from pathlib import Path
 # streamable HTTP and SSE (https://github.com/sparfenyuk/mcp-proxy): apart, as it pins mcp<2 and they mcp>=2.3.
 MCP_SERVERS = ("mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19")
 MCP_PROXY = ("mcp-proxy==0.13.0",)
+# Agents of other frameworks (testbed/field_agents/): pydantic-ai served by FastA2A.
+PYDANTIC_AI = ("fasta2a[pydantic-ai]==2.1.1", "pydantic-ai-slim[openai]==2.78.0", "uvicorn==0.55.0")
 
 
 class FieldEnvError(Exception):
@@ -72,3 +74,11 @@ def _build(root: Path, requirements: tuple[str, ...], timeout: float) -> None:
                 f"building the environment of {', '.join(requirements)} failed (exit {built.returncode}):\n"
                 f"{built.stderr[-4000:]}"
             )
+
+
+FIELD_ENVS = {"mcp-servers": MCP_SERVERS, "mcp-proxy": MCP_PROXY, "pydantic-ai": PYDANTIC_AI}
+
+
+if __name__ == "__main__":  # `make testbins`: every environment, built when missing
+    for env_name, pins in FIELD_ENVS.items():
+        field_env(env_name, pins)
