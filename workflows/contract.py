@@ -137,6 +137,7 @@ class ResolvedAgent(KsquadModel):
     image: str | None = None
     endpoint: str | None = None  # an already-running A2A agent: no sandbox is made
     card_keys: CardKeys | None = None  # its card must be signed with one of these; None: not checked
+    contract_in: Literal["dataPart", "metadata"] = "dataPart"  # where the first message carries the contract
     tools: list[ToolSpec] = Field(default_factory=list)
     allowed_tools: list[str] = Field(default_factory=list)
     skills: list[SkillSpec] = Field(default_factory=list)

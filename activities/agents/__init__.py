@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.agents.a2a_compat import A2ACompatTransport
 from activities.agents.callers import BearerToken, CallerKeys, off_endpoint, process_keys
 from activities.agents.card_signatures import card_not_signed
 from activities.agents.invocation import Invocation, cancel_and_wait
@@ -102,9 +103,10 @@ class AgentActivities:
         "Benchmarks"), and connections to a long-lived agent are kept. Streams are long, so connections are not capped."""
         loop = asyncio.get_running_loop()
         if self._http is None or self._http[0] is not loop or self._http[1].is_closed:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+                transport=A2ACompatTransport(httpx.AsyncHTTPTransport(limits=limits)),
             )
             self._http = (loop, client)
         return self._http[1]

@@ -5,7 +5,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 from a2a.client import (
@@ -32,6 +32,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
 from temporalio import activity
 
+from activities.agents.a2a_compat import not_a2a
 from activities.agents.outcomes import DUPLICATE_OF, PAUSED, TERMINAL, agent_error, outcome, struct
 from activities.agents.progress import Progress
 from activities.agents.recording import Recorder
@@ -104,6 +105,7 @@ class Invocation:
         try:
             return await self._run()
         except A2AClientError as err:  # outside a stream: a broken answer, or nobody answering at all
+            self._not_a2a(err)
             if "HTTP Error 401" in (err.message or ""):
                 raise agent_error(
                     AgentError.INVALID_AGENT_RESPONSE,
@@ -123,10 +125,22 @@ class Invocation:
                 FailureDetails(message=err.message, task_id=self.progress.task_id),
             ) from None
         except A2AError as err:
+            self._not_a2a(err)
             raise agent_error(
                 AgentError.INVALID_AGENT_RESPONSE,
                 f"the agent answered with an error: {type(err).__name__}: {err.message}",
                 FailureDetails(message=err.message, task_id=self.progress.task_id),
+            ) from None
+
+    def _not_a2a(self, err: BaseException) -> None:
+        """InvalidAgentResponse naming the deviation, when the answer was not A2A 1.0 (a2a-sdk's own error says
+        only "This operation is not supported")."""
+        deviation = not_a2a(err)
+        if deviation is not None:
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                f"the agent's answer is not A2A 1.0: {deviation}",
+                FailureDetails(message=deviation[:500], task_id=self.progress.task_id),
             ) from None
 
     async def _run(self) -> AgentResult:
@@ -198,10 +212,13 @@ class Invocation:
                 contract["workItem"] = self.work_item
             if self.inv.token_budget_left is not None:
                 contract["tokenBudget"] = self.inv.token_budget_left  # what the Run may still use
-            parts.append(new_data_part({CONTRACT_PART: contract}))
+            if self.inv.contract.agent.contract_in == "dataPart":
+                parts.append(new_data_part({CONTRACT_PART: contract}))
         message = Message(
             role=Role.ROLE_USER, message_id=self.inv.message_id, context_id=self.inv.context_id, parts=parts
         )
+        if self.inv.continue_task is None and self.inv.contract.agent.contract_in == "metadata":
+            message.metadata.update({CONTRACT_PART: cast(Any, contract)})  # a Struct takes any JSON
         message.metadata.update(
             {MODEL_OVERRIDE: self.inv.contract.model.model_dump(mode="json", exclude_none=True)}
         )

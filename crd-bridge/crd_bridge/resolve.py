@@ -314,6 +314,7 @@ class Resolver:
             image=agent.image,
             endpoint=agent.endpoint,
             card_keys=agent.card_keys,
+            contract_in=agent.contract_in,
             tools=tools,
             allowed_tools=agent.allowed_tools,
             skills=skills,

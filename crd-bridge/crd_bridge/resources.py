@@ -79,6 +79,10 @@ class AgentSpec(KsquadModel):
     endpoint: Url | None = None
     """An already-running A2A agent's URL: no sandbox is made. Only where the chart's agents.allowedEndpoints
     allows it."""
+    contract_in: Literal["dataPart", "metadata"] = "dataPart"
+    """Where the execution contract travels in the task's first message: a data part `ksquad.io/contract` (what the
+    reference agent reads), or the message's metadata under that key, for an agent that refuses data parts (the
+    task and inputs are in the message's text either way)."""
     card_keys: CardKeys | None = None
     """The public keys (a JWKS: {keys: [...]}) the agent's card must be signed with (A2A's signed Agent Cards):
     the worker verifies the card before it sends a task and refuses an unsigned or wrongly signed one."""
