@@ -92,23 +92,29 @@ class ScriptedModel:
         return steps[min(position, len(steps) - 1)]
 
 
-def first_user_text(messages: Any) -> str:
-    for message in messages if isinstance(messages, list) else []:
-        if (
-            isinstance(message, dict)
-            and message.get("role") == "user"
-            and isinstance(message.get("content"), str)
-        ):
-            return str(message["content"])[:200]
-    return ""
+def text_of(content: Any) -> str | None:
+    """A message's text: a string, or OpenAI's list of parts (`[{"type": "text", "text": ...}]`, as LiteLLM sends)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return None
 
 
 def user_texts(messages: Any) -> list[str]:
-    return [
-        str(m.get("content"))[:4000]
+    found = (
+        text_of(m.get("content"))
         for m in (messages if isinstance(messages, list) else [])
-        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
-    ]
+        if isinstance(m, dict) and m.get("role") == "user"
+    )
+    return [text[:4000] for text in found if text is not None]
+
+
+def first_user_text(messages: Any) -> str:
+    texts = user_texts(messages)
+    return texts[0][:200] if texts else ""
 
 
 def tool_results(messages: Any) -> list[str]:
@@ -222,8 +228,9 @@ async def hung_up_within(request: Request, seconds: float) -> bool:
     return False
 
 
-def words(text: Any) -> int:
-    return len(text.split()) if isinstance(text, str) else 0
+def words(content: Any) -> int:
+    text = text_of(content)
+    return len(text.split()) if text else 0
 
 
 def count_usage(messages: Any, step: dict[str, Any]) -> dict[str, int]:

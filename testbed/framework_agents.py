@@ -9,12 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.isolate import free_port, service_address
-from testbed.pyenvs import PYDANTIC_AI, field_env
+from testbed.pyenvs import GOOGLE_ADK, PYDANTIC_AI, field_env
 from testbed.served import serving_process
 
 AGENTS = Path(__file__).with_name("field_agents")
 # framework -> (virtualenv name, its pins, the script that serves an agent)
-FRAMEWORKS = {"pydantic-ai": ("pydantic-ai", PYDANTIC_AI, "pydantic_ai_fasta2a.py")}
+FRAMEWORKS = {
+    "pydantic-ai": ("pydantic-ai", PYDANTIC_AI, "pydantic_ai_fasta2a.py"),
+    "google-adk": ("google-adk", GOOGLE_ADK, "google_adk_a2a.py"),
+}
 
 
 @dataclass

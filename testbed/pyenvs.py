@@ -20,6 +20,8 @@ MCP_SERVERS = ("mcp-server-time==2026.10.19", "mcp-server-git==2026.10.19")
 MCP_PROXY = ("mcp-proxy==0.13.0",)
 # Agents of other frameworks (testbed/field_agents/): pydantic-ai served by FastA2A.
 PYDANTIC_AI = ("fasta2a[pydantic-ai]==2.1.1", "pydantic-ai-slim[openai]==2.78.0", "uvicorn==0.55.0")
+# Google ADK served by its own to_a2a, its models through LiteLLM.
+GOOGLE_ADK = ("google-adk[a2a]==2.13.0", "litellm==1.110.2")
 
 
 class FieldEnvError(Exception):
@@ -76,7 +78,12 @@ def _build(root: Path, requirements: tuple[str, ...], timeout: float) -> None:
             )
 
 
-FIELD_ENVS = {"mcp-servers": MCP_SERVERS, "mcp-proxy": MCP_PROXY, "pydantic-ai": PYDANTIC_AI}
+FIELD_ENVS = {
+    "mcp-servers": MCP_SERVERS,
+    "mcp-proxy": MCP_PROXY,
+    "pydantic-ai": PYDANTIC_AI,
+    "google-adk": GOOGLE_ADK,
+}
 
 
 if __name__ == "__main__":  # `make testbins`: every environment, built when missing

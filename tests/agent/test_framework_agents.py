@@ -53,10 +53,10 @@ def agent_and_run(name: str, url: str, **spec: str) -> list[dict[str, Any]]:
 
 # What each framework's agent needs of the Agent: FastA2A's pydantic-ai bridge (2.1.1) fails a task whose message
 # has a data part ("Data parts are not supported yet"), so the contract goes in the message's metadata.
-AGENT_SPEC = {"pydantic-ai": {"contractIn": "metadata"}}
+AGENT_SPEC: dict[str, dict[str, str]] = {"pydantic-ai": {"contractIn": "metadata"}, "google-adk": {}}
 
 
-@pytest.mark.parametrize("framework", ["pydantic-ai"])
+@pytest.mark.parametrize("framework", list(AGENT_SPEC))
 async def test_a_framework_agent_serves_a_run_to_succeeded(
     dev: DevStack, framework: str, tmp_path: Path
 ) -> None:
@@ -72,7 +72,7 @@ async def test_a_framework_agent_serves_a_run_to_succeeded(
     assert asked and "Fix the flaky retry test." in asked[-1].task, "the agent's model got the Run's task"
 
 
-@pytest.mark.parametrize("framework", ["pydantic-ai"])
+@pytest.mark.parametrize("framework", list(AGENT_SPEC))
 async def test_a_framework_agents_run_is_cancelled_while_it_works(
     dev: DevStack, framework: str, tmp_path: Path
 ) -> None:
