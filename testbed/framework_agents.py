@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.isolate import free_port, service_address
-from testbed.pyenvs import GOOGLE_ADK, PYDANTIC_AI, field_env
+from testbed.pyenvs import GOOGLE_ADK, LANGGRAPH, PYDANTIC_AI, field_env
 from testbed.served import serving_process
 
 AGENTS = Path(__file__).with_name("field_agents")
@@ -17,6 +17,7 @@ AGENTS = Path(__file__).with_name("field_agents")
 FRAMEWORKS = {
     "pydantic-ai": ("pydantic-ai", PYDANTIC_AI, "pydantic_ai_fasta2a.py"),
     "google-adk": ("google-adk", GOOGLE_ADK, "google_adk_a2a.py"),
+    "langgraph": ("langgraph", LANGGRAPH, "langgraph_a2a.py"),
 }
 
 

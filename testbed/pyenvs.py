@@ -22,6 +22,8 @@ MCP_PROXY = ("mcp-proxy==0.13.0",)
 PYDANTIC_AI = ("fasta2a[pydantic-ai]==2.1.1", "pydantic-ai-slim[openai]==2.78.0", "uvicorn==0.55.0")
 # Google ADK served by its own to_a2a, its models through LiteLLM.
 GOOGLE_ADK = ("google-adk[a2a]==2.13.0", "litellm==1.110.2")
+# A LangGraph graph behind a2a-sdk's server (the A2A adapter of a2a-samples' LangGraph agent), human in the loop.
+LANGGRAPH = ("langgraph==1.2.24", "langchain-openai==1.8.1", "a2a-sdk[http-server]==1.3.0", "uvicorn==0.55.0")
 
 
 class FieldEnvError(Exception):
