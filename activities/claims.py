@@ -17,7 +17,15 @@ from temporalio.exceptions import ApplicationError
 
 from activities.metrics import CLAIM_SECONDS, since_scheduled
 from store import Holder, StaleFence, Store, StoreError, StoreUnavailable, WorkItemHeld, work_item_key
-from workflows.activity_types import Activity, Claim, ClaimRequest, ClaimUpdate, RunRef
+from workflows.activity_types import (
+    Activity,
+    AttemptFence,
+    Claim,
+    ClaimRequest,
+    ClaimUpdate,
+    RunEnding,
+    RunRef,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +119,37 @@ class ClaimActivities:
         except (StaleFence, StoreUnavailable) as err:
             raise as_activity_error(err) from None  # the message says it all; a chain would not fit
 
+    @activity.defn(name=Activity.FENCE_ATTEMPT)
+    async def fence_attempt(self, req: AttemptFence) -> None:
+        """The attempt ended: the fence of a Run without a work item moves past it now, not when the next
+        attempt's agent call begins, so an agent that did not hear its cancel is refused meanwhile too."""
+        with store_errors_as_activity_errors():
+            await self.store.begin_attempt(holder_of(req.run), req.attempt + 1)
+
+    @activity.defn(name=Activity.RECORD_RUN_ENDING)
+    async def record_run_ending(self, req: RunEnding) -> None:
+        """The Run's ending on its work item, once, as the orchestrator (whatever the agent wrote or did not:
+        failed before it ran, cancelled, timed out, refused a budget); then its agent's checkpoints are forgotten,
+        since no attempt will resume from them."""
+        run, ref = req.run, req.warrant.envelope.spec.work_item_ref
+        with store_errors_as_activity_errors():
+            if ref is not None:
+                message = f"{run.namespace}/{run.name} ended {req.phase} ({req.reason})"
+                message += f" after {req.attempt} attempt{'s' if req.attempt != 1 else ''}"
+                await self.store.record_ending(
+                    run.namespace, ref, holder_of(run), req.attempt, req.phase, req.reason, message
+                )
+            await self.store.forget_checkpoints(run.uid)
+
     def all(self) -> list[Callable[..., Any]]:
-        return [self.claim_work_item, self.fence_work_item, self.renew_claim, self.release_work_item]
+        return [
+            self.claim_work_item,
+            self.fence_work_item,
+            self.renew_claim,
+            self.release_work_item,
+            self.fence_attempt,
+            self.record_run_ending,
+        ]
 
 
 @dataclass

@@ -9,10 +9,12 @@ Rules (DESIGN.md "Work items and claims"):
 - runs without a work item fence their writes by attempt (`begin_attempt`).
 
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both. One module
-per record (claims, events, artifacts, credentials and their resume ramps, work items, model usage) on what they share (base); `Store` is all of them.
+per record (claims, events, artifacts, credentials and their resume ramps, work items, model usage, agents'
+checkpoints) on what they share (base); `Store` is all of them.
 """
 
 from store.artifacts import Artifacts
+from store.checkpoints import CheckpointRefused, Checkpoints, Step
 from store.claims import Claims
 from store.connection import async_url, sync_url, utcnow
 from store.credentials import CredentialLimits
@@ -47,6 +49,7 @@ __all__ = [
     "MAX_PAGE",
     "USAGE_GROUPS",
     "Author",
+    "CheckpointRefused",
     "ClaimResult",
     "Event",
     "HistoryEntry",
@@ -58,6 +61,7 @@ __all__ = [
     "ModelCall",
     "PhaseRecord",
     "StaleFence",
+    "Step",
     "Store",
     "StoreError",
     "StoreUnavailable",
@@ -71,5 +75,5 @@ __all__ = [
 ]
 
 
-class Store(Claims, RunEvents, Artifacts, CredentialLimits, ResumeRamps, WorkItems, ModelUsage):
+class Store(Claims, RunEvents, Artifacts, CredentialLimits, ResumeRamps, WorkItems, ModelUsage, Checkpoints):
     """The coordination store: every record's reads and writes on one engine (`await Store.open(url)`)."""

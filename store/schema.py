@@ -136,7 +136,7 @@ work_item_events = sa.Table(
     sa.Column("id", BigId, primary_key=True, autoincrement=True),
     sa.Column("work_item_ref", WorkItemKey, nullable=False),  # store.work_item_key
     sa.Column("seq", sa.BigInteger, nullable=False),
-    sa.Column("kind", sa.String(32), nullable=False),  # created | comment | state | artifact
+    sa.Column("kind", sa.String(32), nullable=False),  # created | comment | state | artifact | ended
     sa.Column("body", sa.Text, nullable=False, server_default=""),
     sa.Column("data", sa.JSON, nullable=True),
     sa.Column("author", sa.String(512), nullable=True),  # the person; for an agent, the Run's triggering user
@@ -221,4 +221,24 @@ objects = sa.Table(
     sa.Column("revision", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
+)
+
+# An attempt's progress, step by step (a model turn, a tool call begun, its result), as its agent recorded it
+# under the attempt's fence (store.checkpoints): a retry's agent reads the Run's steps and goes on after the last
+# one instead of asking the model again. `payload` is what ksquad-api was given, sealed with the codec's key when
+# one is configured (api.attempts); `size` is its length in clear, which the Run's bound counts.
+agent_checkpoints = sa.Table(
+    "agent_checkpoints",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("run_uid", sa.String(128), nullable=False),
+    sa.Column("run", sa.String(512), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("fence", sa.BigInteger, nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),  # the agent's step in the conversation (1, 2, ...)
+    sa.Column("kind", sa.String(32), nullable=False),  # turn | tool-started | tool
+    sa.Column("payload", sa.LargeBinary, nullable=False),
+    sa.Column("size", sa.Integer, nullable=False),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Index(None, "run_uid", "id"),
 )

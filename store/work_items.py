@@ -1,5 +1,5 @@
 """Work items, the coordination record: an item (an id unique in its namespace, a title, a body, a state, labels)
-and its entries in order (created, comments, state changes, artifacts), each saying who wrote it.
+and its entries in order (created, comments, state changes, artifacts, and each Run's ending as the orchestrator\nrecords it), each saying who wrote it.
 
 People write as themselves. An agent writes for a Run's attempt under the fence of the Run's claim on the item:
 the check and the write are one statement (`_fenced_insert`), so a holder fenced off or taken over writes nothing.
@@ -36,6 +36,7 @@ MAX_TITLE = 512
 MAX_TEXT = 64 * 1024  # an item's body, a comment
 MAX_LABELS, MAX_LABEL = 32, 63
 MAX_PAGE = 500
+ORCHESTRATOR = "system:ksquad"  # the author of the entries ksquad itself writes (a Run's ending)
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -166,6 +167,33 @@ class WorkItems(StoreBase):
     ) -> ItemEvent:
         """An artifact a Run's attempt published for the item (its name, media type, size, where to read it)."""
         return await self._write(namespace, item_id, "artifact", "", artifact, author, holder, fence)
+
+    @unavailable
+    async def record_ending(
+        self, namespace: str, item_id: str, run: Holder, attempt: int, phase: str, reason: str, message: str
+    ) -> ItemEvent | None:
+        """The orchestrator's entry that the Run ended (`ended`: its phase, reason and message), once per Run (by
+        uid): None when it is there already or the item does not exist. Written unfenced: the claim is released by
+        then, and the entry is the orchestrator's, not an attempt's."""
+        key = work_item_key(namespace, item_id)
+        async with self.engine.connect() as c:
+            there = (
+                await c.execute(
+                    sa.select(work_item_events.c.seq).where(
+                        work_item_events.c.work_item_ref == key,
+                        work_item_events.c.kind == "ended",
+                        work_item_events.c.run_uid == run.uid,
+                    )
+                )
+            ).first()
+        if there is not None:
+            return None
+        author = Author(user=ORCHESTRATOR, run=run.run, run_uid=run.uid, attempt=attempt or None)
+        data = {"phase": phase, "reason": reason, "triggeredBy": run.triggered_by}
+        try:
+            return await self._write(namespace, item_id, "ended", message[:MAX_TEXT], data, author, None, None)
+        except ItemNotFound:
+            return None
 
     @unavailable
     async def _write(

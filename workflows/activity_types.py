@@ -34,6 +34,8 @@ class Activity(StrEnum):
     FENCE_WORK_ITEM = "fence_work_item"
     RENEW_CLAIM = "renew_claim"
     RELEASE_WORK_ITEM = "release_work_item"
+    FENCE_ATTEMPT = "fence_attempt"  # a Run without a work item: its ended attempt may act no more
+    RECORD_RUN_ENDING = "record_run_ending"  # the ending on the Run's item; the agent's checkpoints forgotten
     ACQUIRE_SANDBOX = "acquire_sandbox"
     RELEASE_SANDBOX = "release_sandbox"
     INVOKE_AGENT = "invoke_agent"
@@ -52,6 +54,8 @@ ACTING = frozenset(
         Activity.FENCE_WORK_ITEM,
         Activity.RENEW_CLAIM,
         Activity.RELEASE_WORK_ITEM,
+        Activity.FENCE_ATTEMPT,
+        Activity.RECORD_RUN_ENDING,
         Activity.ACQUIRE_SANDBOX,
         Activity.RELEASE_SANDBOX,
         Activity.INVOKE_AGENT,
@@ -125,6 +129,21 @@ def claimed_item(warrant: Warrant) -> str:
     if ref is None:
         raise NotInWarrant(f"Run {warrant.envelope.namespace}/{warrant.envelope.name} names no work item")
     return ref
+
+
+class AttemptFence(Warranted):
+    """Fence off `attempt` of a Run without a work item: from now on only a later attempt's writes are taken."""
+
+    attempt: int
+
+
+class RunEnding(Warranted):
+    """How the Run ended, for its work item's record (once) and to forget its agent's checkpoints. Its phase and
+    reason alone: the item's readers need not be the Run's, whose answer and messages these are not."""
+
+    attempt: int
+    phase: str
+    reason: str
 
 
 # --- sandboxes --------------------------------------------------------------------------------------------
@@ -338,6 +357,16 @@ async def release_work_item(upd: ClaimUpdate) -> None:
     raise NotImplementedError("activities.claims")
 
 
+@activity.defn(name=Activity.FENCE_ATTEMPT)
+async def fence_attempt(req: AttemptFence) -> None:
+    raise NotImplementedError("activities.claims")
+
+
+@activity.defn(name=Activity.RECORD_RUN_ENDING)
+async def record_run_ending(req: RunEnding) -> None:
+    raise NotImplementedError("activities.claims")
+
+
 @activity.defn(name=Activity.ACQUIRE_SANDBOX)
 async def acquire_sandbox(req: SandboxRequest) -> Sandbox:
     raise NotImplementedError("activities.sandboxes")
@@ -385,6 +414,8 @@ STUBS = (
     fence_work_item,
     renew_claim,
     release_work_item,
+    fence_attempt,
+    record_run_ending,
     acquire_sandbox,
     release_sandbox,
     publish_outputs,

@@ -33,6 +33,7 @@ from workflows.activity_types import (
     AgentError,
     AgentInvocation,
     AgentResult,
+    AttemptFence,
     Claim,
     ClaimRequest,
     ClaimUpdate,
@@ -41,6 +42,7 @@ from workflows.activity_types import (
     PublishedOutputs,
     RateLimitDetails,
     ResolveRequest,
+    RunEnding,
     Sandbox,
     SandboxRelease,
     SandboxRequest,
@@ -296,6 +298,14 @@ class World:
         del self.claims[upd.work_item_ref]
         self.record(Activity.RELEASE_WORK_ITEM, upd.run.name, fence=upd.fence)
 
+    @activity.defn(name=Activity.FENCE_ATTEMPT)
+    async def fence_attempt(self, req: AttemptFence) -> None:
+        self.record(Activity.FENCE_ATTEMPT, req.run.name, attempt=req.attempt)
+
+    @activity.defn(name=Activity.RECORD_RUN_ENDING)
+    async def record_run_ending(self, req: RunEnding) -> None:
+        self.record(Activity.RECORD_RUN_ENDING, req.run.name, phase=req.phase, reason=req.reason)
+
     # --- sandboxes and outputs ----------------------------------------------------------------------------
 
     @activity.defn(name=Activity.ACQUIRE_SANDBOX)
@@ -409,6 +419,8 @@ class World:
             self.fence_work_item,
             self.renew_claim,
             self.release_work_item,
+            self.fence_attempt,
+            self.record_run_ending,
             self.acquire_sandbox,
             self.release_sandbox,
             self.publish_outputs,

@@ -13,6 +13,7 @@ from temporalio.workflow import ActivityCancellationType
 from workflows.activity_types import (
     CLAIM_LEASE_SECONDS,
     SANDBOX_MISCONFIGURED,
+    AttemptFence,
     ClaimRequest,
     ClaimUpdate,
     RunRef,
@@ -21,6 +22,7 @@ from workflows.activity_types import (
     SandboxRequest,
     acquire_sandbox,
     claim_work_item,
+    fence_attempt,
     fence_work_item,
     release_sandbox,
     release_work_item,
@@ -28,7 +30,14 @@ from workflows.activity_types import (
 )
 from workflows.run.interrupts import ANY_INTERRUPT, Interrupts
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, WarrantOf, call, start, tenant_priority
+from workflows.run.options import (
+    AGENT_HEARTBEAT_TIMEOUT,
+    WarrantOf,
+    call,
+    call_local,
+    start,
+    tenant_priority,
+)
 from workflows.run.outcomes import AttemptFailed, RunFailed, cause, refusal
 from workflows.spec import RunSpec
 from workflows.status import ConditionType, WorkItemStatus
@@ -38,6 +47,9 @@ from workflows.status import ConditionType, WorkItemStatus
 # A Temporal cancel that arrives while a pause renews the claim waits for the renewal, then goes on up as itself
 # (workflow.patched: runs that cancelled the renewal with it before replay as they ran).
 RENEWAL_SHIELDED_PATCH = "renewal-shielded-from-cancel"
+# A Run without a work item fences an ended attempt in its teardown (workflow.patched: runs whose teardown did not
+# replay as they ran; their next attempt's agent call moved the fence).
+FENCE_ATTEMPT_PATCH = "fence-attempt-without-item"
 
 
 class Holdings:
@@ -127,6 +139,15 @@ class Holdings:
                 self.claim_fence = fenced.fence
                 assert self.mirror.status.work_item is not None
                 self.mirror.status.work_item.fence = fenced.fence
+            elif (
+                fence
+                and self.work_item is None
+                and self.mirror.status.attempt
+                and workflow.patched(FENCE_ATTEMPT_PATCH)
+            ):
+                attempt = self.mirror.status.attempt
+                request = AttemptFence(warrant=self.warrant(), attempt=attempt)
+                await call_local(fence_attempt, request, summary=f"fence off attempt {attempt}")
             await self.release_sandbox(confirm=fence)
             if release:
                 await self.release_claim()

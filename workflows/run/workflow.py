@@ -37,11 +37,13 @@ from workflows.activity_types import (
     FailureDetails,
     OutputsRequest,
     RateLimitDetails,
+    RunEnding,
     Sandbox,
     SandboxRequest,
     TaskPause,
     invoke_agent,
     publish_outputs,
+    record_run_ending,
 )
 from workflows.entity_types import (
     DEFAULT_RESUME_PER_SECOND,
@@ -79,6 +81,13 @@ _AGENT_ERRORS = {e.value for e in AgentError}
 # Outputs are published by a local activity (one short write: a ConfigMap, or nothing embedded); runs that
 # scheduled it as an activity before replay as they ran.
 LOCAL_PUBLISH_PATCH = "publish-outputs-local"
+# Every ending is recorded on the Run's work item and its agent's checkpoints forgotten (workflow.patched: runs
+# that ended without it replay as they ran).
+RUN_ENDING_PATCH = "run-ending-recorded"
+# The agent call outlives the attempt's deadline by this much: the deadline cancels it and the workflow waits for
+# the cancellation to reach the agent, instead of finding the call timed out by itself and starting the next
+# attempt beside an agent still at work.
+AGENT_CANCEL_GRACE_SECONDS = 60.0
 
 
 @workflow.defn(name="RunWorkflow")
@@ -394,7 +403,7 @@ class RunWorkflow:
             agent_call = call(
                 invoke_agent,
                 invocation,
-                start_to_close=max(1.0, remaining),
+                start_to_close=max(1.0, remaining) + AGENT_CANCEL_GRACE_SECONDS,
                 heartbeat=AGENT_HEARTBEAT_TIMEOUT,
                 retry=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
@@ -573,9 +582,18 @@ class RunWorkflow:
         self.mirror.move(Phase.CANCELLED, reason="Cancelled", message=reason)
 
     async def _finish(self) -> None:
-        """Free the run's slots and subscriptions, then flush the last status (bounded)."""
+        """Free the run's slots and subscriptions, record the ending on the work item (and forget the agent's
+        checkpoints), then flush the last status (bounded)."""
         await self.gates.release_all()
         await self.throttles.unsubscribe_all()
+        if self.route.resolution is not None and workflow.patched(RUN_ENDING_PATCH):
+            ending = RunEnding(
+                warrant=self.warrant(),
+                attempt=self.status.attempt,
+                phase=self.status.phase.value,
+                reason=self.status.reason or "",
+            )
+            await call_local(record_run_ending, ending, summary=f"record the Run's ending ({ending.phase})")
         await self.mirror.flush()
 
     async def _continue_as_new(self) -> None:
