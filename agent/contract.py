@@ -121,6 +121,15 @@ class WorkItemAccess(_Read):
     ca: str | None = Field(default=None, repr=False)
 
 
+class AttemptApi(_Read):
+    """Where this attempt reaches ksquad itself (api.attempts): its checkpoints, asked before each model call, with
+    the attempt's token. Never logged."""
+
+    url: str
+    token: str = Field(repr=False)
+    ca: str | None = Field(default=None, repr=False)  # as WorkItemAccess.ca
+
+
 class Contract(_Read):
     api_version: str
     run: Run
@@ -128,6 +137,7 @@ class Contract(_Read):
     agent: Agent
     model: Model
     work_item: WorkItemAccess | None = None  # a Run whose workItemRef names an item; none for an opaque ref
+    attempt_api: AttemptApi | None = None  # none: no checkpoints (an orchestrator without ksquad-api's URL)
     token_budget: int | None = None  # model tokens this task may use (the Run's budget left); none: no bound
 
     def offered_tools(self) -> list[Tool]:

@@ -25,7 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from a2a.helpers import (
@@ -44,7 +44,16 @@ from google.protobuf.json_format import MessageToDict
 from agent.callers import Caller
 from agent.contract import Contract, ContractError, Model, WorkItemAccess, build_prompt, parse_contract
 from agent.credentials import CredentialError, Credentials
-from agent.model import CredentialRefused, ModelFailed, RateLimited, Unauthorized, Usage, complete
+from agent.journal import Journal, JournalUnavailable, Superseded, restore
+from agent.model import (
+    CredentialRefused,
+    ModelFailed,
+    RateLimited,
+    ToolCall,
+    Unauthorized,
+    Usage,
+    complete,
+)
 from agent.tools import ToolBox, ToolServerError
 from agent.work_item import WorkItemError, read_item, set_state
 from agent.work_item import comment as comment_on_item
@@ -97,7 +106,13 @@ class Conversation:
     refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
     item_read: bool = False  # the work item went into the conversation (once: a follow-up goes on from there)
     item_state: str | None = None  # its state when read: an item already done is not marked done again
-    model_calls: int = 0  # answered model calls of this task: each one's usage report is numbered
+    model_calls: int = 0  # answered model calls of this task
+    journal: Journal = field(default_factory=lambda: Journal(None))  # where its steps are recorded
+    restored: bool = False  # the Run's recorded steps were read into it (once a task)
+    turns: int = (
+        0  # model turns of the conversation, recorded ones included: the step, and a usage report's id
+    )
+    answer: str | None = None  # a recorded last turn that was the answer
     tokens_used: int = 0  # their tokens, in and out, against the contract's tokenBudget
 
 
@@ -222,7 +237,13 @@ class KsquadAgentExecutor(AgentExecutor):
             )
         credentials = _credentials_of(caller, contract)
         # The message's text only says which attempt this is: the task itself comes from the contract.
-        return Conversation(contract, self._model(contract, message), build_prompt(contract), credentials)
+        return Conversation(
+            contract,
+            self._model(contract, message),
+            build_prompt(contract),
+            credentials,
+            journal=Journal(contract.attempt_api),
+        )
 
     def _resume(self, conversation: Conversation, message: Message, caller: Any) -> None:
         if not isinstance(caller, Caller):
@@ -232,13 +253,13 @@ class KsquadAgentExecutor(AgentExecutor):
         text = get_message_text(message).strip()
         conversation.model = self._model(conversation.contract, message, conversation.model)
         if conversation.pending_question is not None:  # the answer to the model's question
-            conversation.messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": conversation.pending_question,
-                    "content": text or "(no answer)",
-                }
-            )
+            answer = {
+                "role": "tool",
+                "tool_call_id": conversation.pending_question,
+                "content": text or "(no answer)",
+            }
+            conversation.messages.append(answer)
+            conversation.journal.add(conversation.turns, "tool", {"message": answer})
             conversation.pending_question = None
         # else: the credential was refreshed; the conversation goes on where it stopped
 
@@ -256,6 +277,54 @@ class KsquadAgentExecutor(AgentExecutor):
         if contract.work_item is not None and not conversation.item_read:
             conversation.item_read = True
             await self._read_work_item(contract.work_item, conversation, updater)
+        try:
+            await self._work_journaled(conversation, updater)
+        except Superseded as err:
+            await updater.update_status(
+                TaskState.TASK_STATE_FAILED,
+                self._text(updater, f"this attempt was superseded: no further model call is made ({err})"),
+                metadata={ERROR_KEY: "superseded"},
+            )
+        except JournalUnavailable as err:
+            await updater.update_status(
+                TaskState.TASK_STATE_FAILED,
+                self._text(updater, str(err)),
+                metadata={ERROR_KEY: "journal_unavailable"},
+            )
+
+    async def _restore(self, conversation: Conversation, updater: TaskUpdater) -> list[ToolCall]:
+        """The Run's recorded steps into the conversation (once a task): what earlier attempts (or this one's
+        earlier task) completed is not asked of the model again. The calls of the last turn still to run."""
+        if conversation.restored:
+            return []
+        conversation.restored = True
+        restored = restore(await conversation.journal.read())
+        if not restored.turns:
+            return []
+        conversation.messages.extend(restored.messages)
+        conversation.turns = restored.turns
+        conversation.answer = restored.answer
+        note = f"resuming after step {restored.turns} recorded by an earlier attempt"
+        if restored.in_flight:
+            note += f"; in flight when it stopped, result unknown: {', '.join(restored.in_flight)}"
+        await updater.update_status(
+            TaskState.TASK_STATE_WORKING,
+            self._text(updater, note),
+            metadata={"ksquad.io/resumed-after": restored.turns},
+        )
+        return [
+            ToolCall(
+                c["id"], c.get("function", {}).get("name", ""), c.get("function", {}).get("arguments", "")
+            )
+            for c in restored.to_run
+        ]
+
+    async def _work_journaled(self, conversation: Conversation, updater: TaskUpdater) -> None:
+        contract, journal = conversation.contract, conversation.journal
+        to_run = await self._restore(conversation, updater)
+        if conversation.answer is not None:  # the last recorded turn was the answer: give it, call nothing
+            await self._finish(conversation.answer, updater, contract, conversation.item_state != "done")
+            return
         async with contextlib.AsyncExitStack() as stack:
             try:
                 tools = await stack.enter_async_context(ToolBox(contract))
@@ -268,14 +337,48 @@ class KsquadAgentExecutor(AgentExecutor):
                 )
                 return
             definitions = [*tools.definitions(), ASK_USER_TOOL]
-            for step in range(1, MAX_STEPS + 1):
+            while True:
+                for call in to_run:
+                    if call.name == ASK_USER:
+                        await journal.flush()  # the turn that asks is recorded before the question goes out
+                        conversation.pending_question = call.id
+                        question = _argument(call.arguments, "question") or "The agent needs input."
+                        await updater.requires_input(self._text(updater, question))
+                        return
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        self._text(updater, f"calling tool {call.name}"),
+                        metadata={"ksquad.io/tool": call.name},
+                    )
+                    journal.add(conversation.turns, "tool-started", {"id": call.id, "name": call.name})
+                    await journal.flush()  # a retry knows the call may have taken effect
+                    result = await tools.call(call.name, call.arguments)
+                    message = {"role": "tool", "tool_call_id": call.id, "content": result.text}
+                    conversation.messages.append(message)
+                    journal.add(conversation.turns, "tool", {"message": message})
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        self._text(updater, f"{call.name}: {result.text[:200]}"),
+                        metadata={"ksquad.io/tool": call.name, "ksquad.io/tool-error": result.is_error},
+                    )
+                if conversation.turns >= MAX_STEPS:
+                    await updater.update_status(
+                        TaskState.TASK_STATE_FAILED,
+                        self._text(updater, f"no answer after {MAX_STEPS} steps"),
+                        metadata={ERROR_KEY: "too_many_steps"},
+                    )
+                    return
+                conversation.turns += 1
+                step = conversation.turns
                 model = conversation.model
+                await journal.flush()  # and the API's word that this attempt is still current
                 await updater.update_status(
                     TaskState.TASK_STATE_WORKING,
                     self._text(updater, f"step {step}: asking {model.name}"),
                     metadata={"ksquad.io/step": step},
                 )
                 started = time.monotonic()
+                journal.model_called()
                 try:
                     turn = await self._keepalive(
                         complete(model, conversation.messages, definitions, conversation.credentials),
@@ -283,6 +386,7 @@ class KsquadAgentExecutor(AgentExecutor):
                         model,
                     )
                 except RateLimited as err:
+                    conversation.turns -= 1  # not a step: the next model (or this one, later) makes it
                     credential = model.credential.secret_name if model.credential else None
                     await updater.update_status(
                         TaskState.TASK_STATE_FAILED,
@@ -306,6 +410,7 @@ class KsquadAgentExecutor(AgentExecutor):
                     )
                     return
                 except Unauthorized as err:
+                    conversation.turns -= 1
                     conversation.refused_key = _fingerprint(conversation)
                     await updater.update_status(
                         TaskState.TASK_STATE_AUTH_REQUIRED,
@@ -322,16 +427,17 @@ class KsquadAgentExecutor(AgentExecutor):
                         metadata={ERROR_KEY: "model_failed", "model": model.name},
                     )
                     return
-                conversation.messages.append(turn.assistant_message())
+                message = turn.assistant_message()
+                conversation.messages.append(message)
+                journal.add(step, "turn", {"message": message})
                 conversation.model_calls += 1
                 if turn.usage is not None:
                     conversation.tokens_used += turn.usage.input_tokens + turn.usage.output_tokens
-                    await self._report_usage(
-                        updater, conversation.model_calls, model, turn.usage, time.monotonic() - started
-                    )
+                    await self._report_usage(updater, step, model, turn.usage, time.monotonic() - started)
                 budget = contract.token_budget
                 if turn.tool_calls and budget is not None and conversation.tokens_used >= budget:
                     # Another call would pass the Run's budget: stop before making it.
+                    await journal.flush()
                     await updater.update_status(
                         TaskState.TASK_STATE_FAILED,
                         self._text(
@@ -343,33 +449,10 @@ class KsquadAgentExecutor(AgentExecutor):
                     )
                     return
                 if not turn.tool_calls:
+                    await journal.flush()
                     await self._finish(turn.text, updater, contract, conversation.item_state != "done")
                     return
-                for call in turn.tool_calls:
-                    if call.name == ASK_USER:
-                        conversation.pending_question = call.id
-                        question = _argument(call.arguments, "question") or "The agent needs input."
-                        await updater.requires_input(self._text(updater, question))
-                        return
-                    await updater.update_status(
-                        TaskState.TASK_STATE_WORKING,
-                        self._text(updater, f"calling tool {call.name}"),
-                        metadata={"ksquad.io/tool": call.name},
-                    )
-                    result = await tools.call(call.name, call.arguments)
-                    conversation.messages.append(
-                        {"role": "tool", "tool_call_id": call.id, "content": result.text}
-                    )
-                    await updater.update_status(
-                        TaskState.TASK_STATE_WORKING,
-                        self._text(updater, f"{call.name}: {result.text[:200]}"),
-                        metadata={"ksquad.io/tool": call.name, "ksquad.io/tool-error": result.is_error},
-                    )
-            await updater.update_status(
-                TaskState.TASK_STATE_FAILED,
-                self._text(updater, f"no answer after {MAX_STEPS} steps"),
-                metadata={ERROR_KEY: "too_many_steps"},
-            )
+                to_run = turn.tool_calls
 
     async def _report_usage(
         self, updater: TaskUpdater, call: int, model: Model, usage: Usage, seconds: float

@@ -4,15 +4,11 @@ wrote; marked in progress while an attempt works it, and done when one finishes,
 each attempt did. The item is context, not the task: when it cannot be read or written the attempt goes on
 without it, and says so."""
 
-import ssl
-from functools import lru_cache
 from typing import Any
 
-import httpx2
-
 from agent.contract import WorkItemAccess
+from agent.ksquad_api import ApiRefused, ApiUnreachable, call
 
-TIMEOUT_SECONDS = 30.0
 MAX_ENTRIES = 200  # the latest ones, when an item's record is longer
 MAX_COMMENT = 4000
 
@@ -21,33 +17,15 @@ class WorkItemError(Exception):
     """The items API refused or did not answer; the message says which and why."""
 
 
-@lru_cache(maxsize=4)
-def trusting(ca: str) -> ssl.SSLContext:
-    """A TLS context that trusts this CA alone: the item token goes to the API whose certificate it signed, and
-    to no one a public CA vouches for."""
-    return ssl.create_default_context(cadata=ca)
-
-
 async def _call(access: WorkItemAccess, method: str, path: str, json: Any = None) -> Any:
-    url = f"{access.url.rstrip('/')}/items/{access.namespace}/{access.id}{path}"
     try:
-        verify: ssl.SSLContext | bool = trusting(access.ca) if access.ca else True
-    except ssl.SSLError as err:
-        raise WorkItemError(f"the contract's CA for the items API is no PEM certificate: {err}") from None
-    try:
-        async with httpx2.AsyncClient(timeout=TIMEOUT_SECONDS, verify=verify) as http:
-            response = await http.request(
-                method, url, json=json, headers={"Authorization": f"Bearer {access.token}"}
-            )
-    except httpx2.TransportError as err:
-        raise WorkItemError(f"the items API at {access.url} does not answer: {err!r}") from None
-    if response.status_code >= 300:
-        try:
-            reason = response.json().get("error")
-        except ValueError:
-            reason = None
-        raise WorkItemError(f"the items API answered {response.status_code}: {reason or response.text[:200]}")
-    return response.json()
+        return await call(
+            access.url, access.token, access.ca, method, f"/items/{access.namespace}/{access.id}{path}", json
+        )
+    except ApiRefused as err:
+        raise WorkItemError(f"the items API answered {err.status}: {err.reason}") from None
+    except ApiUnreachable as err:
+        raise WorkItemError(str(err).replace("the API", "the items API")) from None
 
 
 async def read_item(access: WorkItemAccess) -> tuple[str, str]:
@@ -77,6 +55,9 @@ async def read_item(access: WorkItemAccess) -> tuple[str, str]:
             what += f": {entry['body']}" if entry["body"] else ""
         elif entry["kind"] == "artifact":
             what = f"published the artifact {(entry.get('data') or {}).get('name')}"
+        elif entry["kind"] == "ended":  # the orchestrator's record of a Run's ending
+            who = "ksquad"
+            what = f"recorded: {entry['body']}"
         else:
             what = f"wrote: {entry['body']}"
         lines.append(f"- {who} {what}")

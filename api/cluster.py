@@ -7,6 +7,7 @@
                                           `Last-Event-ID` (or ?after=N) resumes after that event
     GET  /runs/{namespace}/{name}/artifacts/{artifact}   an artifact's content, as the agent made it
     *    /items/{namespace}[/{id}[/events|/comments|/state]]   work items and their entries (api/items.py)
+    *    /attempts/checkpoints                an attempt's recorded steps, with its token (api/attempts.py)
     GET  /usage?by=credential|namespace|person|model[&namespace=NS][&since=T][&until=T]   model usage (api/usage.py)
     *    /console/...                         the console for people (api/console/app.py), as each person
     GET|POST /console/signin                  a token sign-in, for a console with no authenticating proxy in front
@@ -77,6 +78,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import Mount, Route
 
 from agent.callers import ITEM_KEY_ENV, read_key
+from api.attempts import PREFIX as ATTEMPTS_PREFIX
+from api.attempts import attempt_routes
 from api.budgets import Budget, Limits, OverBudget, Rate, RateLimits, RequestLimits, Tarpit
 from api.codec import codec_app
 from api.console import pages
@@ -464,6 +467,10 @@ def cluster_api(
                     store, with_item_tokens(store, settings.item_token_key, people, over_rate), streams
                 )
             ),
+            *(
+                Route(r.path, counted("attempts", r.endpoint), methods=r.methods)
+                for r in attempt_routes(store, settings.item_token_key, codec, over_rate)
+            ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
             *(Route(r.path, counted("usage", r.endpoint)) for r in usage_routes(store, usage_reader)),
@@ -613,13 +620,17 @@ def _phase(run: dict[str, Any]) -> str:
     return str((run.get("status") or {}).get("phase") or "")
 
 
+SANDBOX_PATHS = ("/items/", ATTEMPTS_PREFIX)
+
+
 def items_only(app: Any) -> Any:
-    """The API as sandboxes reach it: /items/ alone (an attempt's token reaches nothing else); any other path is
-    404, before it is routed, so this listener is no way to the console, the codec or a run's artifacts."""
+    """The API as sandboxes reach it: /items/ and /attempts/ alone (an attempt's token reaches nothing else); any
+    other path is 404, before it is routed, so this listener is no way to the console, the codec or a run's
+    artifacts."""
 
     async def serve_items(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/items/"):
-            await error(404, "only /items/ is served on this port")(scope, receive, send)
+        if scope["type"] != "http" or not scope["path"].startswith(SANDBOX_PATHS):
+            await error(404, "only /items/ and /attempts/ are served on this port")(scope, receive, send)
             return
         await app(scope, receive, send)
 

@@ -1,8 +1,8 @@
 """The embedded default's HTTP API, on loopback: what the `ksquad` CLI talks to.
 
 Who may call it (Guard): a caller with the bearer token in `.ksquad/api.token` (made on first start, mode
-0600, read by the CLI), or on /items/ a local agent with its attempt's item token, naming the API by its loopback host (a Host header of another name is refused: DNS
-rebinding). A browser page of another origin is refused whatever it sends. Requests that change something carry
+0600, read by the CLI), or on /items/ and /attempts/ a local agent with its attempt's item token, naming the API by
+its loopback host (a Host header of another name is refused: DNS rebinding). A browser page of another origin is refused whatever it sends. Requests that change something carry
 `application/json` (no form or text/plain body from a web page gets through without a preflight, which this API
 never grants), bodies are at most 4 MiB, and only the signals below are accepted.
 
@@ -20,6 +20,7 @@ origin proves nothing about who is asking, and the codec decrypts the history an
     GET    /runs/{namespace}/{name}/events server-sent events: phase changes and agent progress, in order;
                                            `Last-Event-ID` (or ?after=N) replays from after that event
     *      /items/{namespace}[/{id}[/events|/comments|/state]]   work items, as the developer (api/items.py)
+    *      /attempts/checkpoints           an attempt's recorded steps, with its token (api/attempts.py)
     GET    /usage?by=...[&namespace=NS][&since=T][&until=T]   model usage summed (api/usage.py)
     POST   /codec/encode, /codec/decode    Temporal's remote codec protocol, for the UI (see `codec_app`)
     GET    /ui/signin?token=TOKEN[&next=/ui/...]   the session cookie for the UI, then to the UI
@@ -50,6 +51,8 @@ from starlette.routing import Route
 from temporalio.service import RPCError
 
 from agent.callers import ITEM_TOKEN_PREFIX
+from api.attempts import PREFIX as ATTEMPTS_PREFIX
+from api.attempts import attempt_routes
 from api.codec import codec_app
 from api.console.app import Session, console_routes, csrf_key_of
 from api.console.pages import signin_needed_page
@@ -138,7 +141,7 @@ def api_app(
         return Writer(Author(user=runs.user))
 
     async def the_developer_may(request: Request, namespace: str | None) -> None:
-        """Usage: the Guard let the token's holder in (an item token reaches /items/ alone)."""
+        """Usage: the Guard let the token's holder in (an item token reaches /items/ and /attempts/ alone)."""
         return None
 
     @_errors
@@ -288,6 +291,7 @@ def api_app(
         Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", artifact),
         Route("/runs/{namespace}/{name}/{action:str}", signal_run, methods=["POST"]),
         *item_routes(store, with_item_tokens(store, item_key, as_the_developer)),
+        *attempt_routes(store, item_key, codec),
         *usage_routes(store, the_developer_may),
     ]
     if ui_upstream is not None:
@@ -373,10 +377,10 @@ class Guard:
         in_session = path.startswith(
             (f"{UI_PREFIX}/", "/codec/", f"{CONSOLE_PREFIX}/")
         ) and hmac.compare_digest(request.cookies.get(SESSION_COOKIE, "").encode(), self.session.encode())
-        # An attempt's item token (agent.callers.item_token) goes on to the item routes, which check it.
-        item_token = path.startswith("/items/") and request.headers.get("authorization", "").startswith(
-            f"Bearer {ITEM_TOKEN_PREFIX}"
-        )
+        # An attempt's item token (agent.callers.item_token) goes on to the item and attempt routes, which check it.
+        item_token = path.startswith(("/items/", ATTEMPTS_PREFIX)) and request.headers.get(
+            "authorization", ""
+        ).startswith(f"Bearer {ITEM_TOKEN_PREFIX}")
         if not in_session and not item_token and not bearer_matches(request, self.token):
             if path.startswith(f"{UI_PREFIX}/"):
                 return error(401, "sign in first with the link `ksquad dev` printed (/ui/signin?token=...)")

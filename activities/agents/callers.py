@@ -85,29 +85,33 @@ class CallerKeys:
         )
         return cls(process_keys().sandbox, endpoint, items)
 
-    def work_item_access(self, run: RunIdentity) -> dict[str, str] | None:
-        """The contract's `workItem` for this attempt (agent.contract.WorkItemAccess): the API and a token for its
-        Run's item. Made when the attempt's message is, so it is in no workflow history, spec or log."""
-        if self.items is None or run.work_item_ref is None:
+    def attempt_access(self, run: RunIdentity) -> dict[str, str] | None:
+        """The contract's `attemptApi` for this attempt (agent.contract.AttemptApi): ksquad-api's URL for sandboxes
+        and a token for this attempt alone, for its checkpoints (api.attempts) and its Run's work item. Made when
+        the attempt's message is, so it is in no workflow history, spec or log; None without an items API."""
+        if self.items is None:
             return None
         access = ItemAccess(
             namespace=run.namespace,
-            item=run.work_item_ref,
+            item=run.work_item_ref or "",
             run=f"{run.namespace}/{run.name}",
             uid=run.uid,
             attempt=run.attempt,
             fence=run.fence,
             expires=int(time.time()) + ITEM_TOKEN_SECONDS,
         )
-        granted = {
-            "url": self.items.url,
-            "namespace": run.namespace,
-            "id": run.work_item_ref,
-            "token": item_token(self.items.key, access),
-        }
+        granted = {"url": self.items.url, "token": item_token(self.items.key, access)}
         if self.items.ca:
             granted["ca"] = self.items.ca
         return granted
+
+    def work_item_access(self, run: RunIdentity) -> dict[str, str] | None:
+        """The contract's `workItem` for this attempt (agent.contract.WorkItemAccess): the API and a token for its
+        Run's item (the attempt's token: it reaches that item alone)."""
+        granted = self.attempt_access(run)
+        if granted is None or run.work_item_ref is None:
+            return None
+        return {**granted, "namespace": run.namespace, "id": run.work_item_ref}
 
     def sandbox_token(self, run: RunIdentity) -> str:
         return sandbox_token(self.sandbox, run.namespace, run.uid, run.attempt, run.fence)

@@ -2,9 +2,10 @@
 local sandboxes of the reference agent, the scripted model, the API over HTTP): a person makes an item and
 comments; a Run on it fails its first attempt and says so on the item; the retry, in a new sandbox, reads that
 and the person's comment, succeeds, says so, publishes its answer to the item and marks it done; each entry is
-attributed; a write with the first attempt's fence after the retry claimed is refused with 409 and is not in
+attributed, and the Run's ending is recorded last, once, by the orchestrator; a write with the first attempt's fence after the retry claimed is refused with 409 and is not in
 the item."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from agent.callers import ItemAccess, item_token, read_key
 from dev.stack import ITEM_KEY_FILE, TOKEN_FILE, DevStack, dev_stack
 from store import work_item_key
+from store.work_items import ORCHESTRATOR
 from testbed.embedded import stack_options, wait_terminal
 
 NS = "bench"  # wait_terminal's namespace
@@ -27,6 +29,17 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {"fixer": [{"error": 500}, {"text": "f
 async def dev(tmp_path: Path) -> AsyncIterator[DevStack]:
     async with dev_stack(stack_options(tmp_path / ".ksquad", SCRIPT)) as stack:
         yield stack
+
+
+async def ended_on_item(api: httpx.AsyncClient, item: str, within: float = 15) -> list[dict[str, Any]]:
+    """The item's entries once the orchestrator has recorded a Run's ending on it (the Run's phase is mirrored a
+    moment before the workflow's last step records it)."""
+    deadline = time.monotonic() + within
+    while True:
+        entries: list[dict[str, Any]] = (await api.get(f"/items/{NS}/{item}/entries")).json()["entries"]
+        if any(e["kind"] == "ended" for e in entries) or time.monotonic() > deadline:
+            return entries
+        await asyncio.sleep(0.1)
 
 
 async def test_a_retry_reads_what_the_failed_attempt_and_a_person_wrote_and_a_stale_holder_writes_nothing(
@@ -62,7 +75,7 @@ async def test_a_retry_reads_what_the_failed_attempt_and_a_person_wrote_and_a_st
             ]
         )
         assert await wait_terminal(dev, ["fix-pay-9"], within=90) == {"fix-pay-9": "Succeeded"}
-        entries = (await api.get(f"/items/{NS}/PAY-9/entries")).json()["entries"]
+        entries = await ended_on_item(api, "PAY-9")
         item = (await api.get(f"/items/{NS}/PAY-9")).json()
 
         # The stale holder: attempt 1's token, with attempt 1's fence, after the retry claimed.
@@ -100,10 +113,18 @@ async def test_a_retry_reads_what_the_failed_attempt_and_a_person_wrote_and_a_st
     assert states == [(1, "in-progress"), (2, "done")], "the first attempt took it up, the retry finished it"
     published = [(e["author"].get("attempt"), e["data"]["name"]) for e in entries if e["kind"] == "artifact"]
     assert published == [(2, "answer")], entries
-    assert all(e["author"]["user"] == developer for e in entries), (
+    *by_people_and_runs, ended = entries
+    assert all(e["author"]["user"] == developer for e in by_people_and_runs), (
         "each entry is the developer's, by hand or by run"
     )
-    fences = {e["author"].get("attempt"): e["fence"] for e in entries if e["author"].get("run")}
+    assert (ended["kind"], ended["author"]["user"], ended["author"]["run"]) == (
+        "ended",
+        ORCHESTRATOR,
+        f"{NS}/fix-pay-9",
+    )
+    assert ended["body"] == f"{NS}/fix-pay-9 ended Succeeded (Succeeded) after 2 attempts", ended
+    assert ended["data"]["phase"] == "Succeeded" and ended["fence"] is None
+    fences = {e["author"].get("attempt"): e["fence"] for e in by_people_and_runs if e["author"].get("run")}
     assert fences[1] < fences[2], "each attempt wrote under its own claim's fence"
     assert item["state"] == "done"
 

@@ -1,0 +1,56 @@
+"""The agent's calls to ksquad's API (its work item, its checkpoints): one request with the attempt's token, over
+TLS trusting the contract's CA alone when it gives one."""
+
+import ssl
+from functools import lru_cache
+from typing import Any
+
+import httpx2
+
+TIMEOUT_SECONDS = 30.0
+
+
+class ApiRefused(Exception):
+    """The API answered with an error status; `status` and its reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"the API answered {status}: {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class ApiUnreachable(Exception):
+    """The API did not answer (or its CA in the contract is no certificate)."""
+
+
+@lru_cache(maxsize=4)
+def trusting(ca: str) -> ssl.SSLContext:
+    """A TLS context that trusts this CA alone: the attempt's token goes to the API whose certificate it signed,
+    and to no one a public CA vouches for."""
+    return ssl.create_default_context(cadata=ca)
+
+
+async def call(base_url: str, token: str, ca: str | None, method: str, path: str, json: Any = None) -> Any:
+    """`method` `base_url` + `path` with the token; the answer's JSON. ApiRefused for a status of 300 or more,
+    ApiUnreachable when nobody answers."""
+    try:
+        verify: ssl.SSLContext | bool = trusting(ca) if ca else True
+    except ssl.SSLError as err:
+        raise ApiUnreachable(f"the contract's CA for {base_url} is no PEM certificate: {err}") from None
+    try:
+        async with httpx2.AsyncClient(timeout=TIMEOUT_SECONDS, verify=verify) as http:
+            response = await http.request(
+                method,
+                f"{base_url.rstrip('/')}{path}",
+                json=json,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+    except httpx2.TransportError as err:
+        raise ApiUnreachable(f"the API at {base_url} does not answer: {err!r}") from None
+    if response.status_code >= 300:
+        try:
+            reason = response.json().get("error")
+        except ValueError:
+            reason = None
+        raise ApiRefused(response.status_code, reason or response.text[:200])
+    return response.json()
