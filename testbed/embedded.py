@@ -15,10 +15,11 @@ from typing import Any, Literal
 
 import httpx
 
-from agent.callers import ENDPOINT_KEY_ENV, SANDBOX_KEY_ENV
+from activities.agents.callers import ITEM_API_ENV
+from agent.callers import ENDPOINT_KEY_ENV, ITEM_KEY_ENV, SANDBOX_KEY_ENV
 from dev.binaries import die_with_parent
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
-from dev.stack import ENDPOINT_KEY_FILE, SANDBOX_KEY_FILE, DevOptions, DevStack, dev_stack
+from dev.stack import ENDPOINT_KEY_FILE, ITEM_KEY_FILE, SANDBOX_KEY_FILE, DevOptions, DevStack, dev_stack
 from testbed.isolate import free_port
 from testbed.postgres import PostgresServer
 from testbed.temporal_server import temporal_server
@@ -213,6 +214,9 @@ def _spawn_worker(dev: DevStack, database_url: str | None) -> tuple[subprocess.P
         "KSQUAD_SEAL_KEY_FILE": str(dev.state_dir / "seal.key"),  # the embedded bridge seals with it
         SANDBOX_KEY_ENV: str(dev.state_dir / SANDBOX_KEY_FILE),
         ENDPOINT_KEY_ENV: str(dev.state_dir / ENDPOINT_KEY_FILE),
+        # Attempts reach their work item and checkpoints through the stack's API, as the stack's own worker gives.
+        ITEM_KEY_ENV: str(dev.state_dir / ITEM_KEY_FILE),
+        ITEM_API_ENV: dev.api_url,
         "KSQUAD_HEALTH_PORT": str(port),
     }
     with log.open("ab") as out:
@@ -222,6 +226,7 @@ def _spawn_worker(dev: DevStack, database_url: str | None) -> tuple[subprocess.P
             stdout=out,
             stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
+            cwd=dev.state_dir,  # its local sandboxes' logs and pid files go in .ksquad/ there, not the checkout's
         )
     return worker, port, log
 
