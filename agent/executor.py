@@ -125,6 +125,7 @@ class Stats:
     duplicates: int = 0  # repeated message ids, refused
     cancelled: int = 0
     completed: int = 0
+    superseded: int = 0  # tasks stopped because their attempt's fence moved (agent.journal)
 
 
 class KsquadAgentExecutor(AgentExecutor):
@@ -280,6 +281,7 @@ class KsquadAgentExecutor(AgentExecutor):
         try:
             await self._work_journaled(conversation, updater)
         except Superseded as err:
+            self.stats.superseded += 1
             await updater.update_status(
                 TaskState.TASK_STATE_FAILED,
                 self._text(updater, f"this attempt was superseded: no further model call is made ({err})"),

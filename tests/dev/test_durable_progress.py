@@ -79,7 +79,12 @@ def objects(dev: DevStack, tool: HeldTool) -> list[dict[str, Any]]:
         obj(
             "Agent",
             "stepper",
-            {"modelEndpointRef": "scripted", "model": "stepper", "tools": ["notes"], "allowedTools": ["notes"]},
+            {
+                "modelEndpointRef": "scripted",
+                "model": "stepper",
+                "tools": ["notes"],
+                "allowedTools": ["notes"],
+            },
         ),
         obj(
             "Run",
