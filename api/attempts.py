@@ -32,6 +32,7 @@ from store.checkpoints import MAX_STEP_BYTES, STEP_KINDS
 from temporal_client.codec import UNREADABLE, EncryptionCodec
 
 PREFIX = "/attempts/"
+MAX_WRITE_BYTES = 4 * MAX_STEP_BYTES  # one write's body: a few steps at their largest
 JSON_PLAIN = b"json/plain"
 
 
@@ -125,7 +126,7 @@ def attempt_routes(
         access = attempt_of(request)
         if isinstance(access, Response):
             return access
-        body = await json_body(request)
+        body = await json_body(request, MAX_WRITE_BYTES)
         if isinstance(body, Response):
             return body
         if not isinstance(body, dict) or set(body) != {"steps"} or not isinstance(body["steps"], list):

@@ -138,8 +138,8 @@ def entry_json(entry: ItemEvent) -> dict[str, Any]:
     }
 
 
-async def json_body(request: Request) -> Any:
-    """The body as JSON, or the refusal: 415 unless sent as application/json, 413 past MAX_BODY_BYTES (read no
+async def json_body(request: Request, limit: int = MAX_BODY_BYTES) -> Any:
+    """The body as JSON, or the refusal: 415 unless sent as application/json, 413 past `limit` bytes (read no
     further), 400 for what is not JSON. The media type is not a formality: behind an authenticating proxy that
     adds the person's token from its cookie, another site's form could post here as them; a browser sends
     application/json across sites only after a CORS preflight, which this API never answers."""
@@ -149,8 +149,8 @@ async def json_body(request: Request) -> Any:
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            return error(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        if len(body) > limit:
+            return error(413, f"the body is larger than {limit} bytes")
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:

@@ -28,7 +28,10 @@ async def test_happy_path_claims_runs_publishes_and_releases(client: Client, wor
         "release_work_item",
         "record_run_ending",  # on the item, as the orchestrator: every ending, once
     ]
-    assert world.calls_of(Activity.RECORD_RUN_ENDING)[0].detail == {"phase": "Succeeded", "reason": "Succeeded"}
+    assert world.calls_of(Activity.RECORD_RUN_ENDING)[0].detail == {
+        "phase": "Succeeded",
+        "reason": "Succeeded",
+    }
     assert not world.claims
     assert not world.sandboxes
     (call,) = world.calls_of(Activity.INVOKE_AGENT)
