@@ -191,7 +191,9 @@ class WorkItems(StoreBase):
         author = Author(user=ORCHESTRATOR, run=run.run, run_uid=run.uid, attempt=attempt or None)
         data = {"phase": phase, "reason": reason, "triggeredBy": run.triggered_by}
         try:
-            return await self._write(namespace, item_id, "ended", message[:MAX_TEXT], data, author, None, None)
+            return await self._write(
+                namespace, item_id, "ended", message[:MAX_TEXT], data, author, None, None
+            )
         except ItemNotFound:
             return None
 

@@ -210,9 +210,10 @@ class Invocation:
             contract = self.inv.contract.for_sandbox()
             if self.work_item is not None:
                 contract["workItem"] = self.work_item
+            # Its checkpoints, and the fence it asks for before each model call.
             attempt_api = self.acts.keys.attempt_access(self.inv.contract.run)
             if attempt_api is not None:
-                contract["attemptApi"] = attempt_api  # its checkpoints, and the fence asked before each model call
+                contract["attemptApi"] = attempt_api
             if self.inv.token_budget_left is not None:
                 contract["tokenBudget"] = self.inv.token_budget_left  # what the Run may still use
             if self.inv.contract.agent.contract_in == "dataPart":

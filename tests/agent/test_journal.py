@@ -32,7 +32,7 @@ def test_a_started_call_without_a_result_is_told_in_flight_and_one_never_started
     contents = [m.get("content") for m in restored.messages]
     assert contents[:3] == [None, "result of a", None]
     assert [m.get("tool_call_id") for m in restored.messages[3:]] == ["b"]
-    assert "in flight when attempt 1 stopped" in contents[3]
+    assert "in flight when attempt 1 stopped" in str(contents[3])
     assert restored.in_flight == ["notes"]
     assert [c["id"] for c in restored.to_run] == ["c"], "c never started: it is run, not reported"
 
