@@ -161,7 +161,8 @@ def verify_endpoint_token(key: bytes, token: str, now: float | None = None) -> C
 
 @dataclass(frozen=True)
 class ItemAccess:
-    """What an attempt's item token lets its agent do: read and write its Run's work item, as that attempt.
+    """What an attempt's token lets its agent do: read and write its Run's work item (`item`, "" for none) and its
+    checkpoints, read and add to its squad's memories (`memory`), as that attempt.
     ksquad-api (or the embedded API) checks the token's signature and that the claim is still the attempt's (its
     uid and fence), and writes for the person the claim records: the token, readable by the sandbox, names nobody."""
 
@@ -172,6 +173,7 @@ class ItemAccess:
     attempt: int
     fence: int
     expires: int
+    memory: tuple[str, ...] = ()  # the squad memories it reads and adds to: "teams/<name>", "projects/<name>"
 
 
 def item_token(key: bytes, access: ItemAccess) -> str:
@@ -182,6 +184,8 @@ def verify_item_token(key: bytes, token: str, now: float | None = None) -> ItemA
     data = _verified(ITEM_TOKEN_PREFIX, key, token)
     try:
         access = ItemAccess(**data) if isinstance(data, dict) else None
+        if access is not None:
+            access = dataclasses.replace(access, memory=tuple(str(m) for m in access.memory))
     except TypeError:
         return None
     if access is None or access.expires + CLOCK_SKEW_SECONDS < (time.time() if now is None else now):

@@ -122,12 +122,13 @@ class WorkItemAccess(_Read):
 
 
 class AttemptApi(_Read):
-    """Where this attempt reaches ksquad itself (api.attempts): its checkpoints, asked before each model call, with
-    the attempt's token. Never logged."""
+    """Where this attempt reaches ksquad itself, with the attempt's token: its checkpoints (api.attempts), asked
+    before each model call, and its Team's and Project's memories (api.memory). Never logged."""
 
     url: str
     token: str = Field(repr=False)
     ca: str | None = Field(default=None, repr=False)  # as WorkItemAccess.ca
+    memory: list[str] = Field(default_factory=list)  # its squad's memories: "teams/<name>", "projects/<name>"
 
 
 class Contract(_Read):

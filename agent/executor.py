@@ -42,9 +42,19 @@ from a2a.types import Message, TaskState
 from google.protobuf.json_format import MessageToDict
 
 from agent.callers import Caller
-from agent.contract import Contract, ContractError, Model, WorkItemAccess, build_prompt, parse_contract
+from agent.contract import (
+    AttemptApi,
+    Contract,
+    ContractError,
+    Model,
+    WorkItemAccess,
+    build_prompt,
+    parse_contract,
+)
 from agent.credentials import CredentialError, Credentials
 from agent.journal import Journal, JournalUnavailable, Superseded, restore
+from agent.ksquad_api import ApiRefused, ApiUnreachable
+from agent.memory import REMEMBER, recall, remember, remember_tool
 from agent.model import (
     CredentialRefused,
     ModelFailed,
@@ -54,7 +64,7 @@ from agent.model import (
     Usage,
     complete,
 )
-from agent.tools import ToolBox, ToolServerError
+from agent.tools import ToolBox, ToolResult, ToolServerError
 from agent.work_item import WorkItemError, read_item, set_state
 from agent.work_item import comment as comment_on_item
 
@@ -106,6 +116,7 @@ class Conversation:
     refused_key: str | None = None  # a fingerprint of the credential the model refused (AUTH_REQUIRED)
     item_read: bool = False  # the work item went into the conversation (once: a follow-up goes on from there)
     item_state: str | None = None  # its state when read: an item already done is not marked done again
+    memory_read: bool = False  # the squad's memories went into the conversation (once)
     model_calls: int = 0  # answered model calls of this task
     journal: Journal = field(default_factory=lambda: Journal(None))  # where its steps are recorded
     restored: bool = False  # the Run's recorded steps were read into it (once a task)
@@ -279,6 +290,13 @@ class KsquadAgentExecutor(AgentExecutor):
             conversation.item_read = True
             await self._read_work_item(contract.work_item, conversation, updater)
         try:
+            if (
+                contract.attempt_api is not None
+                and contract.attempt_api.memory
+                and not conversation.memory_read
+            ):
+                conversation.memory_read = True
+                await self._recall(contract.attempt_api, conversation, updater)
             await self._work_journaled(conversation, updater)
         except Superseded as err:
             self.stats.superseded += 1
@@ -293,6 +311,20 @@ class KsquadAgentExecutor(AgentExecutor):
                 self._text(updater, str(err)),
                 metadata={ERROR_KEY: "journal_unavailable"},
             )
+
+    async def _recall(self, api: AttemptApi, conversation: Conversation, updater: TaskUpdater) -> None:
+        """The squad's memories into the conversation, before the first model call (context: going on without
+        them when they cannot be read)."""
+        try:
+            text = await recall(api, conversation.contract.run.namespace)
+        except (ApiRefused, ApiUnreachable) as err:
+            await updater.update_status(
+                TaskState.TASK_STATE_WORKING,
+                self._text(updater, f"squad memory: {err}: going on without it"),
+            )
+            return
+        if text is not None:
+            conversation.messages.append({"role": "user", "content": text})
 
     async def _restore(self, conversation: Conversation, updater: TaskUpdater) -> list[ToolCall]:
         """The Run's recorded steps into the conversation (once a task): what earlier attempts (or this one's
@@ -339,6 +371,9 @@ class KsquadAgentExecutor(AgentExecutor):
                 )
                 return
             definitions = [*tools.definitions(), ASK_USER_TOOL]
+            api = contract.attempt_api
+            if api is not None and api.memory:
+                definitions.append(remember_tool(api))
             while True:
                 for call in to_run:
                     if call.name == ASK_USER:
@@ -354,7 +389,11 @@ class KsquadAgentExecutor(AgentExecutor):
                     )
                     journal.add(conversation.turns, "tool-started", {"id": call.id, "name": call.name})
                     await journal.flush()  # a retry knows the call may have taken effect
-                    result = await tools.call(call.name, call.arguments)
+                    if call.name == REMEMBER and api is not None and api.memory:
+                        text, failed = await remember(api, contract.run.namespace, call.arguments)
+                        result = ToolResult(text, failed)
+                    else:
+                        result = await tools.call(call.name, call.arguments)
                     message = {"role": "tool", "tool_call_id": call.id, "content": result.text}
                     conversation.messages.append(message)
                     journal.add(conversation.turns, "tool", {"message": message})

@@ -8,6 +8,7 @@
     GET  /runs/{namespace}/{name}/artifacts/{artifact}   an artifact's content, as the agent made it
     *    /items/{namespace}[/{id}[/events|/comments|/state]]   work items and their entries (api/items.py)
     *    /attempts/checkpoints                an attempt's recorded steps, with its token (api/attempts.py)
+    *    /memory/{namespace}/{teams|projects}/{name}[/export|/{id}]   a Team's or a Project's memory (api/memory.py)
     GET  /usage?by=credential|namespace|person|model[&namespace=NS][&since=T][&until=T]   model usage (api/usage.py)
     *    /console/...                         the console for people (api/console/app.py), as each person
     GET|POST /console/signin                  a token sign-in, for a console with no authenticating proxy in front
@@ -22,6 +23,9 @@ Who may call what:
 - work items: a bearer token the API server accepts, whose user may list, create, get or update `workitems` in
   group ksquad.io in the item's namespace (the chart's aggregated roles grant them beside Runs); a person writes
   as that user;
+- squad memory: a bearer token the API server accepts, whose user may `get` (read, export) or `update` (add, edit,
+  delete) `teams/memory` or `projects/memory` in group ksquad.io for that Team or Project in its namespace (the
+  chart's aggregated roles: view reads, edit writes); an attempt's token reads and adds to its Run's own;
 - usage: a bearer token the API server accepts, whose user may `list` Runs in the namespace asked (cluster-wide
   when none is);
 - the console: the person's own token, from an authenticating proxy (`Authorization: Bearer`) or the token
@@ -88,6 +92,8 @@ from api.console.cluster import SESSION_SECONDS, ClusterConsole, RunChanges, Ses
 from api.errors import ROUTING_ERRORS, error, too_many
 from api.items import Writer, item_routes, with_item_tokens
 from api.kubernetes_auth import Access, KubernetesAuth, User
+from api.memory import PREFIX as MEMORY_PREFIX
+from api.memory import memory_routes, with_attempt_tokens
 from api.streams import (
     STREAM_LIMITS,
     HeldStream,
@@ -449,6 +455,16 @@ def cluster_api(
         refusal = await may(caller, Access(verb, "workitems", namespace=namespace, name=item or ""))
         return refusal or Writer(Author(user=caller.user.name))
 
+    async def people_of_memory(
+        request: Request, verb: str, namespace: str, scope: str, name: str
+    ) -> Writer | Response:
+        caller = await kubernetes_user(request)
+        if caller.refusal is not None:
+            return caller.refusal
+        assert caller.user is not None
+        refusal = await may(caller, Access(verb, scope, namespace=namespace, name=name, subresource="memory"))
+        return refusal or Writer(Author(user=caller.user.name))
+
     async def usage_reader(request: Request, namespace: str | None) -> Response | None:
         caller = await kubernetes_user(request)
         if caller.refusal is not None:
@@ -470,6 +486,12 @@ def cluster_api(
             *(
                 Route(r.path, counted("attempts", r.endpoint), methods=r.methods)
                 for r in attempt_routes(store, settings.item_token_key, codec, over_rate)
+            ),
+            *(
+                Route(r.path, counted("memory", r.endpoint), methods=r.methods)
+                for r in memory_routes(
+                    store, with_attempt_tokens(store, settings.item_token_key, people_of_memory, over_rate)
+                )
             ),
             Route("/runs/{namespace}/{name}/events", counted("events", events)),
             Route("/runs/{namespace}/{name}/artifacts/{artifact:path}", counted("artifact", artifact)),
@@ -620,17 +642,19 @@ def _phase(run: dict[str, Any]) -> str:
     return str((run.get("status") or {}).get("phase") or "")
 
 
-SANDBOX_PATHS = ("/items/", ATTEMPTS_PREFIX)
+SANDBOX_PATHS = ("/items/", ATTEMPTS_PREFIX, MEMORY_PREFIX)
 
 
 def items_only(app: Any) -> Any:
-    """The API as sandboxes reach it: /items/ and /attempts/ alone (an attempt's token reaches nothing else); any
+    """The API as sandboxes reach it: /items/, /attempts/ and /memory/ alone (an attempt's token reaches nothing else); any
     other path is 404, before it is routed, so this listener is no way to the console, the codec or a run's
     artifacts."""
 
     async def serve_items(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(SANDBOX_PATHS):
-            await error(404, "only /items/ and /attempts/ are served on this port")(scope, receive, send)
+            await error(404, "only /items/, /attempts/ and /memory/ are served on this port")(
+                scope, receive, send
+            )
             return
         await app(scope, receive, send)
 

@@ -63,6 +63,9 @@ class Writer:
     author: Author
     holder: Holder | None = None
     fence: int | None = None
+    claim: str | None = (
+        None  # the claim `fence` is of (store.work_item_key), None for a Run fenced by attempt
+    )
 
 
 # (request, verb, namespace, item id or None) -> who the caller writes as, or the refusal to send instead.

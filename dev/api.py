@@ -1,7 +1,7 @@
 """The embedded default's HTTP API, on loopback: what the `ksquad` CLI talks to.
 
 Who may call it (Guard): a caller with the bearer token in `.ksquad/api.token` (made on first start, mode
-0600, read by the CLI), or on /items/ and /attempts/ a local agent with its attempt's item token, naming the API by
+0600, read by the CLI), or on /items/, /attempts/ and /memory/ a local agent with its attempt's item token, naming the API by
 its loopback host (a Host header of another name is refused: DNS rebinding). A browser page of another origin is refused whatever it sends. Requests that change something carry
 `application/json` (no form or text/plain body from a web page gets through without a preflight, which this API
 never grants), bodies are at most 4 MiB, and only the signals below are accepted.
@@ -21,6 +21,7 @@ origin proves nothing about who is asking, and the codec decrypts the history an
                                            `Last-Event-ID` (or ?after=N) replays from after that event
     *      /items/{namespace}[/{id}[/events|/comments|/state]]   work items, as the developer (api/items.py)
     *      /attempts/checkpoints           an attempt's recorded steps, with its token (api/attempts.py)
+    *      /memory/{namespace}/{teams|projects}/{name}[/export|/{id}]   squad memory, as the developer (api/memory.py)
     GET    /usage?by=...[&namespace=NS][&since=T][&until=T]   model usage summed (api/usage.py)
     POST   /codec/encode, /codec/decode    Temporal's remote codec protocol, for the UI (see `codec_app`)
     GET    /ui/signin?token=TOKEN[&next=/ui/...]   the session cookie for the UI, then to the UI
@@ -58,6 +59,8 @@ from api.console.app import Session, console_routes, csrf_key_of
 from api.console.pages import signin_needed_page
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
+from api.memory import PREFIX as MEMORY_PREFIX
+from api.memory import memory_routes, with_attempt_tokens
 from api.streams import parse_cursor, stream_events
 from api.usage import usage_routes
 from dev.console import EmbeddedConsole
@@ -140,8 +143,13 @@ def api_app(
         """The Guard let the token's holder in: the developer, who may do anything, as themselves."""
         return Writer(Author(user=runs.user))
 
+    async def as_the_developer_of_memory(
+        request: Request, verb: str, namespace: str, scope: str, name: str
+    ) -> Writer:
+        return Writer(Author(user=runs.user))
+
     async def the_developer_may(request: Request, namespace: str | None) -> None:
-        """Usage: the Guard let the token's holder in (an item token reaches /items/ and /attempts/ alone)."""
+        """Usage: the Guard let the token's holder in (an item token reaches /items/, /attempts/ and /memory/ alone)."""
         return None
 
     @_errors
@@ -292,6 +300,7 @@ def api_app(
         Route("/runs/{namespace}/{name}/{action:str}", signal_run, methods=["POST"]),
         *item_routes(store, with_item_tokens(store, item_key, as_the_developer)),
         *attempt_routes(store, item_key, codec),
+        *memory_routes(store, with_attempt_tokens(store, item_key, as_the_developer_of_memory)),
         *usage_routes(store, the_developer_may),
     ]
     if ui_upstream is not None:
@@ -378,7 +387,7 @@ class Guard:
             (f"{UI_PREFIX}/", "/codec/", f"{CONSOLE_PREFIX}/")
         ) and hmac.compare_digest(request.cookies.get(SESSION_COOKIE, "").encode(), self.session.encode())
         # An attempt's item token (agent.callers.item_token) goes on to the item and attempt routes, which check it.
-        item_token = path.startswith(("/items/", ATTEMPTS_PREFIX)) and request.headers.get(
+        item_token = path.startswith(("/items/", ATTEMPTS_PREFIX, MEMORY_PREFIX)) and request.headers.get(
             "authorization", ""
         ).startswith(f"Bearer {ITEM_TOKEN_PREFIX}")
         if not in_session and not item_token and not bearer_matches(request, self.token):

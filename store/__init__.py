@@ -10,7 +10,7 @@ Rules (DESIGN.md "Work items and claims"):
 
 PostgreSQL in production, SQLite as the embedded default; the same code and migrations serve both. One module
 per record (claims, events, artifacts, credentials and their resume ramps, work items, model usage, agents'
-checkpoints) on what they share (base); `Store` is all of them.
+checkpoints, squad memory) on what they share (base); `Store` is all of them.
 """
 
 from store.artifacts import Artifacts
@@ -19,6 +19,7 @@ from store.claims import Claims
 from store.connection import async_url, sync_url, utcnow
 from store.credentials import CredentialLimits
 from store.events import RunEvents
+from store.memory import MemoryEntry, MemoryNotFound, MemoryRefused, SquadMemory
 from store.ramps import ResumeRamps
 from store.records import (
     ITEM_STATES,
@@ -58,6 +59,9 @@ __all__ = [
     "ItemEvent",
     "ItemExists",
     "ItemNotFound",
+    "MemoryEntry",
+    "MemoryNotFound",
+    "MemoryRefused",
     "ModelCall",
     "PhaseRecord",
     "StaleFence",
@@ -75,5 +79,15 @@ __all__ = [
 ]
 
 
-class Store(Claims, RunEvents, Artifacts, CredentialLimits, ResumeRamps, WorkItems, ModelUsage, Checkpoints):
+class Store(
+    Claims,
+    RunEvents,
+    Artifacts,
+    CredentialLimits,
+    ResumeRamps,
+    WorkItems,
+    ModelUsage,
+    Checkpoints,
+    SquadMemory,
+):
     """The coordination store: every record's reads and writes on one engine (`await Store.open(url)`)."""

@@ -154,6 +154,18 @@ class RunEvents(StoreBase):
         return await read_after_cursors(self.engine, run_events.c.run_uid, cursors, limit, _event)
 
     @unavailable
+    async def triggered_by_of(self, run_uid: str) -> str | None:
+        """Who started the Run, as its agent's progress events record it (None before its first)."""
+        async with self.engine.connect() as c:
+            return (
+                await c.execute(
+                    sa.select(run_events.c.triggered_by)
+                    .where(run_events.c.run_uid == run_uid, run_events.c.triggered_by.is_not(None))
+                    .limit(1)
+                )
+            ).scalar()
+
+    @unavailable
     async def next_in_line(self, name: str) -> int:
         """1, 2, 3... for each call with the same `name` (at most 128 characters), across every process: a
         named counter kept in run_sequences beside the runs' event numbers."""

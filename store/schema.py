@@ -242,3 +242,25 @@ agent_checkpoints = sa.Table(
     sa.Column("at", Timestamp, nullable=False),
     sa.Index(None, "run_uid", "id"),
 )
+
+# A Team's or a Project's memory (store.memory): facts, decisions and links its agents and people keep across Runs,
+# each attributed to the person who wrote it or, for an agent, to its Run's attempt and the person who started it.
+squad_memory = sa.Table(
+    "squad_memory",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("namespace", sa.String(63), nullable=False),
+    sa.Column("scope", sa.String(16), nullable=False),  # teams | projects
+    sa.Column("name", sa.String(253), nullable=False),  # the Team's or Project's name
+    sa.Column("kind", sa.String(16), nullable=False),  # fact | decision | link
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("author", sa.String(512), nullable=True),  # the person; for an agent, the Run's triggering user
+    sa.Column("run", sa.String(512), nullable=True),
+    sa.Column("run_uid", sa.String(128), nullable=True),
+    sa.Column("attempt", sa.Integer, nullable=True),
+    sa.Column("fence", sa.BigInteger, nullable=True),
+    sa.Column("edited_by", sa.String(512), nullable=True),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Index(None, "namespace", "scope", "name", "id"),
+)

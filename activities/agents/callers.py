@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from a2a.client import ClientCallContext
@@ -85,9 +86,10 @@ class CallerKeys:
         )
         return cls(process_keys().sandbox, endpoint, items)
 
-    def attempt_access(self, run: RunIdentity) -> dict[str, str] | None:
+    def attempt_access(self, run: RunIdentity, memory: tuple[str, ...] = ()) -> dict[str, Any] | None:
         """The contract's `attemptApi` for this attempt (agent.contract.AttemptApi): ksquad-api's URL for sandboxes
-        and a token for this attempt alone, for its checkpoints (api.attempts) and its Run's work item. Made when
+        and a token for this attempt alone, for its checkpoints (api.attempts), its Run's work item and the squad
+        memories named (api.memory: its Team's and its Project's). Made when
         the attempt's message is, so it is in no workflow history, spec or log; None without an items API."""
         if self.items is None:
             return None
@@ -99,8 +101,11 @@ class CallerKeys:
             attempt=run.attempt,
             fence=run.fence,
             expires=int(time.time()) + ITEM_TOKEN_SECONDS,
+            memory=memory,
         )
-        granted = {"url": self.items.url, "token": item_token(self.items.key, access)}
+        granted: dict[str, Any] = {"url": self.items.url, "token": item_token(self.items.key, access)}
+        if memory:
+            granted["memory"] = list(memory)
         if self.items.ca:
             granted["ca"] = self.items.ca
         return granted
@@ -111,7 +116,13 @@ class CallerKeys:
         granted = self.attempt_access(run)
         if granted is None or run.work_item_ref is None:
             return None
-        return {**granted, "namespace": run.namespace, "id": run.work_item_ref}
+        return {
+            "url": granted["url"],
+            "token": granted["token"],
+            **({"ca": granted["ca"]} if "ca" in granted else {}),
+            "namespace": run.namespace,
+            "id": run.work_item_ref,
+        }
 
     def sandbox_token(self, run: RunIdentity) -> str:
         return sandbox_token(self.sandbox, run.namespace, run.uid, run.attempt, run.fence)

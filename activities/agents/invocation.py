@@ -211,7 +211,13 @@ class Invocation:
             if self.work_item is not None:
                 contract["workItem"] = self.work_item
             # Its checkpoints, and the fence it asks for before each model call.
-            attempt_api = self.acts.keys.attempt_access(self.inv.contract.run)
+            spec = self.inv.warrant.envelope.spec
+            memory = tuple(
+                f"{scope}/{name}"
+                for scope, name in (("teams", spec.team_ref), ("projects", spec.project_ref))
+                if name
+            )
+            attempt_api = self.acts.keys.attempt_access(self.inv.contract.run, memory)
             if attempt_api is not None:
                 contract["attemptApi"] = attempt_api
             if self.inv.token_budget_left is not None:

@@ -334,7 +334,9 @@ async def test_sandboxes_read_their_item_over_tls_trusting_the_ca_the_worker_han
             ):
                 refused = await person.get(path, headers=alice)
                 assert refused.status_code == 404, (path, refused.text)
-                assert refused.json()["error"] == "only /items/ and /attempts/ are served on this port"
+                assert (
+                    refused.json()["error"] == "only /items/, /attempts/ and /memory/ are served on this port"
+                )
         run = Holder("uid-fix", "payments/fix-pay-1", "alice@example.com")
         fence = (await store.claim(work_item_key("payments", "PAY-1"), run, 60)).fence
         monkeypatch.setenv("KSQUAD_ITEM_TOKEN_KEY_FILE", str(_key_file(tmp_path)))

@@ -97,7 +97,7 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
         ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
         # for people, not for ksquad: who may read decoded payloads with their own token
         ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
-        # for people: work items, aggregated into the built-in edit/admin and view roles (no ServiceAccount's)
+        # for people: work items and squad memory, aggregated into the built-in edit/admin and view roles (no ServiceAccount's)
         ("ClusterRole", f"ksquad-workitems-edit-{chart.RELEASE_NAMESPACE}"),
         ("ClusterRole", f"ksquad-workitems-view-{chart.RELEASE_NAMESPACE}"),
     }
@@ -114,14 +114,26 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
                     "apiGroups": ["ksquad.io"],
                     "resources": ["workitems"],
                     "verbs": ["get", "list", "create", "update"],
-                }
+                },
+                {
+                    "apiGroups": ["ksquad.io"],
+                    "resources": ["teams/memory", "projects/memory"],
+                    "verbs": ["get", "update"],
+                },
             ],
         ),
         (
             ["rbac.authorization.k8s.io/aggregate-to-view"],
-            [{"apiGroups": ["ksquad.io"], "resources": ["workitems"], "verbs": ["get", "list"]}],
+            [
+                {"apiGroups": ["ksquad.io"], "resources": ["workitems"], "verbs": ["get", "list"]},
+                {
+                    "apiGroups": ["ksquad.io"],
+                    "resources": ["teams/memory", "projects/memory"],
+                    "verbs": ["get"],
+                },
+            ],
         ),
-    ], "people's grants only: edit/admin write items, view reads them"
+    ], "people's grants only: edit/admin write items and squad memory, view reads them"
     (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     assert binding["roleRef"]["name"] == "system:auth-delegator"
     assert binding["subjects"] == [
