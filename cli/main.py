@@ -34,6 +34,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
+from urllib.parse import urlencode
 
 import httpx
 import yaml
@@ -258,6 +259,8 @@ async def runs_command(args: argparse.Namespace) -> int:
             return await items_command(target, args)
         if args.command == "usage":
             return await usage_command(target, args)
+        if args.command == "memory":
+            return await memory_command(target, args)
         if args.command == "run":
             applied = await target.apply(read_manifests(args.filename))
             if as_json:
@@ -400,6 +403,64 @@ async def items_command(target: Target, args: argparse.Namespace) -> int:
     entry = await target.items("POST", f"{item_url}/state", {"state": state, "note": args.note or ""})
     print(json.dumps(entry) if as_json else f"work item {namespace}/{args.id}: {state}")
     return 0
+
+
+MEMORY_EXPORT_LIMIT = 1000  # a memory's most entries, and the API's largest page (store.memory)
+
+
+def memory_url(memory: str, namespace: str) -> str:
+    """team/NAME or project/NAME as the API's path."""
+    scope, _, name = memory.partition("/")
+    plural = {"team": "teams", "teams": "teams", "project": "projects", "projects": "projects"}.get(scope)
+    if plural is None or not name:
+        raise CliError(f"{memory!r}: name a Team's memory as team/NAME, or a Project's as project/NAME")
+    return f"/memory/{namespace}/{plural}/{name}"
+
+
+async def memory_command(target: Target, args: argparse.Namespace) -> int:
+    as_json = args.output == "json"
+    namespace = args.namespace or target.namespace
+    base = memory_url(args.memory, namespace)
+    what = f"the memory of {args.memory} in {namespace}"
+    if args.action == "list":
+        query = urlencode({"q": args.search or "", "limit": args.limit})
+        found = await target.items("GET", f"{base}?{query}", what=what)
+        if as_json:
+            print(json.dumps(found, indent=2))
+        elif not found["entries"]:
+            print(f"Nothing in {what}{' matches' if args.search else ''}.", file=sys.stderr)
+        else:
+            rows = [
+                [str(e["id"]), e["kind"], e["text"][:70], memory_author(e), age(e["created_at"])]
+                for e in found["entries"]
+            ]
+            print(table(["ID", "KIND", "TEXT", "BY", "AGE"], rows))
+        return 0
+    if args.action == "export":
+        exported = await target.items("GET", f"{base}?limit={MEMORY_EXPORT_LIMIT}", what=what)
+        for entry in reversed(exported["entries"]):
+            print(json.dumps({"namespace": namespace, "memory": args.memory, **entry}))
+        return 0
+    if args.action == "add":
+        entry = await target.items("POST", base, {"kind": args.kind, "text": args.text}, what=what)
+        print(json.dumps(entry) if as_json else f"{what}: entry {entry['id']} added")
+        return 0
+    if args.action == "edit":
+        entry = await target.items(
+            "PUT", f"{base}/{args.id}", {"kind": args.kind, "text": args.text}, what=what
+        )
+        print(json.dumps(entry) if as_json else f"{what}: entry {args.id} changed")
+        return 0
+    await target.items("DELETE", f"{base}/{args.id}", what=what)
+    print(f"{what}: entry {args.id} deleted")
+    return 0
+
+
+def memory_author(entry: dict[str, Any]) -> str:
+    author = entry.get("author") or {}
+    if author.get("run"):
+        return f"{author['run']} #{author.get('attempt')} for {author.get('user') or '?'}"
+    return str(author.get("user") or "?")
 
 
 async def usage_command(target: Target, args: argparse.Namespace) -> int:
@@ -578,6 +639,32 @@ def parser() -> argparse.ArgumentParser:
             q.add_argument("text", help="the comment")
         if action in ("close", "reopen"):
             q.add_argument("--note", help="why, recorded with the change")
+        target_options(q)
+
+    memory = sub.add_parser(
+        "memory", help="a Team's or a Project's memory: list, search, add, edit, delete, export"
+    )
+    memory_actions = memory.add_subparsers(dest="action", required=True)
+    for action, help_text in (
+        ("list", "its entries, newest first"),
+        ("add", "a new entry, as you"),
+        ("edit", "change an entry"),
+        ("delete", "delete an entry"),
+        ("export", "every entry, oldest first, as JSON lines"),
+    ):
+        q = memory_actions.add_parser(action, help=help_text)
+        q.add_argument("memory", help="team/NAME or project/NAME")
+        q.add_argument(
+            "-n", "--namespace", help="default: the context's namespace on a cluster, else default"
+        )
+        if action == "list":
+            q.add_argument("--search", help="entries whose text holds this (any case)")
+            q.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+        if action in ("edit", "delete"):
+            q.add_argument("id", type=int, help="the entry's number")
+        if action in ("add", "edit"):
+            q.add_argument("text", help="the entry, as agents will read it")
+            q.add_argument("--kind", choices=("fact", "decision", "link"), default="fact")
         target_options(q)
 
     u = sub.add_parser(

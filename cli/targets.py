@@ -52,7 +52,9 @@ class Target(Protocol):
     async def delete(self, namespace: str, name: str) -> None: ...
     def events(self, namespace: str, name: str, after: int) -> AsyncIterator[dict[str, Any]]: ...
     async def artifact(self, namespace: str, name: str, artifact: str) -> bytes: ...
-    async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any: ...
+    async def items(
+        self, method: str, url: str, body: dict[str, Any] | None = None, what: str = "work items"
+    ) -> Any: ...
     async def usage(self, query: dict[str, str]) -> Any: ...
     async def close(self) -> None: ...
 
@@ -180,7 +182,7 @@ class EmbeddedTarget:
             except ValueError:
                 body = {"error": response.text}
             raise CliError(body.get("error") or f"HTTP {response.status_code}", body.get("problems"))
-        return response.json()
+        return response.json() if response.content else None
 
     async def apply(self, docs: list[Any]) -> list[dict[str, str]]:
         result: list[dict[str, str]] = (await self._call("POST", "/apply", json={"documents": docs}))[
@@ -215,8 +217,10 @@ class EmbeddedTarget:
         async for event in server_sent_events(self.http, f"/runs/{namespace}/{name}/events", after):
             yield event
 
-    async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        """Work items (api/items.py), as the developer."""
+    async def items(
+        self, method: str, url: str, body: dict[str, Any] | None = None, what: str = "work items"
+    ) -> Any:
+        """Work items (api/items.py) and squad memory (api/memory.py), as the developer."""
         return await self._call(method, url, json=body)
 
     async def usage(self, query: dict[str, str]) -> Any:
@@ -312,9 +316,13 @@ class ClusterTarget:
         )
         return response.content
 
-    async def items(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        """Work items, from ksquad-api as this kubeconfig's user (it asks the API server what they may do)."""
-        return (await self.from_api(method, url, "work items", "", json=body)).json()
+    async def items(
+        self, method: str, url: str, body: dict[str, Any] | None = None, what: str = "work items"
+    ) -> Any:
+        """Work items and squad memory (`what`), from ksquad-api as this kubeconfig's user (it asks the API server
+        what they may do)."""
+        response = await self.from_api(method, url, what, "", json=body)
+        return response.json() if response.content else None
 
     async def usage(self, query: dict[str, str]) -> Any:
         """Model usage, from ksquad-api as this kubeconfig's user (who must be able to list the Runs summed)."""
