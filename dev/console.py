@@ -11,7 +11,7 @@ from store import Author, Store
 from workflows.model import InvalidObject
 from workflows.signals import RunSignal
 
-KINDS = {"agents": "Agent", "teams": "Team"}
+KINDS = {"agents": "Agent", "teams": "Team", "projects": "Project"}
 
 
 class EmbeddedConsole:

@@ -23,6 +23,7 @@ from (Origin, Sec-Fetch-Site), comes from this origin.
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import re
 import secrets
@@ -40,6 +41,7 @@ from api.budgets import Budget, Limits, OverBudget
 from api.console import pages
 from api.console.backend import Backend, Refused
 from api.console.html import Html
+from api.memory import entry_json as memory_entry_json
 from api.streams import (
     KEEPALIVE_SECONDS,
     HeldStream,
@@ -50,7 +52,8 @@ from api.streams import (
     stream_budget,
     stream_events,
 )
-from store import InvalidItemWrite, ItemNotFound, StoreError
+from store import InvalidItemWrite, ItemNotFound, MemoryNotFound, MemoryRefused, StoreError
+from store.memory import MAX_MEMORY_ENTRIES, MEMORY_SCOPES
 from workflows.signals import RunSignal
 from workflows.status import not_waiting_for_input
 
@@ -64,10 +67,14 @@ DONE = {
     "resume": "Resume sent",
     "input": "Answer sent",
     "comment": "Comment added",
+    "remembered": "Entry added",
+    "saved": "Entry saved",
+    "forgotten": "Entry deleted",
     "created": "Run created",
 }
 # The newest runs shown; more is a filter's job (the page fetches its table again when it changes).
 MAX_RUNS_SHOWN = 200
+MEMORY_SHOWN = 200  # a memory's newest entries on its page; search or export for the rest
 CHANGE_SECONDS = 2.0  # a runs table is told of changes at most this often
 ENTRIES_SHOWN = 200  # an item's newest entries on its page (older ones: ?before=<seq>)
 PROGRESS_SHOWN = 200  # a run's newest progress lines on its page (the stream appends what comes after)
@@ -241,6 +248,10 @@ def console_routes(
                 return refused(Refused(404, str(err)))
             except InvalidItemWrite as err:
                 return refused(Refused(422, str(err), [f"{err.field}: {err}"]))
+            except MemoryNotFound as err:
+                return refused(Refused(404, str(err)))
+            except MemoryRefused as err:
+                return refused(Refused(422, str(err), [str(err)]))
             except StoreError as err:
                 return refused(Refused(503, f"the store does not answer: {err}"))
 
@@ -493,6 +504,73 @@ def console_routes(
         await backend.store.comment(namespace, item_id, text, backend.author(), None, None)
         return RedirectResponse(pages.url("items", namespace, item_id, done="comment"), status_code=303)
 
+    async def memory_chooser(request: Request, session: Session) -> Response:
+        backend = session.backend
+        namespaces = await backend.namespaces()
+        namespace = request.query_params.get("namespace") or (namespaces[0] if len(namespaces) == 1 else "")
+        squads: list[tuple[str, str]] = []
+        if namespace:
+            for scope in MEMORY_SCOPES:
+                squads += [(scope, o["metadata"]["name"]) for o in await backend.objects(scope, namespace)]
+        return shell(session, "Squad memory", pages.memory_chooser(namespace, namespaces, squads), request)
+
+    async def memory_allowed(session: Session, request: Request, verb: str) -> tuple[str, str, str]:
+        params = request.path_params
+        namespace, scope, name = params["namespace"], params["scope"], params["name"]
+        if scope not in MEMORY_SCOPES:
+            raise Refused(404, f"no memory of {scope!r}: a Team's (teams) or a Project's (projects)")
+        why = await session.backend.may(verb, f"{scope}/memory", namespace, name)
+        if why:
+            raise Refused(403, why)
+        return namespace, scope, name
+
+    async def memory_page(request: Request, session: Session) -> Response:
+        namespace, scope, name = await memory_allowed(session, request, "get")
+        query = request.query_params.get("q", "")[:200]
+        entries = await session.backend.store.memory(namespace, scope, name, query, limit=MEMORY_SHOWN)
+        refusal = await session.backend.may("update", f"{scope}/memory", namespace, name)
+        body = pages.memory_page(
+            namespace, scope, name, entries, query, csrf_token(csrf_key, session.key), refusal
+        )
+        return shell(session, f"Memory of {name}", body, request)
+
+    async def memory_export(request: Request, session: Session) -> Response:
+        namespace, scope, name = await memory_allowed(session, request, "get")
+        found = await session.backend.store.memory(namespace, scope, name, limit=MAX_MEMORY_ENTRIES)
+        lines = "".join(
+            json.dumps({"namespace": namespace, "scope": scope, "name": name, **memory_entry_json(e)}) + "\n"
+            for e in reversed(found)
+        )
+        disposition = f'attachment; filename="{namespace}-{scope}-{name}-memory.jsonl"'
+        return Response(
+            lines, media_type="application/x-ndjson", headers={"Content-Disposition": disposition}
+        )
+
+    async def remember(request: Request, session: Session, form: dict[str, str]) -> Response:
+        namespace, scope, name = await memory_allowed(session, request, "update")
+        await session.backend.store.remember(
+            namespace, scope, name, form.get("kind", "fact"), form.get("text", ""), session.backend.author()
+        )
+        return RedirectResponse(
+            pages.url("memory", namespace, scope, name, done="remembered"), status_code=303
+        )
+
+    async def change_memory(request: Request, session: Session, form: dict[str, str]) -> Response:
+        namespace, scope, name = await memory_allowed(session, request, "update")
+        entry = request.path_params["entry"]
+        if not entry.isdigit():
+            raise Refused(404, f"no entry {entry[:40]!r}: entries are numbered")
+        store, editor = session.backend.store, session.backend.author().user or ""
+        if form.get("do") == "delete":
+            await store.forget_memory_entry(namespace, scope, name, int(entry))
+            done = "forgotten"
+        else:
+            await store.edit_memory(
+                namespace, scope, name, int(entry), form.get("kind", "fact"), form.get("text", ""), editor
+            )
+            done = "saved"
+        return RedirectResponse(pages.url("memory", namespace, scope, name, done=done), status_code=303)
+
     async def start_form(
         request: Request, session: Session, values: dict[str, str] | None = None, problem: str = ""
     ) -> Response:
@@ -574,6 +652,15 @@ def console_routes(
         Route("/console/items", signed_in(items_page)),
         Route("/console/items/{namespace}/{item}", signed_in(item_page)),
         Route("/console/items/{namespace}/{item}/comments", signed_in(posted(comment)), methods=["POST"]),
+        Route("/console/memory", signed_in(memory_chooser)),
+        Route("/console/memory/{namespace}/{scope}/{name}", signed_in(memory_page)),
+        Route("/console/memory/{namespace}/{scope}/{name}", signed_in(posted(remember)), methods=["POST"]),
+        Route("/console/memory/{namespace}/{scope}/{name}/export", signed_in(memory_export)),
+        Route(
+            "/console/memory/{namespace}/{scope}/{name}/{entry}",
+            signed_in(posted(change_memory)),
+            methods=["POST"],
+        ),
         Route("/console/start", signed_in(start_page)),
         Route("/console/start", signed_in(posted(start)), methods=["POST"]),
     ]

@@ -50,7 +50,8 @@ class Backend(Protocol):
     async def run(self, namespace: str, name: str) -> Obj: ...
 
     async def objects(self, plural: str, namespace: str) -> list[Obj]:
-        """Agents or Teams (`agents`, `teams`) of the namespace, for starting a Run."""
+        """Agents, Teams or Projects (`agents`, `teams`, `projects`) of the namespace: for starting a Run, and the
+        squads whose memory the console shows."""
         ...
 
     async def create_run(self, manifest: Obj) -> Obj:
@@ -62,7 +63,8 @@ class Backend(Protocol):
         ...
 
     async def may(self, verb: str, resource: str, namespace: str, name: str = "") -> str | None:
-        """None when the person may `verb` the resource (group ksquad.io), else why not, in a sentence."""
+        """None when the person may `verb` the resource (group ksquad.io; `teams/memory`: a subresource), else why
+        not, in a sentence."""
         ...
 
     def author(self) -> Author:

@@ -244,7 +244,8 @@ class ClusterConsole:
         )
 
     async def may(self, verb: str, resource: str, namespace: str, name: str = "") -> str | None:
-        access = Access(verb, resource, namespace=namespace, name=name)
+        plural, _, subresource = resource.partition("/")  # teams/memory: a subresource, as RBAC names it
+        access = Access(verb, plural, namespace=namespace, name=name, subresource=subresource)
         try:
             if await self.auth.allowed(self.user, access):
                 return None

@@ -2,7 +2,8 @@
 (Temporal's dev server, the worker, SQLite, local sandboxes of the reference agent, the scripted model over
 HTTP). Each test signs in with the link `ksquad dev` prints and works through pages only: it follows a run live,
 watches a rate-limited run count down and resume, answers an agent's question, cancels a run, comments on a work
-item for the next attempt to read, starts a run as the developer. A run and an agent made of markup and script
+item for the next attempt to read, keeps a Team's memory (search, add, edit, delete) for its next Run, starts a
+run as the developer. A run and an agent made of markup and script
 run nothing in the page. Screenshots of the main pages land in test-output/console/ (pytest's summary names them, for CI to keep)."""
 
 import asyncio
@@ -15,6 +16,7 @@ import pytest
 from playwright.async_api import Browser, Page
 
 from dev.stack import TOKEN_FILE, DevStack, dev_stack
+from store import Author
 from testbed.embedded import stack_options, wait_terminal
 from tests.support.browser import CONSOLE_SHOTS as SHOTS
 from tests.support.browser import PageLog, chromium, wait_for_text
@@ -187,6 +189,75 @@ async def test_a_comment_on_the_work_item_is_read_by_the_next_attempt(
     assert dev.scripted is not None
     second = [c for c in dev.scripted.calls if c.model == "fails-once"][-1]
     assert any("Look at the clock the test reads." in text for text in second.context), second.context
+
+
+async def texts_of_memory(tab: Page) -> list[str]:
+    """The entries' text as the page shows it, in its edit boxes (newest first)."""
+    found: list[str] = await tab.eval_on_selector_all(
+        "[data-testid=memory-entry] textarea", "boxes => boxes.map(box => box.value)"
+    )
+    return found
+
+
+async def test_a_teams_memory_is_read_searched_edited_and_added_to_from_the_page(
+    page: tuple[Page, PageLog], dev: DevStack
+) -> None:
+    """The Memory link, the namespace's Teams, a Team's memory with what a Run of it remembered (attributed to the
+    Run), found by text; an entry added, edited and deleted as the developer; the next Run of the Team reads it."""
+    tab, log = page
+    await dev.runs.apply(
+        [{"apiVersion": API, "kind": "Team", "metadata": {"name": "squad", "namespace": NS}, "spec": {}}]
+    )
+    await dev.store.remember(
+        NS,
+        "teams",
+        "squad",
+        "decision",
+        "Never sleep in tests",
+        Author(user=dev.runs.user, run=f"{NS}/earlier", run_uid="u", attempt=1),
+    )
+    await tab.click("nav >> text=Memory")
+    await tab.fill("#m-namespace", NS)
+    await tab.click("text=Show")
+    await tab.click("text=Team squad")
+    await wait_for_text(tab, log, "Memory of Team squad")
+    shown = await tab.inner_text("[data-testid=memory]")
+    assert f"{NS}/earlier (agent, attempt 1, for {dev.runs.user})" in shown, shown
+    assert await texts_of_memory(tab) == ["Never sleep in tests"]
+    await tab.fill("#memory-text", f"The retry test reads the wall clock {PAYLOAD}")
+    await tab.select_option("#kind-new", "fact")
+    await tab.click("[data-testid=memory-add]")
+    await wait_for_text(tab, log, "Entry added")
+    await tab.fill("[data-testid=memory-search]", "WALL CLOCK")
+    await tab.click("button:has-text('Search')")
+    entries = tab.locator("[data-testid=memory-entry]")
+    assert await entries.count() == 1
+    await entries.first.locator("textarea").fill("The retry test reads the wall clock: freeze it")
+    await entries.first.locator("[data-testid=memory-save]").click()
+    await wait_for_text(tab, log, "Entry saved")
+    shown = await tab.inner_text("[data-testid=memory]")
+    assert f"edited by {dev.runs.user}" in shown, shown
+    assert await texts_of_memory(tab) == [
+        "The retry test reads the wall clock: freeze it",
+        "Never sleep in tests",
+    ]
+    await tab.screenshot(path=str(SHOTS / "memory.png"), full_page=True)
+    await (
+        tab.locator("[data-testid=memory-entry]", has_text="Never sleep")
+        .locator("[data-testid=memory-delete]")
+        .click()
+    )
+    await wait_for_text(tab, log, "Entry deleted")
+    assert [e.text for e in await dev.store.memory(NS, "teams", "squad")] == [
+        "The retry test reads the wall clock: freeze it"
+    ]
+    assert await tab.evaluate("window.pwned") is None
+
+    await dev.runs.apply([run("with-memory", "quick", teamRef="squad")])
+    assert await wait_terminal(dev, ["with-memory"], within=90) == {"with-memory": "Succeeded"}
+    assert dev.scripted is not None
+    read = [c for c in dev.scripted.calls if c.model == "quick"][-1]
+    assert any("freeze it" in text for text in read.context), read.context
 
 
 async def test_a_run_started_from_the_console_carries_the_person(
