@@ -32,6 +32,7 @@ SAME_PRODUCT = ("bench", "docs", "README.md")
 BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "claims": ([], ["--iterations", "200"]),
     "agent_roundtrip": ([], ["--iterations", "50"]),
+    "checkpoints": ([], ["--turns", "100"]),
     "sandboxes": ([], ["--runs", "10"]),
     "warm_claims": ([], ["--rates", "0.25,0.5", "--seconds", "20", "--replicas", "4"]),
     "warm_claims@production": (
@@ -371,6 +372,23 @@ ROWS: list[Row] = [
         None,
     ),
     ("agent_roundtrip", "invoke_agent p50 (ms)", lambda d: dig(d, "invoke_agent", "p50_ms"), "", None),
+    *(
+        (
+            "checkpoints",
+            f"a model turn's checkpoints, {where}: ms p50 / p99, fence check p50, bytes stored",
+            (
+                lambda where: lambda d: (
+                    dig(d, where, "per_turn", "p50_ms"),
+                    dig(d, where, "per_turn", "p99_ms"),
+                    dig(d, where, "fence_check", "p50_ms"),
+                    dig(d, where, "bytes_stored_per_turn"),
+                )
+            )(where),
+            "",
+            None,
+        )
+        for where in ("sqlite", "postgresql")
+    ),
     (
         "cancel",
         "Running -> Cancelled p50 / p99 (ms)",
