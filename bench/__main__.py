@@ -377,11 +377,13 @@ ROWS: list[Row] = [
             "checkpoints",
             f"a model turn's checkpoints, {where}: ms p50 / p99, fence check p50, bytes stored",
             (
-                lambda where: lambda d: (
-                    dig(d, where, "per_turn", "p50_ms"),
-                    dig(d, where, "per_turn", "p99_ms"),
-                    dig(d, where, "fence_check", "p50_ms"),
-                    dig(d, where, "bytes_stored_per_turn"),
+                lambda db: (
+                    lambda d: (
+                        dig(d, db, "per_turn", "p50_ms"),
+                        dig(d, db, "per_turn", "p99_ms"),
+                        dig(d, db, "fence_check", "p50_ms"),
+                        dig(d, db, "bytes_stored_per_turn"),
+                    )
                 )
             )(where),
             "",
