@@ -3,7 +3,7 @@ local sandboxes of the reference agent, the scripted model, the API over HTTP): 
 comments; a Run on it fails its first attempt and says so on the item; the retry, in a new sandbox, reads that
 and the person's comment, succeeds, says so, publishes its answer to the item and marks it done; each entry is
 attributed, and the Run's ending is recorded last, once, by the orchestrator; a write with the first attempt's fence after the retry claimed is refused with 409 and is not in
-the item."""
+the item. A Run cancelled and a Run timed out, whose agent wrote no ending, have theirs recorded by ksquad."""
 
 import asyncio
 import time
@@ -19,10 +19,14 @@ from dev.stack import ITEM_KEY_FILE, TOKEN_FILE, DevStack, dev_stack
 from store import work_item_key
 from store.work_items import ORCHESTRATOR
 from testbed.embedded import stack_options, wait_terminal
+from workflows.signals import RunSignal
 
 NS = "bench"  # wait_terminal's namespace
 API = "ksquad.io/v1alpha1"
-SCRIPT: dict[str, list[dict[str, Any]]] = {"fixer": [{"error": 500}, {"text": "froze the clock in the test"}]}
+SCRIPT: dict[str, list[dict[str, Any]]] = {
+    "fixer": [{"error": 500}, {"text": "froze the clock in the test"}],
+    "held": [{"hold": True, "text": "too late"}],
+}
 
 
 @pytest.fixture
@@ -136,3 +140,56 @@ async def test_a_retry_reads_what_the_failed_attempt_and_a_person_wrote_and_a_st
 
     assert late.status_code == 409 and "no longer holds" in late.json()["error"], late.text
     assert after == entries, "the stale write is not in the item"
+
+
+async def test_every_ending_is_recorded_on_the_item_once_whether_or_not_the_agent_wrote(
+    dev: DevStack,
+) -> None:
+    """A Run cancelled while its agent waits for the model, and one whose only attempt outlives its deadline: the
+    agent wrote no ending of its own, ksquad records each on its item, once, with the phase and reason."""
+    assert dev.scripted is not None
+    dev.scripted.held = True
+    token = (dev.state_dir / TOKEN_FILE).read_text().strip()
+    async with httpx.AsyncClient(base_url=dev.api_url, headers={"Authorization": f"Bearer {token}"}) as api:
+        for item in ("PAY-11", "PAY-12"):
+            made = await api.post(f"/items/{NS}", json={"id": item, "title": f"{item} is flaky"})
+            assert made.status_code == 201, made.text
+
+        def run(name: str, item: str, **spec: Any) -> dict[str, Any]:
+            return {
+                "apiVersion": API,
+                "kind": "Run",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {"agents": ["holder"], "inputs": {"task": "Wait."}, "workItemRef": item, **spec},
+            }
+
+        await dev.runs.apply(
+            [
+                {
+                    "apiVersion": API,
+                    "kind": "Agent",
+                    "metadata": {"name": "holder", "namespace": NS},
+                    "spec": {"modelEndpointRef": "local", "model": "held"},
+                },
+                run("cancelled", "PAY-11"),
+                run("timed-out", "PAY-12", timeouts={"runSeconds": 2}, retryPolicy={"maxRetries": 0}),
+            ]
+        )
+        deadline = time.monotonic() + 60
+        while dev.scripted.in_flight < 2:
+            assert time.monotonic() < deadline, "both Runs' model calls are held"
+            await asyncio.sleep(0.1)
+        await dev.runs.signal(NS, "cancelled", RunSignal.CANCEL, "not needed any more")
+        assert await wait_terminal(dev, ["cancelled", "timed-out"], within=90) == {
+            "cancelled": "Cancelled",
+            "timed-out": "Failed",
+        }
+        endings = {}
+        for item in ("PAY-11", "PAY-12"):
+            entries = await ended_on_item(api, item)
+            endings[item] = [(e["author"]["user"], e["body"]) for e in entries if e["kind"] == "ended"]
+    dev.scripted.held = False
+    assert endings == {
+        "PAY-11": [(ORCHESTRATOR, f"{NS}/cancelled ended Cancelled (Cancelled) after 1 attempt")],
+        "PAY-12": [(ORCHESTRATOR, f"{NS}/timed-out ended Failed (RunTimeout) after 1 attempt")],
+    }
