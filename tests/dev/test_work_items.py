@@ -2,8 +2,9 @@
 local sandboxes of the reference agent, the scripted model, the API over HTTP): a person makes an item and
 comments; a Run on it fails its first attempt and says so on the item; the retry, in a new sandbox, reads that
 and the person's comment, succeeds, says so, publishes its answer to the item and marks it done; each entry is
-attributed, and the Run's ending is recorded last, once, by the orchestrator; a write with the first attempt's fence after the retry claimed is refused with 409 and is not in
-the item. A Run cancelled and a Run timed out, whose agent wrote no ending, have theirs recorded by ksquad."""
+attributed, and the Run's ending is recorded last, once, by the orchestrator; a write with the first attempt's
+fence after the retry claimed is refused with 409 and is not in the item. A Run cancelled and a Run timed out,
+whose agent wrote no ending, have theirs recorded by ksquad."""
 
 import asyncio
 import time
