@@ -43,7 +43,7 @@ Settings, from the environment (the chart sets them):
   KSQUAD_API_UI_ORIGINS        the Temporal UI's origins, comma-separated (CORS for the codec)
   KSQUAD_API_LISTEN_PORT       the API's port (default 8080); KSQUAD_HEALTH_PORT probes and metrics (8081)
   KSQUAD_API_TLS_CERT_FILE, KSQUAD_API_TLS_KEY_FILE   serve HTTPS (the UI sends its access token only to https)
-  KSQUAD_API_ITEMS_TLS_CERT_FILE, KSQUAD_API_ITEMS_TLS_KEY_FILE   also serve /items/ alone over HTTPS on
+  KSQUAD_API_ITEMS_TLS_CERT_FILE, KSQUAD_API_ITEMS_TLS_KEY_FILE   also serve /items/, /attempts/, /memory/ alone over HTTPS on
                                KSQUAD_API_ITEMS_PORT (default 8443), for sandboxes: their item tokens never
                                cross the network in clear (the chart makes this certificate and gives the worker
                                its CA, which it hands each attempt beside its token)
@@ -142,7 +142,8 @@ class ApiSettings:
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     items_port: int = 8443
-    items_tls_cert_file: str | None = None  # with its key: the listener for sandboxes (/items/ alone, HTTPS)
+    # With its key: the listener for sandboxes (/items/, /attempts/, /memory/; HTTPS).
+    items_tls_cert_file: str | None = None
     items_tls_key_file: str | None = None
     kubeconfig: str | None = None
     item_token_key: bytes | None = (
