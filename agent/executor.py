@@ -52,7 +52,7 @@ from agent.contract import (
     parse_contract,
 )
 from agent.credentials import CredentialError, Credentials
-from agent.journal import Journal, JournalUnavailable, Superseded, restore
+from agent.journal import Journal, Superseded, restore
 from agent.ksquad_api import ApiRefused, ApiUnreachable
 from agent.memory import REMEMBER, recall, remember, remember_tool
 from agent.model import (
@@ -305,12 +305,6 @@ class KsquadAgentExecutor(AgentExecutor):
                 self._text(updater, f"this attempt was superseded: no further model call is made ({err})"),
                 metadata={ERROR_KEY: "superseded"},
             )
-        except JournalUnavailable as err:
-            await updater.update_status(
-                TaskState.TASK_STATE_FAILED,
-                self._text(updater, str(err)),
-                metadata={ERROR_KEY: "journal_unavailable"},
-            )
 
     async def _recall(self, api: AttemptApi, conversation: Conversation, updater: TaskUpdater) -> None:
         """The squad's memories into the conversation, before the first model call (context: going on without
@@ -413,6 +407,8 @@ class KsquadAgentExecutor(AgentExecutor):
                 step = conversation.turns
                 model = conversation.model
                 await journal.flush()  # and the API's word that this attempt is still current
+                if (news := journal.news()) is not None:
+                    await updater.update_status(TaskState.TASK_STATE_WORKING, self._text(updater, news))
                 await updater.update_status(
                     TaskState.TASK_STATE_WORKING,
                     self._text(updater, f"step {step}: asking {model.name}"),

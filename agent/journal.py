@@ -9,8 +9,11 @@ Steps (their `data`):
 - `tool`: its result, `{"message": <the tool message>}`.
 Steps wait in `pending` and are written together (`flush`): before a tool runs, before every model call and
 before the answer is given. A flush with nothing to write still asks the API whether the attempt's fence is
-current: no model call is made before the API has said so since the last one, so an attempt fenced off (a later
-attempt, a cancel or a deadline, whether or not its cancel reached the agent) spends no further token.
+current, so an attempt fenced off (a later attempt, a cancel or a deadline, whether or not its cancel reached the
+agent) learns it before its next model call and spends no further token. An API that does not answer (ksquad-api
+restarting, the store down) is asked again for RETRY_SECONDS, then the attempt goes on, its steps kept until the
+API answers: an outage costs durability, never the Run; only a fence that moved stops it (the fence cannot move
+while the store is down).
 
 `restore` rebuilds a conversation from the recorded steps: every turn and tool result in order; a tool call that
 was started and has no result is answered with IN_FLIGHT (the model decides whether to call it again: tools run at
@@ -30,7 +33,8 @@ from agent.ksquad_api import ApiRefused, ApiUnreachable, call
 log = logging.getLogger("ksquad.agent")
 
 PATH = "/attempts/checkpoints"
-PATIENCE_SECONDS = 30.0  # how long an unanswered API is asked again before the attempt fails
+RETRY_SECONDS = 2.0  # how long an unanswered API is asked again before the agent goes on without its word
+MAX_PENDING = 256  # steps kept for an API that does not answer; past it, the task records no more
 IN_FLIGHT = (
     "ksquad: this tool call was in flight when attempt {attempt} stopped; whether it took effect is unknown. Call it "
     "again if you need its result and repeating it is safe."
@@ -39,10 +43,6 @@ IN_FLIGHT = (
 
 class Superseded(Exception):
     """The attempt's fence has moved: it may not act for the Run (nor call the model) any more."""
-
-
-class JournalUnavailable(Exception):
-    """ksquad's API did not answer within PATIENCE_SECONDS: no model call is made without its word."""
 
 
 @dataclass
@@ -104,6 +104,8 @@ class Journal:
         self.pending: list[dict[str, Any]] = []
         self.asked = False  # the API said the fence is current since the last model call
         self.full: str | None = None  # why steps are no longer recorded (a bound of the Run), or None
+        self.unanswered: str | None = None  # why the API did not answer the last time it was asked, or None
+        self.told = False  # the task said so (once an outage)
         self.writes = 0
         self.bytes = 0
 
@@ -112,31 +114,45 @@ class Journal:
         return self.api is not None
 
     async def read(self) -> list[dict[str, Any]]:
-        """The Run's recorded steps, every attempt's (asking the fence too)."""
+        """The Run's recorded steps, every attempt's (asking the fence too); none when the API does not answer (the
+        attempt goes on from the start)."""
         if self.api is None:
             return []
         answer = await self._call("GET", None)
+        if answer is None:
+            return []
         self.asked = True
         steps: list[dict[str, Any]] = answer["steps"]
         return steps
 
     def add(self, step: int, kind: str, data: dict[str, Any]) -> None:
-        if self.api is not None and self.full is None:
-            self.pending.append({"step": step, "kind": kind, "data": data})
+        if self.api is None or self.full is not None:
+            return
+        if len(self.pending) >= MAX_PENDING:
+            self.full = f"{MAX_PENDING} steps waited for an API that did not answer"
+            self.pending = []
+            return
+        self.pending.append({"step": step, "kind": kind, "data": data})
 
     async def flush(self) -> None:
-        """Write what is pending, or, with nothing pending and nothing asked since the last model call, ask."""
+        """Write what is pending, or, with nothing pending and nothing asked since the last model call, ask. An API
+        that does not answer keeps the steps pending (written at the next flush that it answers) and lets the
+        attempt go on: an outage costs durability, not the Run; a fence that moved (409) stops it."""
         if self.api is None or (not self.pending and self.asked):
             return
-        steps, self.pending = self.pending, []
-        body = {"steps": steps}
+        body = {"steps": self.pending}
         try:
-            await self._call("POST", body)
+            answered = await self._call("POST", body)
         except ApiRefused as err:  # a bound of the Run, or a step it will not take: go on without recording
             self.full = f"{err.status}: {err.reason}"
+            self.pending = []
             log.warning("checkpoints are no longer recorded: %s", self.full)
-            await self._call("POST", {"steps": []})  # the fence is asked all the same
-        else:
+            answered = await self._call("POST", {"steps": []})  # the fence is asked all the same
+            body = {"steps": []}
+        if answered is None:
+            return
+        self.pending = []
+        if body["steps"]:
             self.writes += 1
             self.bytes += len(json.dumps(body))
         self.asked = True
@@ -144,14 +160,26 @@ class Journal:
     def model_called(self) -> None:
         self.asked = False
 
+    def news(self) -> str | None:
+        """What the task should say, once: the API stopped answering (and the attempt goes on without its word)."""
+        if self.unanswered is None or self.told:
+            return None
+        self.told = True
+        return (
+            f"ksquad's API does not answer ({self.unanswered}): going on; the steps are recorded when it answers "
+            "again, and the attempt's fence is asked then"
+        )
+
     async def _call(self, method: str, body: Any) -> Any:
+        """The API's answer, or None when it did not answer within RETRY_SECONDS. Superseded on 409; ApiRefused
+        for a refusal of the steps."""
         assert self.api is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + PATIENCE_SECONDS
-        delay = 0.5
+        deadline = loop.time() + RETRY_SECONDS
+        delay = 0.25
         while True:
             try:
-                return await call(self.api.url, self.api.token, self.api.ca, method, PATH, body)
+                answer = await call(self.api.url, self.api.token, self.api.ca, method, PATH, body)
             except ApiRefused as err:
                 if err.status == 409:
                     raise Superseded(err.reason) from None
@@ -160,10 +188,14 @@ class Journal:
                 problem = f"{err.status}: {err.reason}"
             except ApiUnreachable as err:
                 problem = str(err)
+            else:
+                if self.unanswered is not None:
+                    self.unanswered, self.told = None, False
+                return answer
             if loop.time() + delay > deadline:
-                raise JournalUnavailable(
-                    f"ksquad's API did not take the attempt's checkpoint for {PATIENCE_SECONDS:.0f}s ({problem}): "
-                    "no model call is made without its word that this attempt is still current"
-                )
+                if self.unanswered is None:
+                    log.warning("ksquad's API does not answer: %s", problem)
+                self.unanswered = problem
+                return None
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay *= 2

@@ -214,11 +214,12 @@ def _spawn_worker(dev: DevStack, database_url: str | None) -> tuple[subprocess.P
         "KSQUAD_SEAL_KEY_FILE": str(dev.state_dir / "seal.key"),  # the embedded bridge seals with it
         SANDBOX_KEY_ENV: str(dev.state_dir / SANDBOX_KEY_FILE),
         ENDPOINT_KEY_ENV: str(dev.state_dir / ENDPOINT_KEY_FILE),
-        # Attempts reach their work item and checkpoints through the stack's API, as the stack's own worker gives.
-        ITEM_KEY_ENV: str(dev.state_dir / ITEM_KEY_FILE),
-        ITEM_API_ENV: dev.api_url,
         "KSQUAD_HEALTH_PORT": str(port),
     }
+    if database_url is None:
+        # On the stack's own store, attempts reach their work item and checkpoints through the stack's API, as the
+        # stack's own worker gives them (a worker on another database's claims has no API that knows them).
+        env.update({ITEM_KEY_ENV: str(dev.state_dir / ITEM_KEY_FILE), ITEM_API_ENV: dev.api_url})
     with log.open("ab") as out:
         worker = subprocess.Popen(
             [sys.executable, "-m", "worker.main"],

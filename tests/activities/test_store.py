@@ -184,7 +184,7 @@ async def test_migrations_run_from_empty_are_idempotent_and_match_the_schema(sto
     finally:
         engine.dispose()
     assert diff == [], "the migrations create exactly the schema the code uses"
-    assert version == "0009"
+    assert version == "0011"
 
 
 async def test_claims_and_what_was_written_under_them_move_to_namespaced_keys(store_url: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from starlette.applications import Starlette
 from starlette.requests import Request
 
@@ -72,9 +73,19 @@ async def test_view_reads_a_teams_memory_and_only_edit_writes_it(
     namespace: str,
     served: Api,  # noqa: F811
 ) -> None:
-    docs = chart.render({"namespaces": [namespace]})
+    # The chart's aggregated roles, as a release of its own would make them (a release namespace of this test's:
+    # the shared cluster's installed chart keeps its own), removed afterwards.
+    docs = chart.render({"namespaces": [namespace]}, namespace=f"mem-{uuid.uuid4().hex[:6]}")
     roles = [d for d in docs if d["kind"] == "ClusterRole" and "workitems" in d["metadata"]["name"]]
-    chart.apply(ksquad_cluster, roles)
+    ksquad_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(roles))
+    try:
+        await people_keep_a_teams_memory(ksquad_cluster, namespace, served)
+    finally:
+        for role in roles:
+            ksquad_cluster.kubectl("delete", "clusterrole", role["metadata"]["name"], check=False)
+
+
+async def people_keep_a_teams_memory(ksquad_cluster: ControlPlane, namespace: str, served: Api) -> None:  # noqa: F811
     editor, viewer = bound_to(ksquad_cluster, namespace, "edit"), bound_to(ksquad_cluster, namespace, "view")
     outsider = bound_to(ksquad_cluster, "default", "view")
     ksquad_cluster.kubectl("create", "serviceaccount", "probe", "-n", namespace)

@@ -113,7 +113,9 @@ def objects(dev: DevStack, notes: Notes, agent: dict[str, Any]) -> list[dict[str
                 "agents": ["held"],
                 "inputs": {"task": "Take a note."},
                 "workItemRef": ITEM,
-                "timeouts": {"runSeconds": 3},
+                "timeouts": {
+                    "runSeconds": 8
+                },  # attempt 2 starts a sandbox and calls twice within it, on a busy machine
                 "retryPolicy": {"maxRetries": 1, "backoffSeconds": 1, "maxBackoffSeconds": 1},
             },
         ),
