@@ -328,6 +328,8 @@ async def runs_command(args: argparse.Namespace) -> int:
 def author(entry: dict[str, Any]) -> str:
     """Who wrote an item's entry: a person, or an agent's Run and attempt for the person who started it."""
     who = entry.get("author") or {}
+    if entry.get("kind") == "ended":  # ksquad's own record of a Run's ending
+        return "ksquad"
     if who.get("run"):
         return f"{who['run']} (attempt {who.get('attempt')}, for {who.get('user') or '-'})"
     return str(who.get("user") or "-")

@@ -143,10 +143,13 @@ async def run_demo(dev: DevStack) -> int:
     print(f"\nwork item {namespace}/{item_id}, as `ksquad items get -n {namespace} {item_id}` shows it:")
     for entry in await dev.store.item_events(namespace, item_id, after=said.seq - 1):
         who = f"{entry.author.run} attempt {entry.author.attempt}" if entry.author.run else entry.author.user
+        if entry.kind == "ended":
+            who = "ksquad"
         what = {
             "comment": f"wrote: {entry.body[:70]}",
             "state": f"set it {(entry.data or {}).get('state')}",
             "artifact": f"published {(entry.data or {}).get('name')}",
+            "ended": f"recorded: {entry.body[:100]}",
         }.get(entry.kind, entry.kind)
         print(f"  #{entry.seq:<3} {who}  {what}")
     item = await dev.store.item(namespace, item_id)

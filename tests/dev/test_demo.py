@@ -39,5 +39,8 @@ async def test_the_demo_ends_with_each_run_as_expected_and_the_ui_answering(tmp_
     )
     assert re.search(r"ksquad-system/fix-flaky-tests attempt 1 +set it done", item), item
     assert re.search(r"ksquad-system/fix-flaky-tests attempt 1 +published answer", item), item
+    assert re.search(
+        r"ksquad +recorded: ksquad-system/fix-flaky-tests ended Succeeded \(Succeeded\)", item
+    ), item
     assert "all three runs ended as expected, and the work item is done" in result.out
     assert (tmp_path / ".ksquad" / "temporal.db").is_file()
