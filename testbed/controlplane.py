@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from dev.binaries import die_with_parent, find_binary
+from dev.binaries import dying_with_parent, find_binary
 from testbed import outside
 from testbed.isolate import LOOPBACK, free_port, isolated
 from testbed.node import Node
@@ -439,12 +439,11 @@ class ControlPlane:
         self.commands[name] = (cmd, cwd)
         out = self.log_file(name).open("ab")
         self.processes[name] = subprocess.Popen(
-            cmd,
+            dying_with_parent(cmd),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=cwd,
-            preexec_fn=die_with_parent,
         )
 
     def _check_alive(self) -> None:

@@ -17,7 +17,7 @@ import httpx
 
 from activities.agents.callers import ITEM_API_ENV
 from agent.callers import ENDPOINT_KEY_ENV, ITEM_KEY_ENV, SANDBOX_KEY_ENV
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import ENDPOINT_KEY_FILE, ITEM_KEY_FILE, SANDBOX_KEY_FILE, DevOptions, DevStack, dev_stack
 from testbed.isolate import free_port
@@ -106,11 +106,10 @@ async def start_agent(dev: DevStack) -> subprocess.Popen[bytes]:
         "KSQUAD_SECRETS_DIR": str(secrets),
     }
     agent = subprocess.Popen(
-        [sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)],
+        dying_with_parent([sys.executable, "-m", "agent.server", "--host", "127.0.0.1", "--port", str(port)]),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=die_with_parent,
     )
     async with httpx.AsyncClient() as http:
         for _ in range(200):
@@ -222,11 +221,10 @@ def _spawn_worker(dev: DevStack, database_url: str | None) -> tuple[subprocess.P
         env.update({ITEM_KEY_ENV: str(dev.state_dir / ITEM_KEY_FILE), ITEM_API_ENV: dev.api_url})
     with log.open("ab") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "worker.main"],
+            dying_with_parent([sys.executable, "-m", "worker.main"]),
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,
             cwd=dev.state_dir,  # its local sandboxes' logs and pid files go in .ksquad/ there, not the checkout's
         )
     return worker, port, log

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 
 
 @asynccontextmanager
@@ -22,7 +22,7 @@ async def serving_process(
     within: float = 120,
 ) -> AsyncIterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
-        command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+        dying_with_parent(command), env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
     )
     try:
         async with httpx.AsyncClient(timeout=2) as http:

@@ -19,7 +19,7 @@ import httpx
 import yaml
 from temporalio.client import Client
 
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 from dev.devserver import DevServer
 from kube import Kube, path
 from store import Store
@@ -169,12 +169,11 @@ class Stack:
             module = "worker.main"
         log = (self.root / f"{component}.log").open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", module],
+            dying_with_parent([sys.executable, "-m", module]),
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            preexec_fn=die_with_parent,
         )
         self.processes[component] = process
         port = env["KSQUAD_HEALTH_PORT"]

@@ -20,7 +20,7 @@ import yaml
 from temporalio.client import Client
 from temporalio.service import TLSConfig
 
-from dev.binaries import die_with_parent, find_binary
+from dev.binaries import dying_with_parent, find_binary
 from dev.devserver import CLI_TYPES
 from testbed.isolate import free_port
 from testbed.pki import KeyPair, Pki
@@ -256,23 +256,24 @@ class TemporalServer:
         folder = self._config(databases)
         with self.log_file.open("ab") as out:
             self.process = subprocess.Popen(
-                [
-                    str(bins / "temporal-server"),
-                    "--root",
-                    str(self.root),
-                    "--config",
-                    str(folder.relative_to(self.root)),
-                    "--env",
-                    "production",
-                    "start",
-                    "--services",
-                    "frontend,history,matching,worker",
-                ],
+                dying_with_parent(
+                    [
+                        str(bins / "temporal-server"),
+                        "--root",
+                        str(self.root),
+                        "--config",
+                        str(folder.relative_to(self.root)),
+                        "--env",
+                        "production",
+                        "start",
+                        "--services",
+                        "frontend,history,matching,worker",
+                    ]
+                ),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.root,
                 start_new_session=True,
-                preexec_fn=die_with_parent,
             )
         await self._wait_ready()
         # As docs/operating.md tells an operator of a self-hosted cluster: the namespace, then the attributes.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 
 KSQUAD = str(Path(sys.executable).with_name("ksquad"))
 FREE_PORTS = ["--temporal-port", "0", "--ui-port", "0", "--api-port", "0", "--model-port", "0"]
@@ -30,13 +30,11 @@ class Result:
 
 async def ksquad(cwd: Path, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> Result:
     proc = await asyncio.create_subprocess_exec(
-        KSQUAD,
-        *args,
+        *dying_with_parent([KSQUAD, *args]),
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
-        preexec_fn=die_with_parent,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)
@@ -77,14 +75,11 @@ class DevProcess:
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts}\n".encode())
             self.process = await asyncio.create_subprocess_exec(
-                KSQUAD,
-                "dev",
-                *FREE_PORTS,
+                *dying_with_parent([KSQUAD, "dev", *FREE_PORTS]),
                 cwd=self.root,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + within
         while not (self.state / "dev.json").is_file():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 from temporal_client.codec import ensure_key_file
 from temporal_client.connection import TemporalSettings
 from testbed.isolate import free_port
@@ -59,7 +59,7 @@ async def test_the_worker_connects_by_certificate_and_restarts_when_it_is_rotate
         def start() -> subprocess.Popen[bytes]:
             with log.open("ab") as out:
                 return subprocess.Popen(
-                    [WORKER], env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                    dying_with_parent([WORKER]), env=env, stdout=out, stderr=subprocess.STDOUT
                 )
 
         worker = start()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from dev.binaries import die_with_parent
+from dev.binaries import dying_with_parent
 from dev.devserver import DevServer
 from temporal_client.codec import ensure_key_file
 from testbed.isolate import free_port
@@ -53,9 +53,7 @@ async def test_the_worker_is_unready_while_its_database_is_down(
     }
     ensure_key_file(tmp_path / "seal.key")
     with (tmp_path / "worker.log").open("wb") as log:
-        worker = subprocess.Popen(
-            [WORKER], env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
-        )
+        worker = subprocess.Popen(dying_with_parent([WORKER]), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         assert await until(port, 200) == {"ok": True, "store": True, "temporal": True}
         outage_postgres.halt()
