@@ -74,9 +74,15 @@ def restore(steps: list[dict[str, Any]]) -> Restored:
                 restored.in_flight.append(call_.get("function", {}).get("name", "?"))
         open_calls.clear()
 
+    turns_seen: set[tuple[int, int]] = set()  # (attempt, step): a write retried after its answer was lost is
+    answered: set[str] = set()  # recorded twice; each turn and each result counts once
     for step in steps:
         data = step.get("data") or {}
         if step["kind"] == "turn":
+            key = (int(step.get("attempt") or 0), int(step.get("step") or 0))
+            if key in turns_seen:
+                continue
+            turns_seen.add(key)
             close_calls()
             message = data["message"]
             restored.messages.append(message)
@@ -88,6 +94,9 @@ def restore(steps: list[dict[str, Any]]) -> Restored:
             started[str(data["id"])] = int(step.get("attempt") or 0)
         elif step["kind"] == "tool":
             message = data["message"]
+            if message.get("tool_call_id") in answered:
+                continue
+            answered.add(str(message.get("tool_call_id")))
             restored.messages.append(message)
             open_calls[:] = [c for c in open_calls if c["id"] != message.get("tool_call_id")]
     restored.to_run = [c for c in open_calls if c["id"] not in started]

@@ -1,20 +1,24 @@
 """agent.journal.restore: a conversation rebuilt from the recorded steps of one or more attempts, as the model saw
 it: turns and tool results in order, a call started and not answered told as in flight (never silently run again),
-calls never started given back to run, a recorded answer given as the answer; and a chain of attempts rebuilt as
-each of them saw it."""
+calls never started given back to run, a recorded answer given as the answer; a chain of attempts rebuilt as each of
+them saw it; steps written twice (a retried write) counted once."""
 
+import itertools
 from typing import Any
 
 from agent.journal import restore
 
+STEPS = itertools.count(1)  # each turn its own step, as the agent numbers them
 
-def turn(attempt: int, *calls: str, text: str | None = None) -> dict[str, Any]:
+
+def turn(attempt: int, *calls: str, text: str | None = None, step: int | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = [
             {"id": c, "type": "function", "function": {"name": "notes", "arguments": "{}"}} for c in calls
         ]
-    return {"attempt": attempt, "step": 0, "kind": "turn", "data": {"message": message}}
+    number = next(STEPS) if step is None else step
+    return {"attempt": attempt, "step": number, "kind": "turn", "data": {"message": message}}
 
 
 def started(attempt: int, call: str) -> dict[str, Any]:
@@ -55,3 +59,11 @@ def test_a_chain_of_attempts_is_rebuilt_as_each_saw_it() -> None:
 def test_nothing_recorded_restores_nothing() -> None:
     restored = restore([])
     assert (restored.turns, restored.messages, restored.to_run, restored.answer) == (0, [], [], None)
+
+
+def test_steps_recorded_twice_by_a_retried_write_count_once() -> None:
+    """The agent writes again when a write's answer was lost: the store then holds the steps twice."""
+    once = [turn(1, "a", step=1), started(1, "a"), result(1, "a"), turn(1, text="fixed", step=2)]
+    twice = [*once[:3], *once[:3], once[3], once[3]]
+    assert restore(twice) == restore(once)
+    assert (restore(twice).turns, len(restore(twice).messages)) == (2, 3)

@@ -17,6 +17,7 @@ from agent.callers import ItemAccess, item_token
 from api.attempts import attempt_routes
 from api.errors import ROUTING_ERRORS
 from store import Holder, Store, work_item_key
+from store.checkpoints import MAX_RUN_BYTES
 from store.schema import agent_checkpoints
 from temporal_client.codec import EncryptionCodec
 from testbed.asgi import serving
@@ -117,7 +118,7 @@ async def test_steps_are_ciphertext_in_the_database_and_bound_to_their_run(
 
 
 async def test_bounds_and_bad_requests_are_refused_with_their_reason_and_write_nothing(
-    api: httpx.AsyncClient, store: Store, monkeypatch: pytest.MonkeyPatch
+    api: httpx.AsyncClient, store: Store
 ) -> None:
     fence = (await store.claim(work_item_key("payments", "PAY-1"), RUN, 60)).fence
     mine = as_attempt(token(fence))
@@ -131,13 +132,16 @@ async def test_bounds_and_bad_requests_are_refused_with_their_reason_and_write_n
     ]:
         answer = await api.post("/attempts/checkpoints", json=body, headers=mine)
         assert (answer.status_code, says in answer.json()["error"]) == (status, True), answer.text
-    monkeypatch.setattr("store.checkpoints.MAX_RUN_BYTES", 1000)
-    assert (
-        await api.post("/attempts/checkpoints", json={"steps": [turn(1, "y" * 500)]}, headers=mine)
-    ).status_code == 201
-    full = await api.post("/attempts/checkpoints", json={"steps": [turn(2, "z" * 500)]}, headers=mine)
-    assert full.status_code == 413 and "pass the Run's 1000" in full.json()["error"], full.text
-    assert len(await store.checkpoints(RUN.uid)) == 1
+    # The Run's own bound, as it stands: 33 steps of ~250 KB fit in its 8 MiB, written three a request; a 34th does not.
+    big = "y" * 250_000
+    for first in range(1, 34, 3):
+        steps = [turn(n, big) for n in range(first, first + 3)]
+        assert (
+            await api.post("/attempts/checkpoints", json={"steps": steps}, headers=mine)
+        ).status_code == 201
+    full = await api.post("/attempts/checkpoints", json={"steps": [turn(34, big)]}, headers=mine)
+    assert full.status_code == 413 and f"pass the Run's {MAX_RUN_BYTES}" in full.json()["error"], full.text
+    assert len(await store.checkpoints(RUN.uid)) == 33
 
 
 async def test_only_an_attempts_own_valid_token_reaches_its_checkpoints(
