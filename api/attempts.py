@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.api.common.v1 import Payload
 
-from agent.callers import ITEM_TOKEN_PREFIX, ItemAccess, verify_item_token
+from agent.callers import ItemAccess
 from api.errors import error
-from api.items import json_body
+from api.items import attempt_token, json_body
 from store import CheckpointRefused, Holder, StaleFence, Step, Store, StoreError, work_item_key
 from store.checkpoints import MAX_STEP_BYTES, STEP_KINDS
 from temporal_client.codec import UNREADABLE, EncryptionCodec
@@ -72,14 +72,11 @@ def attempt_routes(
     `over_rate` counts an attempt's requests as its Run's, as the item routes do."""
 
     def attempt_of(request: Request) -> ItemAccess | Response:
-        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not token.startswith(ITEM_TOKEN_PREFIX):
-            return error(401, "send Authorization: Bearer <the attempt's token from its contract>")
-        access = verify_item_token(key, token) if key is not None else None
+        access = attempt_token(request, key)
         if access is None:
-            return error(
-                401, "this attempt's token is not valid here (altered, expired, or made with another key)"
-            )
+            return error(401, "send Authorization: Bearer <the attempt's token from its contract>")
+        if isinstance(access, Response):
+            return access
         refusal = over_rate(person=access.run, namespace=access.namespace, total="") if over_rate else None
         return refusal or access
 

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agent.callers import ITEM_TOKEN_PREFIX, verify_item_token
+from agent.callers import ITEM_TOKEN_PREFIX, ItemAccess, verify_item_token
 from api.budgets import Budget, OverBudget
 from api.errors import error, too_many
 from api.streams import (
@@ -86,14 +86,11 @@ def with_item_tokens(
     requests are counted as its Run's (`over_rate`: 429 past their share) before they cost a store query."""
 
     async def authorize(request: Request, verb: str, namespace: str, item: str | None) -> Writer | Response:
-        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not token.startswith(ITEM_TOKEN_PREFIX):
-            return await people(request, verb, namespace, item)
-        access = verify_item_token(key, token) if key is not None else None
+        access = attempt_token(request, key)
         if access is None:
-            return error(
-                401, "this item token is not valid here (altered, expired, or made with another key)"
-            )
+            return await people(request, verb, namespace, item)
+        if isinstance(access, Response):
+            return access
         if verb not in AGENT_VERBS or (access.namespace, access.item) != (namespace, item):
             return error(
                 403,
@@ -103,16 +100,49 @@ def with_item_tokens(
         refusal = over_rate(person=access.run, namespace=namespace, total="") if over_rate else None
         if refusal is not None:
             return refusal
-        claim = await store.claim_of(work_item_key(namespace, access.item))
-        if claim is None or (claim[0].uid, claim[1]) != (access.uid, access.fence):
+        writer = await attempt_writer(store, access)
+        if writer is None:
             return error(
                 409, f"{access.run} attempt {access.attempt} no longer holds {namespace}/{access.item}"
             )
-        holder = claim[0]  # its triggering user is the store's to say: the token names nobody
-        author = Author(user=holder.triggered_by, run=holder.run, run_uid=holder.uid, attempt=access.attempt)
-        return Writer(author, holder, access.fence)
+        return writer
 
     return authorize
+
+
+def attempt_token(request: Request, key: bytes | None) -> ItemAccess | Response | None:
+    """The attempt's token the request carries (agent.callers.item_token, made by the worker with `key`), checked:
+    None when it carries none (a person's request), 401 when it is altered, expired or of another key."""
+    token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+    if not token.startswith(ITEM_TOKEN_PREFIX):
+        return None
+    access = verify_item_token(key, token) if key is not None else None
+    if access is None:
+        return error(
+            401, "this attempt's token is not valid here (altered, expired, or made with another key)"
+        )
+    return access
+
+
+async def attempt_writer(store: Store, access: ItemAccess) -> Writer | None:
+    """Who the attempt writes as while its fence is current (its work item's claim, or the attempt of a Run without
+    one), for the person who started the Run (the claim's; else its progress events': the token names nobody);
+    None once it is fenced off."""
+    holder = Holder(uid=access.uid, run=access.run, triggered_by=None)
+    if access.item:
+        ref: str | None = work_item_key(access.namespace, access.item)
+        assert ref is not None
+        claim = await store.claim_of(ref)
+        if claim is None or (claim[0].uid, claim[1]) != (access.uid, access.fence):
+            return None
+        person = claim[0].triggered_by
+    else:
+        ref = None
+        if not await store.fence_is_current(holder, access.fence, None):
+            return None
+        person = await store.triggered_by_of(access.uid)
+    author = Author(user=person, run=access.run, run_uid=access.uid, attempt=access.attempt)
+    return Writer(author, Holder(uid=access.uid, run=access.run, triggered_by=person), access.fence, ref)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -23,19 +23,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agent.callers import ITEM_TOKEN_PREFIX, verify_item_token
 from api.errors import error
-from api.items import Writer, json_body
+from api.items import Writer, attempt_token, attempt_writer, json_body
 from store import (
-    Author,
-    Holder,
     MemoryEntry,
     MemoryNotFound,
     MemoryRefused,
     StaleFence,
     Store,
     StoreError,
-    work_item_key,
 )
 from store.memory import MAX_MEMORY_ENTRIES, MAX_MEMORY_PAGE, MEMORY_SCOPES
 
@@ -56,14 +52,11 @@ def with_attempt_tokens(
     async def authorize(
         request: Request, verb: str, namespace: str, scope: str, name: str
     ) -> Writer | Response:
-        token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not token.startswith(ITEM_TOKEN_PREFIX):
-            return await people(request, verb, namespace, scope, name)
-        access = verify_item_token(key, token) if key is not None else None
+        access = attempt_token(request, key)
         if access is None:
-            return error(
-                401, "this attempt's token is not valid here (altered, expired, or made with another key)"
-            )
+            return await people(request, verb, namespace, scope, name)
+        if isinstance(access, Response):
+            return access
         if access.namespace != namespace or f"{scope}/{name}" not in access.memory:
             named = ", ".join(access.memory) or "none"
             return error(
@@ -74,21 +67,12 @@ def with_attempt_tokens(
         refusal = over_rate(person=access.run, namespace=namespace, total="") if over_rate else None
         if refusal is not None:
             return refusal
-        ref = work_item_key(namespace, access.item) if access.item else None
-        holder = Holder(uid=access.uid, run=access.run, triggered_by=None)
-        if ref is not None:
-            claim = await store.claim_of(ref)
-            current = claim is not None and (claim[0].uid, claim[1]) == (access.uid, access.fence)
-            person = claim[0].triggered_by if claim is not None else None
-        else:
-            current = await store.fence_is_current(holder, access.fence, None)
-            person = await store.triggered_by_of(access.uid)
-        if not current:
+        writer = await attempt_writer(store, access)
+        if writer is None:
             return error(
                 409, f"{access.run} attempt {access.attempt} (fence {access.fence}) is no longer current"
             )
-        author = Author(user=person, run=access.run, run_uid=access.uid, attempt=access.attempt)
-        return Writer(author, Holder(uid=access.uid, run=access.run, triggered_by=person), access.fence, ref)
+        return writer
 
     return authorize
 
