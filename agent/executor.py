@@ -64,6 +64,7 @@ from agent.model import (
     Usage,
     complete,
 )
+from agent.spans import task_span, tool_answered, tool_span
 from agent.tools import ToolBox, ToolResult, ToolServerError
 from agent.work_item import WorkItemError, read_item, set_state
 from agent.work_item import comment as comment_on_item
@@ -202,7 +203,8 @@ class KsquadAgentExecutor(AgentExecutor):
         assert current is not None
         self.running[context.task_id] = current
         try:
-            await self._work(conversation, updater)
+            with task_span(conversation.contract, context.task_id):
+                await self._work(conversation, updater)
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             with contextlib.suppress(RuntimeError):  # cancel() may have reported CANCELED already
@@ -383,11 +385,13 @@ class KsquadAgentExecutor(AgentExecutor):
                     )
                     journal.add(conversation.turns, "tool-started", {"id": call.id, "name": call.name})
                     await journal.flush()  # a retry knows the call may have taken effect
-                    if call.name == REMEMBER and api is not None and api.memory:
-                        text, failed = await remember(api, contract.run.namespace, call.arguments)
-                        result = ToolResult(text, failed)
-                    else:
-                        result = await tools.call(call.name, call.arguments)
+                    with tool_span(call.name, call.id, call.arguments) as span:
+                        if call.name == REMEMBER and api is not None and api.memory:
+                            text, failed = await remember(api, contract.run.namespace, call.arguments)
+                            result = ToolResult(text, failed)
+                        else:
+                            result = await tools.call(call.name, call.arguments)
+                        tool_answered(span, result.text, result.is_error)
                     message = {"role": "tool", "tool_call_id": call.id, "content": result.text}
                     conversation.messages.append(message)
                     journal.add(conversation.turns, "tool", {"message": message})

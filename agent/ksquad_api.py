@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx2
 
+import tracing
+
 TIMEOUT_SECONDS = 30.0
 
 
@@ -57,10 +59,10 @@ async def call(base_url: str, token: str, ca: str | None, method: str, path: str
         http = _client(ca)
     except ssl.SSLError as err:
         raise ApiUnreachable(f"the contract's CA for {base_url} is no PEM certificate: {err}") from None
+    headers = {"Authorization": f"Bearer {token}"}
+    tracing.inject(headers)  # ksquad-api's span of the request joins the attempt's trace
     try:
-        response = await http.request(
-            method, f"{base_url.rstrip('/')}{path}", json=json, headers={"Authorization": f"Bearer {token}"}
-        )
+        response = await http.request(method, f"{base_url.rstrip('/')}{path}", json=json, headers=headers)
     except httpx2.TransportError as err:
         raise ApiUnreachable(f"the API at {base_url} does not answer: {err!r}") from None
     if response.status_code >= 300:

@@ -17,8 +17,10 @@ from typing import Any
 
 import httpx2
 
+import tracing
 from agent.contract import Model
 from agent.credentials import CredentialError, CredentialMissing, Credentials
+from agent.spans import model_answered, model_span
 
 REQUEST_TIMEOUT = 300.0
 DEFAULT_BASE_URL = (
@@ -90,6 +92,7 @@ class Turn:
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None  # None: the endpoint reported none
+    finish_reason: str | None = None  # why the model stopped ("stop", "tool_calls", "length"), as it said
 
     def assistant_message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
@@ -141,12 +144,17 @@ async def complete(
     }
     if tools:
         body["tools"] = tools
-    request = shared_http().build_request(
-        "POST",
-        (base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"},
-    )
+    url = (base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
+    with model_span(model, url, messages) as span:
+        turn = await _call(model, base_url, url, body, key)
+        model_answered(span, turn.assistant_message(), turn.finish_reason, turn.usage)
+        return turn
+
+
+async def _call(model: Model, base_url: str | None, url: str, body: dict[str, Any], key: str | None) -> Turn:
+    headers = {"Authorization": f"Bearer {key}", "Accept": "text/event-stream"}
+    tracing.inject(headers)  # a provider that traces joins the attempt's trace
+    request = shared_http().build_request("POST", url, json=body, headers=headers)
     try:
         response = await shared_http().send(request, stream=True)
         try:
@@ -202,8 +210,9 @@ async def read_turn(response: httpx2.Response) -> Turn:
     calls: dict[int, ToolCall] = {}
     if not response.headers.get("content-type", "").startswith("text/event-stream"):
         completion = parse_json(await response.aread())
-        message = field_of(first_choice(completion), "message", dict)
-        add_delta(turn, calls, message)
+        choice = first_choice(completion)
+        add_delta(turn, calls, field_of(choice, "message", dict))
+        turn.finish_reason = finish_reason_of(choice) or turn.finish_reason
         turn.usage = usage_of(completion)
     else:
         async for line in response.aiter_lines():
@@ -220,8 +229,14 @@ async def read_turn(response: httpx2.Response) -> Turn:
                 if not isinstance(choice, dict):
                     raise Malformed(f"choice is not an object: {choice!r}")
                 add_delta(turn, calls, field_of(choice, "delta", dict))
+                turn.finish_reason = finish_reason_of(choice) or turn.finish_reason
     turn.tool_calls = [calls[i] for i in sorted(calls)]
     return turn
+
+
+def finish_reason_of(choice: dict[str, Any]) -> str | None:
+    reason = choice.get("finish_reason")
+    return reason[:64] if isinstance(reason, str) and reason else None
 
 
 def usage_of(body: dict[str, Any]) -> Usage | None:

@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+import tracing
 from agent.callers import Caller, Check, check_from_env
 from agent.contract import contract_from_env
 from agent.executor import KsquadAgentExecutor
@@ -142,7 +143,7 @@ def build_app(executor: KsquadAgentExecutor, url: str, check: Check) -> ASGIApp:
     app = Starlette(
         routes=routes + create_agent_card_routes(card) + create_jsonrpc_routes(handler, rpc_url="/")
     )
-    return CallerAuth(app, check)
+    return tracing.TracedHttp(CallerAuth(app, check))
 
 
 class AgentServer(uvicorn.Server):
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("a2a").setLevel(logging.WARNING)
+    tracing.configure_or_exit("ksquad-agent")
     executor = KsquadAgentExecutor(contract_from_env())
     advertised = args.host if args.host not in ("0.0.0.0", "::") else os.environ.get("POD_IP", "127.0.0.1")
     url = args.url or f"http://{advertised}:{args.port}/"

@@ -81,6 +81,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
+import tracing
 from agent.callers import ITEM_KEY_ENV, read_key
 from api.attempts import PREFIX as ATTEMPTS_PREFIX
 from api.attempts import attempt_routes
@@ -698,9 +699,11 @@ async def serve(settings: ApiSettings) -> None:
         await readiness.check()
         checking = asyncio.create_task(readiness.watch())
         app = cluster_api(store, kube, KubernetesAuth(kube), settings, codec)
-        servers = [listening(app, settings.port, settings.tls_cert_file, settings.tls_key_file)]
+        servers = [
+            listening(tracing.TracedHttp(app), settings.port, settings.tls_cert_file, settings.tls_key_file)
+        ]
         if settings.items_tls_cert_file and settings.items_tls_key_file:
-            sandboxes = items_only(app)
+            sandboxes = tracing.TracedHttp(items_only(app))
             servers.append(
                 listening(
                     sandboxes, settings.items_port, settings.items_tls_cert_file, settings.items_tls_key_file
@@ -736,6 +739,7 @@ def main(argv: list[str] | None = None) -> None:
     ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    tracing.configure_or_exit("ksquad-api")
     try:
         asyncio.run(serve(ApiSettings.from_env()))
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ import uvicorn
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+import tracing
 from activities.agents import AgentActivities, CallerKeys
 from activities.agents.callers import ItemApi
 from activities.claims import ClaimActivities
@@ -170,7 +171,9 @@ def ensure_token_file(path: Path) -> str:
 @contextlib.asynccontextmanager
 async def http_server(app: Any, port: int) -> AsyncIterator[None]:
     server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
+        uvicorn.Config(
+            tracing.TracedHttp(app), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
     )
     task = asyncio.create_task(server.serve())
     while not server.started:
@@ -187,6 +190,7 @@ async def http_server(app: Any, port: int) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
+    tracing.configure_or_exit("ksquad-dev")  # the OTEL_* variables; its local sandboxes' agents inherit them
     state = options.state_dir
     private_state(state)
     codec = EncryptionCodec(ensure_key_file(state / "codec.key"))

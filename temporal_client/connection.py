@@ -17,13 +17,14 @@ from typing import Any
 from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
 from temporalio.common import RawValue
 from temporalio.contrib.pydantic import PydanticPayloadConverter, pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes, PayloadCodec
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
+import tracing
 from temporal_client.codec import IN_CLEAR, UNREADABLE, EncryptionCodec, KeyRing
 from temporal_client.proofs import SignalProver, Signing
 from temporal_client.seal import Sealer
@@ -123,7 +124,18 @@ async def connect(
         api_key=api_key,
         tls=tls_config,
         runtime=runtime,
+        interceptors=temporal_tracing(),
     )
+
+
+def temporal_tracing() -> list[Interceptor]:
+    """Temporal's spans (starts, signals; a worker's workflows and activities: the client's interceptors that are
+    also worker interceptors are the worker's) when this process traces (tracing.configure)."""
+    if not tracing.enabled():
+        return []
+    from temporalio.contrib.opentelemetry import TracingInterceptor
+
+    return [TracingInterceptor(tracing.tracer())]
 
 
 @dataclass(frozen=True)

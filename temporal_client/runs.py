@@ -28,6 +28,7 @@ from temporalio.common import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+import tracing
 from temporal_client.proofs import Signing, signing_as
 from temporal_client.seal import Sealer, Unsealed
 from workflows import search_attributes as sa
@@ -131,6 +132,16 @@ class RunWorkflows:
         ]
         if run_input.triggered_by:
             attributes.append(SearchAttributePair(sa.TRIGGERED_BY, run_input.triggered_by))
+        # The Run's trace (tracing: its id derived from the uid), carried into the workflow's headers.
+        identity = tracing.run_attributes(
+            run_input.namespace, run_input.name, run_input.uid, run_input.triggered_by
+        )
+        with tracing.run_span("start Run workflow", run_input.uid, identity):
+            return await self._start(run_input, attributes)
+
+    async def _start(
+        self, run_input: RunInput, attributes: list[SearchAttributePair[str]]
+    ) -> WorkflowHandle[Any, Any]:
         try:
             return await self.client.start_workflow(
                 "RunWorkflow",

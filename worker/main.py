@@ -33,6 +33,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
+import tracing
 from activities.agents import AgentActivities, CallerKeys
 from activities.claims import ClaimActivities
 from activities.entities import ResumePlaces
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         prog="ksquad-worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tracing.configure_or_exit("ksquad-worker")
     asyncio.run(serve(Settings.from_env(), SandboxSettings.from_env()))
 
 

@@ -16,6 +16,7 @@
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -32,10 +33,12 @@ from a2a.types import (
     AgentCard,
 )
 from a2a.utils.errors import A2AError
+from opentelemetry.trace import Span
 from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+import tracing
 from activities.agents.a2a_compat import A2ACompatTransport
 from activities.agents.callers import BearerToken, CallerKeys, off_endpoint, process_keys
 from activities.agents.card_signatures import card_not_signed
@@ -66,6 +69,33 @@ __all__ = ["OUTPUTS_ARTIFACT", "AgentActivities", "CallerKeys", "Timing"]
 # them nothing changes; a failed call forgets its endpoint's card.
 CARD_TTL_SECONDS = 30.0
 MAX_CACHED_CARDS = 256
+
+
+def attempt_span(inv: AgentInvocation) -> contextlib.AbstractContextManager[Span]:
+    """The span of this agent call (tracing.attempt_span: a retry's attempt starts a trace of its own), with who
+    started the Run, the agent and the credential by name."""
+    contract = inv.contract
+    run, credential = contract.run, contract.model.credential
+    attributes = {
+        **tracing.run_attributes(
+            run.namespace,
+            run.name,
+            run.uid,
+            run.triggered_by,
+            run.attempt,
+            contract.agent.name,
+            credential.secret_name if credential else None,
+        ),
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.request.model": contract.model.name,
+        "gen_ai.conversation.id": inv.context_id,
+        "ksquad.turn": inv.turn,
+        "server.address": inv.endpoint,
+    }
+    first_call = inv.turn == 0 and activity.info().attempt == 1
+    return tracing.attempt_span(
+        f"invoke_agent {contract.agent.name}", run.uid, run.attempt, first_call, attributes
+    )
 
 
 def card_cache_key(inv: AgentInvocation) -> str:
@@ -107,6 +137,8 @@ class AgentActivities:
             client = httpx.AsyncClient(
                 timeout=httpx.Timeout(30.0, read=self.timing.stall_seconds),
                 transport=A2ACompatTransport(httpx.AsyncHTTPTransport(limits=limits)),
+                # W3C traceparent on every A2A request: A2A defines no propagation of its own yet (A2A #2103).
+                event_hooks={"request": [tracing.inject_into_request]},
             )
             self._http = (loop, client)
         return self._http[1]
@@ -131,14 +163,18 @@ class AgentActivities:
         beat = asyncio.create_task(self._heartbeat(progress))
         turn, outcome = Stopwatch(), "error"
         try:
-            async with keep_lease(
-                self.store,
-                None if run.work_item_ref is None else work_item_key(run.namespace, run.work_item_ref),
-                holder,
-                run.fence,
-                self.timing.lease_seconds,
-                self.timing.lease_seconds / 3,
-            ) as lease:
+            async with (
+                keep_lease(
+                    self.store,
+                    None if run.work_item_ref is None else work_item_key(run.namespace, run.work_item_ref),
+                    holder,
+                    run.fence,
+                    self.timing.lease_seconds,
+                    self.timing.lease_seconds / 3,
+                ) as lease,
+                contextlib.AsyncExitStack() as stack,
+            ):
+                span = stack.enter_context(attempt_span(inv))
                 client = await self._connect(self.http(), inv)
                 try:
                     call = Invocation(self, client, inv, holder, progress)
@@ -163,6 +199,7 @@ class AgentActivities:
                         )
                     result = work.result()
                     outcome = "completed"
+                    span.set_attribute("a2a.task.id", result.task_id)
                     return result.model_copy(update={"usage": await self._attempt_usage(holder, run.attempt)})
                 except ApplicationError as err:
                     outcome = err.type or "error"

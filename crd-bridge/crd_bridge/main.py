@@ -42,6 +42,7 @@ from typing import Any
 
 from temporalio.worker import Worker
 
+import tracing
 from crd_bridge.activities import BridgeActivities
 from crd_bridge.credentials import CredentialWatcher
 from crd_bridge.leader import LeaderElector, LostLeadership
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "temporalio.activity"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    tracing.configure_or_exit("ksquad-bridge")
     sys.exit(asyncio.run(serve(BridgeSettings.from_env())))
 
 

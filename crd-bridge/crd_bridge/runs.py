@@ -22,6 +22,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
+import tracing
 from crd_bridge.activities import BridgeActivities, recorded_chain, run_path, status_body
 from crd_bridge.metrics import RECONCILES
 from crd_bridge.resources import (
@@ -44,6 +45,16 @@ from workflows.status import PauseReason, Phase, PhaseEvent, RunStatus, StatusSn
 log = logging.getLogger(__name__)
 
 FINALIZER = "ksquad.io/workflow"
+
+
+def traced(run: dict[str, Any], action: str) -> contextlib.AbstractContextManager[Any]:
+    """A span of what the bridge does for the Run (starting its workflow, signalling it), in the Run's trace."""
+    meta = run["metadata"]
+    triggered_by = meta.get("annotations", {}).get(TRIGGERED_BY_ANNOTATION)
+    identity = tracing.run_attributes(meta["namespace"], meta["name"], meta["uid"], triggered_by)
+    return tracing.run_span(
+        f"reconcile Run: {action}", meta["uid"], {**identity, "ksquad.bridge.action": action}
+    )
 
 
 def for_the_run(run: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
@@ -156,13 +167,17 @@ class RunReconciler:
         annotation = meta.get("annotations", {}).get(CANCEL_ANNOTATION)
         if annotation is not None and meta["uid"] not in self.cancel_sent:
             handle = self.workflows.handle(meta["namespace"], meta["name"])
-            with contextlib.suppress(RPCError), for_the_run(run):
+            with contextlib.suppress(RPCError), for_the_run(run), traced(run, "cancel"):
                 await handle.signal(RunSignal.CANCEL, annotation or f"annotation {CANCEL_ANNOTATION}")
                 self.cancel_sent.add(meta["uid"])
         pause = meta.get("annotations", {}).get(PAUSE_ANNOTATION)
         if (pause is not None) != self.paused.get(meta["uid"], False):
             handle = self.workflows.handle(meta["namespace"], meta["name"])
-            with contextlib.suppress(RPCError), for_the_run(run):
+            with (
+                contextlib.suppress(RPCError),
+                for_the_run(run),
+                traced(run, "pause" if pause is not None else "resume"),
+            ):
                 await (
                     handle.signal(RunSignal.PAUSE, pause or "paused")
                     if pause is not None
@@ -185,7 +200,7 @@ class RunReconciler:
             if (status.get("phase"), status.get("pauseReason")) != (Phase.PAUSED, PauseReason.INPUT_REQUIRED):
                 return False  # the watch brings the status that asks
             try:
-                with for_the_run(run):
+                with for_the_run(run), traced(run, "input"):
                     handle = self.workflows.handle(meta["namespace"], meta["name"])
                     await handle.signal(RunSignal.INPUT, text)
             except RPCError as err:
@@ -235,18 +250,19 @@ class RunReconciler:
             triggered_by=triggered_by,
             spec=spec,
         )
-        try:
-            handle = await self.workflows.start(run_input)
-        except EarlierRunStillRunning:
-            return True  # one was started under the id since `find` looked: look again
-        self.started.add(uid)
-        log.info("started workflow %s for Run uid %s", handle.id, uid)
-        if not (run.get("status") or {}).get("phase"):
-            # The execution the bridge started is recorded with it: the bridge acts for no other (envelopes).
-            workflow = WorkflowRef(
-                id=handle.id, run_id=handle.result_run_id, first_run_id=handle.first_execution_run_id
-            )
-            await self.acknowledge(run, workflow)
+        with traced(run, "start"):
+            try:
+                handle = await self.workflows.start(run_input)
+            except EarlierRunStillRunning:
+                return True  # one was started under the id since `find` looked: look again
+            self.started.add(uid)
+            log.info("started workflow %s for Run uid %s", handle.id, uid)
+            if not (run.get("status") or {}).get("phase"):
+                # The execution the bridge started is recorded with it: the bridge acts for no other (envelopes).
+                workflow = WorkflowRef(
+                    id=handle.id, run_id=handle.result_run_id, first_run_id=handle.first_execution_run_id
+                )
+                await self.acknowledge(run, workflow)
         return False
 
     async def acknowledge(self, run: dict[str, Any], workflow: WorkflowRef) -> None:

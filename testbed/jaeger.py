@@ -1,0 +1,154 @@
+"""Jaeger (v2, the OpenTelemetry Collector-based `jaeger` of release v1.75.0, built from the Go module proxy by
+testbed/build-jaeger.sh) as the test bed's tracing backend: OTLP over HTTP in, in-memory storage, its query API and
+UI on ports of its own. The trace tests read what ksquad's processes exported back through the query API."""
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from dev.binaries import dying_with_parent
+from testbed.isolate import free_port, service_address
+
+ROOT = Path(__file__).parents[1]
+VERSION = "v1.75.0"
+
+
+def cached_binary() -> Path:
+    """The jaeger binary, built into the cache when missing (a few minutes, once)."""
+    out = subprocess.run(
+        [str(ROOT / "testbed" / "build-jaeger.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAEGER_VERSION": VERSION},
+    ).stdout.strip()
+    return Path(out) / "jaeger"
+
+
+def config(otlp: str, query: str, query_grpc: str, health: str) -> dict[str, Any]:
+    return {
+        "service": {
+            "extensions": ["jaeger_storage", "jaeger_query", "healthcheckv2"],
+            "pipelines": {
+                "traces": {
+                    "receivers": ["otlp"],
+                    "processors": ["batch"],
+                    "exporters": ["jaeger_storage_exporter"],
+                }
+            },
+            # Its own metrics off: their default port (8888) would be shared by every Jaeger of a parallel run.
+            "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "warn"}},
+        },
+        "extensions": {
+            "healthcheckv2": {"use_v2": True, "http": {"endpoint": health}},
+            "jaeger_query": {
+                "storage": {"traces": "memory"},
+                "http": {"endpoint": query},
+                "grpc": {"endpoint": query_grpc},
+            },
+            "jaeger_storage": {"backends": {"memory": {"memory": {"max_traces": 100000}}}},
+        },
+        "receivers": {"otlp": {"protocols": {"http": {"endpoint": otlp}}}},
+        "processors": {"batch": {"timeout": "100ms"}},
+        "exporters": {"jaeger_storage_exporter": {"trace_storage": "memory"}},
+    }
+
+
+@dataclass
+class Jaeger:
+    otlp_url: str  # OTEL_EXPORTER_OTLP_ENDPOINT
+    query_url: str  # the UI and its HTTP API
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def otel_env(self, service: str | None = None) -> dict[str, str]:
+        """What a process needs to export its spans here at once (a batch every 100 ms, not 5 s)."""
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+        if service:
+            env["OTEL_SERVICE_NAME"] = service
+        return env
+
+    def trace_url(self) -> str:
+        return f"{self.query_url}/trace/{{trace_id}}"
+
+    async def trace(self, trace_id: str) -> dict[str, Any] | None:
+        """One trace as Jaeger's HTTP API gives it (spans, their processes, references), or None."""
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.get(f"{self.query_url}/api/traces/{trace_id}")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        data = response.json().get("data") or []
+        return data[0] if data else None
+
+    async def services(self) -> list[str]:
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.get(f"{self.query_url}/api/services")
+        response.raise_for_status()
+        return list(response.json().get("data") or [])
+
+    async def search(
+        self, service: str, tags: dict[str, str] | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"service": service, "limit": limit, "lookback": "1h"}
+        if tags:
+            params["tags"] = json.dumps(tags)
+        async with httpx.AsyncClient(timeout=10) as http:
+            response = await http.get(f"{self.query_url}/api/traces", params=params)
+        response.raise_for_status()
+        return list(response.json().get("data") or [])
+
+
+@asynccontextmanager
+async def running_jaeger(root: Path) -> AsyncIterator[Jaeger]:
+    binary = cached_binary()
+    host = service_address()
+    otlp, query, grpc, health = (f"{host}:{free_port()}" for _ in range(4))
+    root.mkdir(parents=True, exist_ok=True)
+    config_file = root / "jaeger.yaml"
+    config_file.write_text(yaml.safe_dump(config(otlp, query, grpc, health)))
+    log = root / "jaeger.log"
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    process = subprocess.Popen(
+        dying_with_parent([str(binary), "--config", str(config_file)]),
+        env={**quiet, "OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "none"},  # no traces of its own
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    jaeger = Jaeger(f"http://{otlp}", f"http://{query}", process, log)
+    try:
+        deadline = time.monotonic() + 60
+        async with httpx.AsyncClient(timeout=1) as http:
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"jaeger exited {process.returncode}: {log.read_text()[-3000:]}")
+                try:
+                    if (await http.get(f"http://{health}/status")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"jaeger not ready in 60 s: {log.read_text()[-3000:]}")
+                await asyncio.sleep(0.1)
+        yield jaeger
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
