@@ -52,7 +52,7 @@ def lineage(trace: dict[str, Any], span: dict[str, Any]) -> list[str]:
 
 
 def only(trace: dict[str, Any], operation: str) -> dict[str, Any]:
-    found = [s for s in trace["spans"] if s["operationName"] == operation]
+    found: list[dict[str, Any]] = [s for s in trace["spans"] if s["operationName"] == operation]
     assert len(found) == 1, (
         f"{len(found)} spans {operation!r}: {sorted(s['operationName'] for s in trace['spans'])}"
     )
