@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 from types import FrameType
 
@@ -160,6 +161,12 @@ class AgentServer(uvicorn.Server):
             self._draining = asyncio.get_event_loop().create_task(self._drain(sig, frame))
             return
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # uvicorn raises the signal that stopped it again once it is done (the exit status says SIGTERM), and no
+        # atexit handler runs then: the task's last spans go out now.
+        await asyncio.to_thread(tracing.flush)
 
     async def _drain(self, sig: int, frame: FrameType | None) -> None:
         await self.executor.cancel_all()

@@ -184,6 +184,8 @@ async def http_server(app: Any, port: int) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        # uvicorn raises a signal that stopped it again when it is done, and no atexit handler runs after that.
+        await asyncio.to_thread(tracing.flush)
         server.should_exit = True
         await task
 

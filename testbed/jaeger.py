@@ -113,6 +113,51 @@ class Jaeger:
         return list(response.json().get("data") or [])
 
 
+def tags(span: dict[str, Any]) -> dict[str, Any]:
+    return {t["key"]: t["value"] for t in span.get("tags", [])}
+
+
+def service(trace: dict[str, Any], span: dict[str, Any]) -> str:
+    return str(trace["processes"][span["processID"]]["serviceName"])
+
+
+def lineage(trace: dict[str, Any], span: dict[str, Any]) -> list[str]:
+    """`service: operation` of the span and each of its parents up to the trace's root (a2a-sdk's own spans of
+    its request handling, between the agent's HTTP span and its task, left out)."""
+    by_id = {s["spanID"]: s for s in trace["spans"]}
+    names = []
+    current: dict[str, Any] | None = span
+    while current is not None:
+        if not current["operationName"].startswith("a2a."):
+            names.append(f"{service(trace, current)}: {current['operationName']}")
+        parents = [r["spanID"] for r in current.get("references", []) if r["refType"] == "CHILD_OF"]
+        current = by_id.get(parents[0]) if parents else None
+    return names
+
+
+def only(trace: dict[str, Any], operation: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [s for s in trace["spans"] if s["operationName"] == operation]
+    assert len(found) == 1, (
+        f"{len(found)} spans {operation!r}: {sorted(s['operationName'] for s in trace['spans'])}"
+    )
+    return found[0]
+
+
+async def wait_trace(jaeger: Jaeger, trace_id: str, has: str) -> dict[str, Any]:
+    """The trace once a span named `has` is in it (each process exports every 100 ms)."""
+    trace = None
+    for _ in range(150):
+        trace = await jaeger.trace(trace_id)
+        if trace is not None and any(s["operationName"] == has for s in trace["spans"]):
+            await asyncio.sleep(1)  # the rest of the batch
+            trace = await jaeger.trace(trace_id)
+            assert trace is not None
+            return trace
+        await asyncio.sleep(0.2)
+    names = sorted(s["operationName"] for s in trace["spans"]) if trace else None
+    raise AssertionError(f"no span {has!r} in trace {trace_id} after 30 s: {names}")
+
+
 @asynccontextmanager
 async def running_jaeger(root: Path) -> AsyncIterator[Jaeger]:
     binary = cached_binary()

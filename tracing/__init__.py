@@ -40,6 +40,22 @@ SCHEMA_URL = (
 CONTENT_ENV = "KSQUAD_TRACE_CONTENT"  # "true": prompts, answers, tool arguments and results in spans
 TRACE_URL_ENV = "KSQUAD_TRACE_URL"  # a trace UI's page of one trace, "{trace_id}" in it (the console's links)
 
+# What a local sandbox's agent inherits to export its spans: where to and how. Never the exporter's headers (a
+# collector's credential, readable by the sandbox's code) nor the service name (the agent's is ksquad-agent).
+EXPORT_ENV = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_SDK_DISABLED",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    CONTENT_ENV,
+)
+
 _enabled = False
 _pinned_trace: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "ksquad_pinned_trace", default=None
@@ -122,6 +138,15 @@ def configure_or_exit(service: str) -> bool:
         return configure(service)
     except TracingMisconfigured as err:
         raise SystemExit(f"tracing: {err}") from None
+
+
+def flush(timeout_seconds: float = 5.0) -> None:
+    """Export what is batched now (blocking): before a process ends by a signal, where no atexit handler runs."""
+    if _enabled:
+        provider = trace.get_tracer_provider()
+        force_flush = getattr(provider, "force_flush", None)
+        if force_flush is not None:
+            force_flush(int(timeout_seconds * 1000))
 
 
 def enabled() -> bool:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+import tracing
 from activities.agents.callers import CallerKeys, process_keys
 from activities.sandboxes.manifests import (
     SandboxSettings,
@@ -47,8 +48,8 @@ def _agent_pid(pid_file: Path) -> int | None:
         return None
 
 
-# What a local agent inherits from the process that starts it: how to run and reach TLS endpoints, nothing
-# else (no API key, cloud credential or token of the developer's environment).
+# What a local agent inherits from the process that starts it: how to run and reach TLS endpoints, where to send
+# its spans, nothing else (no API key, cloud credential or token of the developer's environment).
 LOCAL_AGENT_ENV = (
     "PATH",
     "HOME",
@@ -61,6 +62,7 @@ LOCAL_AGENT_ENV = (
     "SSL_CERT_FILE",
     "SSL_CERT_DIR",
     "REQUESTS_CA_BUNDLE",
+    *tracing.EXPORT_ENV,
 )
 
 

@@ -100,6 +100,9 @@ class SandboxSettings(BaseModel):
     termination_grace_seconds: int = 10
     toolchains: dict[str, ContainerSpec] = Field(default_factory=dict)  # staged into TOOLCHAINS_DIR/<name>
     sidecars: dict[str, ContainerSpec] = Field(default_factory=dict)
+    # More environment of every sandbox's agent: the chart's tracing.sandboxes (OTEL_EXPORTER_OTLP_ENDPOINT and the
+    # like), so the agent's spans reach the collector. Never a credential: every sandbox's code reads it.
+    agent_env: dict[str, str] = Field(default_factory=dict)
     pools: list[PoolRef] = Field(default_factory=list)  # the chart's warm pools (values `pools`)
     poll_seconds: float = 0.25
     # Also write each Run's full outputs into ConfigMap `<run>-outputs` (chart value sandbox.outputsConfigMap). Off
@@ -263,6 +266,7 @@ def job_manifest(
             {"name": "KSQUAD_TOOLCHAINS_DIR", "value": TOOLCHAINS_DIR},
             {"name": "KSQUAD_SECRETS_DIR", "value": SECRETS_DIR},
             POD_INFO_ENV,
+            *[{"name": k, "value": v} for k, v in sorted(settings.agent_env.items())],
             *credential_env(contract),
         ],
         "ports": [{"name": "a2a", "containerPort": settings.port}],

@@ -23,6 +23,7 @@ from testbed.agents import ModelEndpoint
 from testbed.chart import CHART
 from testbed.controlplane import ControlPlane, cached_binaries_dir
 from testbed.isolate import NODE_ADDRESS
+from testbed.jaeger import Jaeger, running_jaeger
 from testbed.postgres import PostgresServer
 from workflows.status import Phase
 
@@ -171,11 +172,19 @@ def terminal_events(release: Release, uid: str) -> int:
 
 
 @pytest.fixture(scope="package")
+async def chart_jaeger(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Jaeger]:
+    """The release's trace collector (Jaeger, on the node's address: every pod reaches it)."""
+    async with running_jaeger(tmp_path_factory.mktemp("chart-jaeger")) as jaeger:
+        yield jaeger
+
+
+@pytest.fixture(scope="package")
 async def release(
-    ksquad_cluster: ControlPlane, postgres: PostgresServer, dev_server: DevServer
+    ksquad_cluster: ControlPlane, postgres: PostgresServer, dev_server: DevServer, chart_jaeger: Jaeger
 ) -> AsyncIterator[Release]:
     """Installed as the README says: the namespaces (the Runs' labelled for Pod Security Admission `restricted`),
-    the database and codec Secrets, `helm install --wait`."""
+    the database and codec Secrets, `helm install --wait`; with tracing on, to the test bed's Jaeger, sandboxes
+    too (tests/chart/test_traces.py reads what the release exported)."""
     cluster = ksquad_cluster
     database = postgres.create_database(f"helm_{uuid.uuid4().hex[:8]}")
     for namespace in (HOME, NS):
@@ -219,6 +228,12 @@ async def release(
         f"sandbox.allowedTolerations={{{GPU_TAINT}}}",
         "--set",
         f"sandbox.allowedPriorityClasses={{{GPU_PRIORITY}}}",
+        "--set",
+        f"tracing.otlpEndpoint={chart_jaeger.otlp_url}",
+        "--set",
+        "tracing.sandboxes.enabled=true",
+        "--set",
+        f"tracing.traceUrl={chart_jaeger.trace_url()}",
     ]
     started = time.monotonic()
     installed = helm(

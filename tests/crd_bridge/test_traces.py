@@ -5,16 +5,14 @@ chart's `tracing` values make it. The Run's first attempt calls the tool and the
 answers. The test reads both traces and asserts the span tree, the attributes, the link between the attempts, and
 that none of the Run's text (the task, the tool's arguments, the answer) is in any span."""
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import tracing
 from testbed.agents import AgentFactory, ModelEndpoint, ToolServer
-from testbed.jaeger import Jaeger, running_jaeger
+from testbed.jaeger import Jaeger, lineage, only, running_jaeger, service, tags, wait_trace
 from tests.crd_bridge.conftest import RUN_API, StackFactory
 from tests.crd_bridge.test_bridge_resilience import remote_agent
 
@@ -27,51 +25,6 @@ ANSWER_CANARY = "canary-answer-44af7e"
 async def jaeger(tmp_path: Path) -> AsyncIterator[Jaeger]:
     async with running_jaeger(tmp_path / "jaeger") as running:
         yield running
-
-
-def tags(span: dict[str, Any]) -> dict[str, Any]:
-    return {t["key"]: t["value"] for t in span.get("tags", [])}
-
-
-def service(trace: dict[str, Any], span: dict[str, Any]) -> str:
-    return str(trace["processes"][span["processID"]]["serviceName"])
-
-
-def lineage(trace: dict[str, Any], span: dict[str, Any]) -> list[str]:
-    """`service: operation` of the span and each of its parents up to the trace's root (a2a-sdk's own spans of
-    its request handling, between the agent's HTTP span and its task, left out)."""
-    by_id = {s["spanID"]: s for s in trace["spans"]}
-    names = []
-    current: dict[str, Any] | None = span
-    while current is not None:
-        if not current["operationName"].startswith("a2a."):
-            names.append(f"{service(trace, current)}: {current['operationName']}")
-        parents = [r["spanID"] for r in current.get("references", []) if r["refType"] == "CHILD_OF"]
-        current = by_id.get(parents[0]) if parents else None
-    return names
-
-
-def only(trace: dict[str, Any], operation: str) -> dict[str, Any]:
-    found: list[dict[str, Any]] = [s for s in trace["spans"] if s["operationName"] == operation]
-    assert len(found) == 1, (
-        f"{len(found)} spans {operation!r}: {sorted(s['operationName'] for s in trace['spans'])}"
-    )
-    return found[0]
-
-
-async def wait_trace(jaeger: Jaeger, trace_id: str, has: str) -> dict[str, Any]:
-    """The trace once a span named `has` is in it (each process exports every 100 ms)."""
-    trace = None
-    for _ in range(150):
-        trace = await jaeger.trace(trace_id)
-        if trace is not None and any(s["operationName"] == has for s in trace["spans"]):
-            await asyncio.sleep(1)  # the rest of the batch
-            trace = await jaeger.trace(trace_id)
-            assert trace is not None
-            return trace
-        await asyncio.sleep(0.2)
-    names = sorted(s["operationName"] for s in trace["spans"]) if trace else None
-    raise AssertionError(f"no span {has!r} in trace {trace_id} after 30 s: {names}")
 
 
 async def test_a_retried_run_is_one_trace_per_attempt_from_the_bridge_to_the_model_and_the_tool(

@@ -17,6 +17,9 @@
 {{- if not .Values.database.urlSecret.name -}}
 {{- fail "\n\ndatabase.urlSecret.name is empty: name the Secret that holds the PostgreSQL URL (key database.urlSecret.key)" -}}
 {{- end -}}
+{{- if and .Values.tracing.sandboxes.enabled (not (.Values.tracing.sandboxes.otlpEndpoint | default .Values.tracing.otlpEndpoint)) -}}
+{{- fail "\n\ntracing.sandboxes.enabled needs a collector: set tracing.otlpEndpoint (or tracing.sandboxes.otlpEndpoint), for example http://otel-collector.observability:4318" -}}
+{{- end -}}
 {{- end -}}
 
 {{- /* MutatingAdmissionPolicy v1, served from Kubernetes 1.36: found by discovery on install; `helm template`
@@ -241,6 +244,42 @@ capabilities:
 {{- /* A warm pool's pod template, as the chart renders it: the pool's ReplicaSet gets it (pools.yaml), and so does
        the worker (sandbox-config.yaml), which claims only pods of this very template, never what a live ReplicaSet
        says its template is (docs/security.md). Called with (list $ pool). */ -}}
+{{- /* A ksquad process's OpenTelemetry export (tracing/): nothing unless tracing.otlpEndpoint is set. Called with
+(list $ "service-name"). */ -}}
+{{- define "ksquad.tracingEnv" -}}
+{{- $ := index . 0 -}}
+{{- $service := index . 1 -}}
+{{- with $.Values.tracing -}}
+{{- if .otlpEndpoint }}
+- {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ .otlpEndpoint | quote }}}
+- {name: OTEL_EXPORTER_OTLP_PROTOCOL, value: http/protobuf}
+- {name: OTEL_SERVICE_NAME, value: {{ $service }}}
+- {name: OTEL_TRACES_SAMPLER, value: {{ .sampler | quote }}}
+{{- with .samplerArg }}
+- {name: OTEL_TRACES_SAMPLER_ARG, value: {{ . | quote }}}
+{{- end }}
+{{- if .recordContent }}
+- {name: KSQUAD_TRACE_CONTENT, value: "true"}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- /* What a sandbox's agent exports its spans with (tracing.sandboxes), as a map: the cold Jobs' agents get it
+through the worker's sandbox config, the warm pools' in their template. Never the exporter's headers. */ -}}
+{{- define "ksquad.sandboxTracingEnv" -}}
+{{- with .Values.tracing -}}
+{{- if .sandboxes.enabled -}}
+{{- $env := dict "OTEL_EXPORTER_OTLP_ENDPOINT" (.sandboxes.otlpEndpoint | default .otlpEndpoint) "OTEL_EXPORTER_OTLP_PROTOCOL" "http/protobuf" "OTEL_SERVICE_NAME" "ksquad-agent" "OTEL_TRACES_SAMPLER" .sampler -}}
+{{- with .samplerArg }}{{ $_ := set $env "OTEL_TRACES_SAMPLER_ARG" . }}{{ end -}}
+{{- if .recordContent }}{{ $_ := set $env "KSQUAD_TRACE_CONTENT" "true" }}{{ end -}}
+{{- toJson $env -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ksquad.poolTemplate" -}}
 {{- $ := index . 0 -}}
 {{- with index . 1 -}}
@@ -295,6 +334,9 @@ spec:
           value: /var/run/ksquad/secrets
         - name: KSQUAD_POD_ANNOTATIONS
           value: /etc/ksquad/pod/annotations
+        {{- range $name, $value := include "ksquad.sandboxTracingEnv" $ | fromJson }}
+        - {name: {{ $name }}, value: {{ $value | quote }}}
+        {{- end }}
       ports:
         - {name: a2a, containerPort: {{ $.Values.sandbox.port }}}
       readinessProbe:

@@ -1,0 +1,60 @@
+"""The installed release traces a Run (the chart's `tracing` values, to the test bed's Jaeger): one tree from the
+bridge's pod through the worker's to the agent in the Run's cold sandbox, its model call and its checkpoint writes
+to ksquad-api's listener for sandboxes, each process named by the chart's service names."""
+
+import yaml
+
+import tracing
+from testbed.agents import ModelEndpoint
+from testbed.jaeger import Jaeger, lineage, only, service, tags, wait_trace
+from tests.chart.conftest import NS, Release, phase_of
+from tests.chart.test_isolation import ensure_credential
+
+
+async def test_an_installed_release_traces_a_run_from_the_bridge_into_its_sandbox(
+    release: Release, model: ModelEndpoint, chart_jaeger: Jaeger
+) -> None:
+    ensure_credential(release, model)
+    model.script("dev-model", {"text": "Traced from the bridge to the model."})
+    release.squad(model)
+    release.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=yaml.safe_dump(
+            {
+                "apiVersion": "ksquad.io/v1alpha1",
+                "kind": "Run",
+                "metadata": {"name": "traced", "namespace": NS},
+                "spec": {"agents": ["dev-1"], "inputs": {"task": "Trace me."}},
+            }
+        ),
+    )
+    run = await phase_of(release, "traced", {"Succeeded", "Failed"}, timeout=180)
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+    uid = run["metadata"]["uid"]
+
+    trace = await wait_trace(chart_jaeger, f"{tracing.trace_id(uid):032x}", "chat dev-model")
+    assert lineage(trace, only(trace, "chat dev-model")) == [
+        "ksquad-agent: chat dev-model",
+        "ksquad-agent: task dev-1",
+        "ksquad-agent: POST /",
+        "ksquad-worker: invoke_agent dev-1",
+        "ksquad-worker: RunActivity:invoke_agent",
+        "ksquad-worker: StartActivity:invoke_agent",
+        "ksquad-bridge: StartWorkflow:RunWorkflow",
+        "ksquad-bridge: start Run workflow",
+        "ksquad-bridge: reconcile Run: start",
+    ]
+    writes = [s for s in trace["spans"] if service(trace, s) == "ksquad-api"]
+    assert writes, "the agent's checkpoint writes reached ksquad-api in the attempt's trace"
+    assert all(lineage(trace, s)[1] == "ksquad-agent: task dev-1" for s in writes), [
+        lineage(trace, s) for s in writes
+    ]
+    assert {s["operationName"] for s in writes} >= {"POST /attempts/checkpoints"}, [
+        s["operationName"] for s in writes
+    ]
+    call = tags(only(trace, "invoke_agent dev-1"))
+    assert call["ksquad.run.name"] == "traced" and call["ksquad.run.uid"] == uid
+    assert call["ksquad.run.triggered_by"] == run["metadata"]["annotations"]["ksquad.io/triggered-by"]
+    assert call["ksquad.credential.name"] == "model-key"
