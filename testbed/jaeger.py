@@ -143,19 +143,21 @@ def only(trace: dict[str, Any], operation: str) -> dict[str, Any]:
     return found[0]
 
 
-async def wait_trace(jaeger: Jaeger, trace_id: str, has: str) -> dict[str, Any]:
-    """The trace once a span named `has` is in it (each process exports every 100 ms)."""
+async def wait_trace(jaeger: Jaeger, trace_id: str, *has: str, within: float = 60) -> dict[str, Any]:
+    """The trace once a span of each name in `has` is in it (processes export in batches: every 100 ms where the
+    test bed sets OTEL_BSP_SCHEDULE_DELAY, every 5 s, the SDK's default, on the installed chart)."""
     trace = None
-    for _ in range(150):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
         trace = await jaeger.trace(trace_id)
-        if trace is not None and any(s["operationName"] == has for s in trace["spans"]):
-            await asyncio.sleep(1)  # the rest of the batch
-            trace = await jaeger.trace(trace_id)
-            assert trace is not None
+        names = {s["operationName"] for s in trace["spans"]} if trace else set()
+        if trace is not None and set(has) <= names:
             return trace
         await asyncio.sleep(0.2)
-    names = sorted(s["operationName"] for s in trace["spans"]) if trace else None
-    raise AssertionError(f"no span {has!r} in trace {trace_id} after 30 s: {names}")
+    names = {s["operationName"] for s in trace["spans"]} if trace else set()
+    raise AssertionError(
+        f"no span {sorted(set(has) - names)} in trace {trace_id} after {within} s: {sorted(names)}"
+    )
 
 
 @asynccontextmanager

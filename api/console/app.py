@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+import tracing
 from api.budgets import Budget, Limits, OverBudget
 from api.console import pages
 from api.console.backend import Backend, Refused
@@ -204,6 +206,20 @@ def run_refusals(run: dict[str, Any], may_patch: str | None) -> dict[str, str | 
 UNBOUNDED = Limits(2**31, 2**31, 2**31)  # the embedded console: one developer
 
 
+def trace_page_template() -> str | None:
+    """The trace UI's page of one trace (KSQUAD_TRACE_URL, "{trace_id}" in it; the chart's tracing.traceUrl), or
+    None. Only an http(s) URL becomes a link."""
+    template = os.environ.get(tracing.TRACE_URL_ENV, "").strip()
+    if not template:
+        return None
+    if not template.startswith(("https://", "http://")) or "{trace_id}" not in template:
+        log.warning(
+            "%s=%r is no http(s) URL with {trace_id} in it: no trace links", tracing.TRACE_URL_ENV, template
+        )
+        return None
+    return template
+
+
 def console_routes(
     identify: Identify, csrf_key: bytes, streams: Budget | None = None, requests: Budget | None = None
 ) -> list[Route]:
@@ -212,6 +228,7 @@ def console_routes(
     tabs polling never make another wait)."""
     streams = streams or stream_budget()
     requests = requests or Budget("console", "console requests", UNBOUNDED)
+    trace_page = trace_page_template()
 
     Handler = Callable[[Request, Session], Awaitable[Response]]
 
@@ -364,6 +381,10 @@ def console_routes(
         progress = [e for e in newest if e.kind != "phase"]
         may_patch = await backend.may("patch", "runs", namespace, name)
         workflow = (run.get("status") or {}).get("workflow") or {}
+        attempts = int((run.get("status") or {}).get("attempt") or 0)
+        traces = (
+            [(n, tracing.trace_url(trace_page, uid, n)) for n in range(1, attempts + 1)] if trace_page else []
+        )
         body = pages.run_page(
             run,
             phases,
@@ -372,6 +393,7 @@ def console_routes(
             csrf_token(csrf_key, session.key),
             backend.temporal_url(str(workflow.get("id") or f"{namespace}/{name}")),
             newest[-1].seq if newest else 0,
+            traces,
         )
         return shell(session, f"Run {namespace}/{name}", body, request)
 

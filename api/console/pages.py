@@ -276,6 +276,7 @@ def run_page(
     csrf: str,
     temporal_url: str | None,
     last_seq: int,
+    traces: list[tuple[int, str]] | None = None,
 ) -> Html:
     meta, status, spec = run.get("metadata", {}), _status(run), _spec(run)
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
@@ -316,6 +317,16 @@ def run_page(
                 )
                 if temporal_url
                 else str(workflow.get("id") or ""),
+            ),
+            (
+                "Traces",
+                el(
+                    "span",
+                    {"data-testid": "traces"},
+                    *(el("a", {"href": link, "rel": "noopener"}, f"attempt {n}", " ") for n, link in traces),
+                )
+                if traces
+                else None,
             ),
         ]
     )

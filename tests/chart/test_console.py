@@ -6,6 +6,7 @@ meet it, each with their own Kubernetes identity:
 - dave, who may only read, signs in with his token on the console's own page: he sees the same runs and the item,
   and every action is refused on the page with the reason (the API server's answer for him), and a forged
   request changes nothing.
+Carol's Run page links the Run's trace in the trace UI (the chart's tracing.traceUrl).
 Screenshots of both views land in test-output/console/."""
 
 from collections.abc import AsyncIterator
@@ -14,7 +15,9 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page
 
+import tracing
 from testbed.agents import ModelEndpoint
+from testbed.jaeger import Jaeger, wait_trace
 from tests.chart.conftest import API_URL, NS, Release, phase_of
 from tests.chart.test_api import MODEL, squad, start_run
 from tests.support.browser import CONSOLE_SHOTS as SHOTS
@@ -71,7 +74,7 @@ async def badge(page: Page, phase: str, within_ms: int = 240_000) -> None:
 
 
 async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
-    release: Release, model: ModelEndpoint, browser: Browser
+    release: Release, model: ModelEndpoint, browser: Browser, chart_jaeger: Jaeger
 ) -> None:
     model.script(MODEL, {"text": "done from the console"})
     squad(release, model)
@@ -99,6 +102,13 @@ async def test_two_people_each_see_and_do_what_kubernetes_lets_them(
         "stamped as kubectl's would be"
     )
     assert run["status"]["triggeredBy"] == carol_user
+    # The Run's trace, one click away (the chart's tracing.traceUrl), and in the trace UI's store.
+    trace_id = f"{tracing.trace_id(run['metadata']['uid']):032x}"
+    assert (
+        await tab.get_attribute("[data-testid=traces] a", "href")
+        == f"{chart_jaeger.query_url}/trace/{trace_id}"
+    )
+    assert await wait_trace(chart_jaeger, trace_id, "reconcile Run: start")
     await tab.screenshot(path=str(SHOTS / "cluster-carol-run.png"), full_page=True)
 
     await tab.click(f"text={ITEM}")

@@ -34,7 +34,16 @@ async def test_an_installed_release_traces_a_run_from_the_bridge_into_its_sandbo
     assert run["status"]["phase"] == "Succeeded", run["status"]
     uid = run["metadata"]["uid"]
 
-    trace = await wait_trace(chart_jaeger, f"{tracing.trace_id(uid):032x}", "chat dev-model")
+    trace = await wait_trace(
+        chart_jaeger,
+        f"{tracing.trace_id(uid):032x}",
+        "chat dev-model",
+        "invoke_agent dev-1",
+        "RunActivity:invoke_agent",
+        "StartWorkflow:RunWorkflow",
+        "reconcile Run: start",
+        "POST /attempts/checkpoints",
+    )
     assert lineage(trace, only(trace, "chat dev-model")) == [
         "ksquad-agent: chat dev-model",
         "ksquad-agent: task dev-1",

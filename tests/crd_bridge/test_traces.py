@@ -83,8 +83,15 @@ async def test_a_retried_run_is_one_trace_per_attempt_from_the_bridge_to_the_mod
     triggered_by = run["metadata"]["annotations"]["ksquad.io/triggered-by"]
 
     first_id, retry_id = f"{tracing.trace_id(uid, 1):032x}", f"{tracing.trace_id(uid, 2):032x}"
-    first = await wait_trace(jaeger, first_id, "execute_tool notes")
-    retry = await wait_trace(jaeger, retry_id, "chat dev-model")
+    retry = await wait_trace(jaeger, retry_id, "chat dev-model", "invoke_agent remote")
+    first = await wait_trace(
+        jaeger,
+        first_id,
+        "execute_tool notes",
+        "invoke_agent remote",
+        "RunWorkflow:RunWorkflow",
+        "reconcile Run: start",
+    )
 
     # The first attempt: one tree from the bridge's reconcile to the model and the tool.
     tool = only(first, "execute_tool notes")
