@@ -16,16 +16,18 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 # MODEL=local: the seed's Run against a real model instead (llama.cpp's server with SmolLM2-135M-Instruct, built
-# once from PyPI's llama-cpp-python source and cached like the test binaries).
+# once from PyPI's llama-cpp-python source and cached like the test binaries). TRACES=jaeger: every process exports
+# its spans to a Jaeger (built once from the Go module proxy), and the demo ends with the seed Run's trace as a tree.
+DEMO_TRACES := $(if $(filter jaeger,$(TRACES)),$(BIN)/python -m testbed.jaeger,)
 demo: venv
 ifeq ($(MODEL),local)
-	$(BIN)/python -m testbed.local_model $(BIN)/ksquad dev --demo --real-model
+	$(DEMO_TRACES) $(BIN)/python -m testbed.local_model $(BIN)/ksquad dev --demo --real-model
 else
-	$(BIN)/ksquad dev --demo
+	$(DEMO_TRACES) $(BIN)/ksquad dev --demo
 endif
 
 # The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server,
-# kube-network-policies (the node's NetworkPolicy) and kwok (simulated nodes), built from the Go module proxy once into
+# kube-network-policies (the node's NetworkPolicy), kwok (simulated nodes) and Jaeger (traces), built from the Go module proxy once into
 # ~/.cache/ksquad-testbins/<versions>/; llama.cpp's server and the field's Python programs (MCP servers, mcp-proxy)
 # from PyPI beside them; a no-op when the cache has them.
 testbins: venv
@@ -33,6 +35,7 @@ testbins: venv
 	testbed/build-temporal.sh >/dev/null
 	testbed/build-network-policies.sh >/dev/null
 	testbed/build-kwok.sh >/dev/null
+	testbed/build-jaeger.sh >/dev/null
 	PYTHON=$(BIN)/python testbed/build-llama-server.sh >/dev/null
 	$(BIN)/python -m testbed.pyenvs
 

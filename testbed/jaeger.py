@@ -1,11 +1,19 @@
 """Jaeger (v2, the OpenTelemetry Collector-based `jaeger` of release v1.75.0, built from the Go module proxy by
-testbed/build-jaeger.sh) as the test bed's tracing backend: OTLP over HTTP in, in-memory storage, its query API and
-UI on ports of its own. The trace tests read what ksquad's processes exported back through the query API."""
+testbed/build-jaeger.sh) as the test bed's tracing backend: OTLP over HTTP in, in-memory storage, its query API on
+ports of its own. The trace tests read what ksquad's processes exported back through the query API.
+
+    python -m testbed.jaeger COMMAND...     (make demo TRACES=jaeger)
+
+runs COMMAND with every ksquad process it starts exporting here, then prints the trace of the first Run it started
+as a tree. A Jaeger built from the module proxy serves a placeholder page for its UI (the UI's assets are built
+from npm sources in Jaeger's own release process): its HTTP API (/api/traces/<id>) has everything."""
 
 import asyncio
 import json
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -77,6 +85,7 @@ class Jaeger:
             "OTEL_EXPORTER_OTLP_ENDPOINT": self.otlp_url,
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED": "false",  # as the chart's default (tracing.a2aSdkSpans)
         }
         if service:
             env["OTEL_SERVICE_NAME"] = service
@@ -122,14 +131,12 @@ def service(trace: dict[str, Any], span: dict[str, Any]) -> str:
 
 
 def lineage(trace: dict[str, Any], span: dict[str, Any]) -> list[str]:
-    """`service: operation` of the span and each of its parents up to the trace's root (a2a-sdk's own spans of
-    its request handling, between the agent's HTTP span and its task, left out)."""
+    """`service: operation` of the span and each of its parents up to the trace's root."""
     by_id = {s["spanID"]: s for s in trace["spans"]}
     names = []
     current: dict[str, Any] | None = span
     while current is not None:
-        if not current["operationName"].startswith("a2a."):
-            names.append(f"{service(trace, current)}: {current['operationName']}")
+        names.append(f"{service(trace, current)}: {current['operationName']}")
         parents = [r["spanID"] for r in current.get("references", []) if r["refType"] == "CHILD_OF"]
         current = by_id.get(parents[0]) if parents else None
     return names
@@ -199,3 +206,58 @@ async def running_jaeger(root: Path) -> AsyncIterator[Jaeger]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def tree(trace: dict[str, Any]) -> list[str]:
+    """The trace as lines, each span under its parent, in start order: `service: operation  duration`."""
+    spans = sorted(trace["spans"], key=lambda s: s["startTime"])
+    ids = {s["spanID"] for s in spans}
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for span in spans:
+        parents = [r["spanID"] for r in span.get("references", []) if r["refType"] == "CHILD_OF"]
+        parent = parents[0] if parents and parents[0] in ids else None
+        children.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for span in children.get(parent, []):
+            lines.append(
+                f"{'  ' * depth}{service(trace, span)}: {span['operationName']}  {span['duration'] / 1000:.1f} ms"
+            )
+            walk(span["spanID"], depth + 1)
+
+    walk(None, 0)
+    return lines
+
+
+async def _with_traces(command: list[str]) -> int:
+    async with running_jaeger(Path(tempfile.mkdtemp(prefix="ksquad-jaeger-"))) as jaeger:
+        env = {**os.environ, **jaeger.otel_env()}
+        env.pop("OTEL_SERVICE_NAME", None)
+        print(f"traces: every ksquad process exports to Jaeger at {jaeger.otlp_url}", flush=True)
+        code = await asyncio.to_thread(subprocess.call, command, env=env)
+        await asyncio.sleep(1)  # the last batches
+        runs = await jaeger.search("ksquad-dev", limit=20)
+        starts = [t for t in runs if any(s["operationName"] == "start Run workflow" for s in t["spans"])]
+        if not starts:
+            print("traces: no Run's trace reached Jaeger", flush=True)
+            return code or 1
+        first = min(starts, key=lambda t: min(s["startTime"] for s in t["spans"]))
+        print(f"\nThe first Run's trace ({len(first['spans'])} spans; {len(starts)} Runs traced):")
+        print("\n".join(tree(first)))
+        print(
+            f"\nAll of it: {jaeger.query_url}/api/traces/{first['traceID']} (while this runs: Enter ends it)"
+        )
+        if sys.stdin.isatty():
+            await asyncio.to_thread(sys.stdin.readline)
+        return code
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m testbed.jaeger COMMAND...")
+    sys.exit(asyncio.run(_with_traces(sys.argv[1:])))
+
+
+if __name__ == "__main__":
+    main()

@@ -261,6 +261,7 @@ capabilities:
 {{- if .recordContent }}
 - {name: KSQUAD_TRACE_CONTENT, value: "true"}
 {{- end }}
+- {name: OTEL_INSTRUMENTATION_A2A_SDK_ENABLED, value: {{ .a2aSdkSpans | toString | quote }}}
 {{- end }}
 {{- end }}
 {{- end -}}
@@ -270,7 +271,7 @@ through the worker's sandbox config, the warm pools' in their template. Never th
 {{- define "ksquad.sandboxTracingEnv" -}}
 {{- with .Values.tracing -}}
 {{- if .sandboxes.enabled -}}
-{{- $env := dict "OTEL_EXPORTER_OTLP_ENDPOINT" (.sandboxes.otlpEndpoint | default .otlpEndpoint) "OTEL_EXPORTER_OTLP_PROTOCOL" "http/protobuf" "OTEL_SERVICE_NAME" "ksquad-agent" "OTEL_TRACES_SAMPLER" .sampler -}}
+{{- $env := dict "OTEL_EXPORTER_OTLP_ENDPOINT" (.sandboxes.otlpEndpoint | default .otlpEndpoint) "OTEL_EXPORTER_OTLP_PROTOCOL" "http/protobuf" "OTEL_SERVICE_NAME" "ksquad-agent" "OTEL_TRACES_SAMPLER" .sampler "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED" (.a2aSdkSpans | toString) -}}
 {{- with .samplerArg }}{{ $_ := set $env "OTEL_TRACES_SAMPLER_ARG" . }}{{ end -}}
 {{- if .recordContent }}{{ $_ := set $env "KSQUAD_TRACE_CONTENT" "true" }}{{ end -}}
 {{- toJson $env -}}
