@@ -64,6 +64,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "paused@production": (["--temporal", "production"], ["--runs", "500", "--temporal", "production"]),
     "fairness": ([], ["--burst", "200", "--heavy", "120", "--light", "60", "--weights-rate", "1.5"]),
     "noisy": ([], ["--seconds", "15", "--decoys", "1000"]),
+    "tracing": ([], ["--runs", "15", "--batch", "20", "--rounds", "1"]),
 }
 
 
@@ -427,6 +428,14 @@ ROWS: list[Row] = [
         lambda v: abs(v) <= 0.1,
     ),
     ("noisy", "ksquad-api RSS flooded (MB)", lambda d: dig(d, "api_flooded", "rss_mb"), "", None),
+    (
+        "tracing",
+        "tracing on / off: latency p50, throughput",
+        lambda d: (d.get("latency_p50_ratio_on_off"), d.get("throughput_ratio_on_off")),
+        "<= 1.05, >= 0.95",
+        lambda v: v[0] <= 1.05 and v[1] >= 0.95,
+    ),
+    ("tracing", "spans per traced Run", lambda d: d.get("spans_per_run"), "", None),
 ]
 
 
