@@ -24,6 +24,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+import tracing
 from activities.metrics import SANDBOX_ACQUIRE_FAILURES, SANDBOX_ACQUIRE_SECONDS, since_scheduled
 from activities.sandboxes.kubernetes import KubernetesSandboxes, pod_ready
 from activities.sandboxes.local import LocalModel, LocalSandboxes
@@ -94,6 +95,15 @@ class SandboxActivities:
             SANDBOX_ACQUIRE_FAILURES.labels(err.type or "ApplicationError").inc()
             raise
         SANDBOX_ACQUIRE_SECONDS.labels(sandbox.kind).observe(since_scheduled())
+        run = req.warrant.run_ref
+        tracing.annotate(
+            {
+                "ksquad.sandbox.name": sandbox.name,
+                "ksquad.sandbox.kind": sandbox.kind,
+                "ksquad.sandbox.runtime_class": req.policy.runtime_class,
+                **tracing.run_attributes(run.namespace, run.name, run.uid, run.triggered_by, req.attempt),
+            }
+        )
         return sandbox
 
     @activity.defn(name=Activity.RELEASE_SANDBOX)

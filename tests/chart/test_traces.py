@@ -1,6 +1,6 @@
 """The installed release traces a Run (the chart's `tracing` values, to the test bed's Jaeger): one tree from the
-bridge's pod through the worker's to the agent in the Run's cold sandbox, its model call and its checkpoint writes
-to ksquad-api's listener for sandboxes, each process named by the chart's service names."""
+bridge's pod through the worker's (the sandbox it made, named) to the agent in the Run's cold sandbox, its model call
+and its checkpoint writes to ksquad-api's listener for sandboxes, each process named by the chart's service names."""
 
 import yaml
 
@@ -43,6 +43,7 @@ async def test_an_installed_release_traces_a_run_from_the_bridge_into_its_sandbo
         "StartWorkflow:RunWorkflow",
         "reconcile Run: start",
         "POST /attempts/checkpoints",
+        "RunActivity:acquire_sandbox",
     )
     assert lineage(trace, only(trace, "chat dev-model")) == [
         "ksquad-agent: chat dev-model",
@@ -67,3 +68,6 @@ async def test_an_installed_release_traces_a_run_from_the_bridge_into_its_sandbo
     assert call["ksquad.run.name"] == "traced" and call["ksquad.run.uid"] == uid
     assert call["ksquad.run.triggered_by"] == run["metadata"]["annotations"]["ksquad.io/triggered-by"]
     assert call["ksquad.credential.name"] == "model-key"
+    sandbox = tags(only(trace, "RunActivity:acquire_sandbox"))
+    assert (sandbox["ksquad.sandbox.kind"], sandbox["ksquad.sandbox.runtime_class"]) == ("cold", "gvisor")
+    assert sandbox["ksquad.run.uid"] == uid
