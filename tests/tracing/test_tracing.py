@@ -1,15 +1,21 @@
 """Tracing's switches, ids and what it hands on, without a collector (tests/crd_bridge/test_traces.py and
 tests/chart/test_traces.py read real traces back from Jaeger)."""
 
+import asyncio
+import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 import tracing
 from activities.sandboxes import LocalSandboxes, SandboxSettings
 from api.console.app import trace_page_template
 from testbed.agents import ModelEndpoint, contract
+from testbed.asgi import serving
 
 ENDPOINT = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
 
@@ -103,3 +109,60 @@ def test_a_local_sandbox_gets_where_to_send_its_spans_but_never_the_exporters_he
     assert "OTEL_EXPORTER_OTLP_HEADERS" not in env
     assert "collector-secret" not in repr(env)
     assert "OTEL_SERVICE_NAME" not in env, "the agent names itself ksquad-agent"
+
+
+# A model call's span as the reference agent makes it, exported by the real OTLP exporter of a process of its own.
+MODEL_CALL = """
+import tracing
+from agent.contract import Model
+from agent.model import Turn, Usage
+from agent.spans import model_answered, model_span
+
+tracing.configure_or_exit("ksquad-agent")
+model = Model(name="dev-model", url="http://model.example/v1")
+with model_span(model, "http://model.example/v1/chat/completions", [{"role": "user", "content": "PROMPT-CANARY"}]) as s:
+    turn = Turn(text="ANSWER-CANARY", usage=Usage(12, 3), finish_reason="stop")
+    model_answered(s, turn.assistant_message(), turn.finish_reason, turn.usage)
+tracing.flush()
+"""
+
+
+async def exported_model_span(record_content: bool) -> dict[str, object]:
+    """The attributes of the one span the script above exports, as a collector receives them."""
+    received: list[bytes] = []
+
+    async def collector(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        received.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async with serving(collector, lifespan="off") as url:
+        env = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": url,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        }
+        env[tracing.CONTENT_ENV] = "true" if record_content else "false"
+        process = await asyncio.create_subprocess_exec(sys.executable, "-c", MODEL_CALL, env=env)
+        assert await asyncio.wait_for(process.wait(), 60) == 0
+    request = ExportTraceServiceRequest.FromString(b"".join(received))
+    (span,) = [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
+    assert span.name == "chat dev-model"
+    return {a.key: MessageToDict(a.value) for a in span.attributes}
+
+
+async def test_a_model_calls_span_carries_its_figures_and_its_text_only_when_the_operator_says() -> None:
+    plain = await exported_model_span(record_content=False)
+    assert plain["gen_ai.request.model"] == {"stringValue": "dev-model"}
+    assert plain["gen_ai.usage.input_tokens"] == {"intValue": "12"}
+    assert plain["gen_ai.usage.output_tokens"] == {"intValue": "3"}
+    assert "CANARY" not in repr(plain)
+    recorded = await exported_model_span(record_content=True)
+    assert "PROMPT-CANARY" in repr(recorded["gen_ai.input.messages"])
+    assert "ANSWER-CANARY" in repr(recorded["gen_ai.output.messages"])
