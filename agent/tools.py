@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2
 
+import tracing
 from agent.contract import Contract, Tool
 
 if TYPE_CHECKING:
@@ -121,7 +122,11 @@ class ToolBox:
             streams: Any = sse_client(url, timeout=30, sse_read_timeout=CALL_TIMEOUT_SECONDS)
         elif transport == "streamable-http":
             http = await self._stack.enter_async_context(
-                httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=CALL_TIMEOUT_SECONDS))
+                httpx2.AsyncClient(
+                    timeout=httpx2.Timeout(30, read=CALL_TIMEOUT_SECONDS),
+                    # a tool server that traces joins the attempt's trace (its requests go out under the task)
+                    event_hooks={"request": [tracing.inject_into_request]},
+                )
             )
             streams = streamable_http_client(url, http_client=http)
         else:

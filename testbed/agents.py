@@ -59,6 +59,9 @@ async def serving_model() -> AsyncIterator[ModelEndpoint]:
 class ToolServer:
     url: str
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call any tool received, with its _meta
+    traceparents: list[str] = field(
+        default_factory=list
+    )  # the W3C trace context of each request that had one
 
 
 @asynccontextmanager
@@ -81,9 +84,15 @@ async def serving_tools() -> AsyncIterator[ToolServer]:
         )
         return "ran"
 
-    async with serving(
-        mcp.streamable_http_app(streamable_http_path="/mcp", host=service_address()), lifespan="on"
-    ) as url:
+    app = mcp.streamable_http_app(streamable_http_path="/mcp", host=service_address())
+
+    async def noting_trace_context(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        for key, value in scope.get("headers", []):
+            if key == b"traceparent":
+                record.traceparents.append(value.decode())
+        await app(scope, receive, send)
+
+    async with serving(noting_trace_context, lifespan="on") as url:
         record.url = f"{url}/mcp"
         yield record
 

@@ -132,6 +132,9 @@ async def test_a_retried_run_is_one_trace_per_attempt_from_the_bridge_to_the_mod
     failed = [tags(s) for s in chat if tags(s).get("error.type")]
     assert [f["error.type"] for f in failed] == ["ModelFailed"], [tags(s) for s in chat]
     assert tags(tool)["gen_ai.tool.name"] == "notes"
+    assert any(f"-{first_id}-" in header for header in tool_server.traceparents), (
+        "the MCP server's requests carried the attempt's trace context"
+    )
 
     # The retry: a trace of its own, rooted at its agent call, linked to the workflow and to attempt 1.
     root = [s for s in retry["spans"] if not any(r["refType"] == "CHILD_OF" for r in s.get("references", []))]
