@@ -261,6 +261,19 @@ ROWS: list[Row] = [
             ),
             (
                 name,
+                f"kwok: ksquad / agent-sandbox at {rate}/s: API writes, p99, control-plane CPU",
+                (
+                    lambda key: (
+                        lambda d: _values(
+                            dig(d, key, "ksquad_over_agent_sandbox"), "api_writes", "p99", "control_plane_cpu"
+                        )
+                    )
+                )(f"{rate}_claims_per_second"),
+                "<= 0.5 / 0.5 / -",
+                lambda v: v[0] <= 0.5 and v[1] <= 0.5,
+            ),
+            (
+                name,
                 f"kwok: double binds / conflicts / cold at {rate}/s",
                 (lambda key: lambda d: _values(dig(d, key), "double_binds", "conflicts", "cold_fallbacks"))(
                     f"{rate}_claims_per_second"

@@ -15,7 +15,13 @@ guarded patch has bound one). Reported per rate:
 - double binds: pods returned to two claims (must be 0);
 - cold fallbacks: claims that found their pool empty (a Job instead: made, then released at once);
 - refill: pods that became Ready in the pools per second, and the fewest Ready in a pool at once;
-- CPU per claim of the claimer (the worker's code in this process), the API server, etcd, the controllers, kwok.
+- CPU per claim of the claimer (the worker's code in this process), the API server, etcd, the controllers, kwok;
+- API writes per claim, whoever makes them (the audit log: the claim, the refill, the release, to the pools at rest
+  again), by writer and by resource;
+- the same for kubernetes-sigs/agent-sandbox (v1.0.1, its controller running beside: bench.agent_sandbox_claims) at
+  the same rate on the same nodes, its pools (SandboxWarmPools of SandboxTemplates running the chart's pool pods) in
+  a namespace of their own, and ksquad's figures over its (`ksquad_over_agent_sandbox`: p50, p99, API writes,
+  control-plane CPU, the claimer's CPU). Goal: at most 0.5 for API writes and p99 at every rate both sustain.
 
 Beside it, whole runs through a real pod on the real node: `bench.warm_claims`, at the rates 2 cores hold.
 Peer: kubernetes-sigs/agent-sandbox publishes 45 claims/s over four pools at p50 92 ms, p90 182 ms, p99 376 ms
@@ -35,11 +41,12 @@ import yaml
 
 from activities.sandboxes import KubernetesSandboxes
 from activities.sandboxes.kubernetes import pod_ready
+from bench import agent_sandbox_claims as peer
 from bench.bridge import CRDS, holding_range
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report
 from bench.warm_claims import unready_pods
 from kube import ApiError, Config, Kube, path
-from testbed import chart, warrants
+from testbed import agent_sandbox, chart, warrants
 from testbed.chart import worker_settings
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
@@ -265,8 +272,56 @@ def held(rate: float, doc: dict[str, Any]) -> bool:
     )
 
 
+PEER_NAMESPACE = "claims-as"  # agent-sandbox's pools and claims
+
+
+async def quiet(sandboxes: KubernetesSandboxes, admin: Kube, replicas: int) -> None:
+    """Both claimers' pools full, and no pod of either still going (the last measurement's releases): a measurement
+    starts on a cluster at rest."""
+    await pools_full(sandboxes, admin, replicas)
+    await peer.pools_ready(admin, PEER_NAMESPACE, POOLS, replicas)
+    for _ in range(600):
+        going = [
+            p
+            for ns in (NAMESPACE, PEER_NAMESPACE)
+            for p in (await admin.list(path("v1", "pods", ns)))["items"]
+            if p["metadata"].get("deletionTimestamp")
+        ]
+        if not going:
+            break
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(3)  # the controllers' last status writes
+
+
+# What the control plane spends on a claim, either claimer's: these processes' CPU (bench.stats roles).
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+def side_by_side(ksquad: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
+    """ksquad's pool over agent-sandbox's, figure by figure (below 1: ksquad spends less)."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    def plane_cpu(doc: dict[str, Any]) -> float:
+        return float(sum(doc["cpu_ms_per_claim_by_process"].get(role, 0.0) for role in CONTROL_PLANE))
+
+    claim, peer_claim = ksquad.get("claim") or {}, peer.get("claim") or {}
+    return {
+        "p50": ratio(claim.get("p50_ms"), peer_claim.get("p50_ms")),
+        "p99": ratio(claim.get("p99_ms"), peer_claim.get("p99_ms")),
+        "api_writes": ratio(ksquad["api"]["writes_per_claim"], peer["api"]["writes_per_claim"]),
+        "control_plane_cpu": ratio(plane_cpu(ksquad), plane_cpu(peer)),
+        # the claimer: ksquad's worker code (this process), agent-sandbox's controller
+        "claimer_cpu": ratio(
+            ksquad["cpu_ms_per_claim_by_process"].get("stack"),
+            peer["cpu_ms_per_claim_by_process"].get("agent-sandbox"),
+        ),
+    }
+
+
 async def main(rates: list[tuple[float, float]], replicas: int, nodes: int, hold: float) -> dict[str, Any]:
-    plane = ControlPlane(controller_api_qps=200)
+    plane = ControlPlane(controller_api_qps=200, audit_every_write=True)
     plane.start()
     results: dict[str, Any] = {}
     try:
@@ -278,6 +333,19 @@ async def main(rates: list[tuple[float, float]], replicas: int, nodes: int, hold
         for n in range(nodes):
             simulated.add(f"kwok-{n}", capacity={"pods": "250"})
         docs, worker = chart_pools(plane, NAMESPACE, pool_values(replicas))
+        # agent-sandbox's pools in a namespace of their own, with the ServiceAccount the chart's pods run as
+        plane.kubectl("create", "namespace", PEER_NAMESPACE)
+        plane.wait_for_default_service_account(PEER_NAMESPACE)
+        plane.kubectl("create", "serviceaccount", "-n", PEER_NAMESPACE, "ksquad-sandbox")
+        agent_sandbox.start(plane)
+        plane.kubectl(
+            "apply",
+            "-n",
+            PEER_NAMESPACE,
+            "-f",
+            "-",
+            input=yaml.safe_dump_all(peer.templates_from_chart(docs, POOLS)),
+        )
         async with (
             Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
             CountingKube(Config.from_kubeconfig(worker)) as kube,
@@ -286,10 +354,23 @@ async def main(rates: list[tuple[float, float]], replicas: int, nodes: int, hold
             try:
                 await pools_full(sandboxes, admin, replicas)
                 for rate, seconds in rates:
-                    await pools_full(sandboxes, admin, replicas)
+                    await quiet(sandboxes, admin, replicas)
+                    window = peer.AuditWindow(plane.audit_log, NAMESPACE)
                     doc = await measure(sandboxes, admin, rate, seconds, hold)
+                    await quiet(sandboxes, admin, replicas)  # the writes of every refill and release counted
+                    doc["api"] = window.per_claim(doc["claims"], peer.writer)
                     doc["seconds"] = seconds
                     doc["held_target"] = held(rate, doc)
+                    # agent-sandbox at the same rate, on the same nodes, its pools as full
+                    await quiet(sandboxes, admin, replicas)
+                    window = peer.AuditWindow(plane.audit_log, PEER_NAMESPACE)
+                    theirs = await peer.measure(
+                        admin, PEER_NAMESPACE, POOLS, rate, seconds, hold, f"as{rate:g}".replace(".", "-")
+                    )
+                    await quiet(sandboxes, admin, replicas)
+                    theirs["api"] = window.per_claim(theirs["claims"], peer.writer)
+                    doc["agent_sandbox"] = theirs
+                    doc["ksquad_over_agent_sandbox"] = side_by_side(doc, theirs)
                     results[f"{rate:g}_claims_per_second"] = doc
             finally:
                 await sandboxes.close()

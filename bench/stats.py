@@ -68,7 +68,8 @@ ROLES = (
     ("/etcd ", "etcd"),
     ("kube-controller-manager", "kube-controller-manager"),
     ("kube-scheduler", "kube-scheduler"),
-    ("/kwok --", "kwok"),  # the simulated nodes (testbed/kwok.py)
+    ("/kwok --", "kwok"),
+    ("agent-sandbox-controller", "agent-sandbox"),  # the simulated nodes (testbed/kwok.py)
     ("kubelet", "kubelet"),  # before containerd: its command line names containerd's socket
     ("containerd", "containerd"),
     ("agent.server", "agent"),

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 BUILD_SCRIPT = Path(__file__).with_name("build-agent-sandbox.sh")
 VERSION = "v1.0.1"
 CONTROLLER = "agent-sandbox"
+USER = "agent-sandbox-controller"  # its client certificate's name: the writes the audit log shows as its own
 CRDS = (
     "sandboxes.agents.x-k8s.io",
     "sandboxtemplates.extensions.agents.x-k8s.io",
@@ -50,12 +51,17 @@ def start(plane: "ControlPlane") -> None:
     plane.kubectl("apply", "--server-side", "-f", str(crds))
     for crd in CRDS:
         plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    # A client certificate of its own (in system:masters, as its upstream ClusterRoles would be bound for it), so
+    # that the audit log tells its writes from anyone else's.
+    kubeconfig = plane.certificate_kubeconfig(
+        CONTROLLER, plane.pki.issue(CONTROLLER, USER, ("system:masters",))
+    )
     plane.spawn(
         CONTROLLER,
         [
             str(binary),
             "--kubeconfig",
-            str(plane.admin_kubeconfig),
+            str(kubeconfig),
             "--extensions",
             "--leader-elect=false",  # one replica, out of the cluster: no Lease namespace to find
             f"--metrics-bind-address=127.0.0.1:{free_port('127.0.0.1')}",

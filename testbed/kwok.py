@@ -22,6 +22,7 @@ BUILD_SCRIPT = Path(__file__).with_name("build-kwok.sh")
 LABEL = "type"
 KWOK = "kwok"
 KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+USER = "kwok"  # its client certificate's name
 POD_CIDR = "10.250.0.0/24"  # addresses kwok gives its pods: reachable by nobody, used by no real pod
 
 
@@ -49,12 +50,16 @@ class SimulatedNodes:
         if self.plane.running(KWOK):
             return
         binary, stages = cached_kwok()
+        # A client certificate of its own (the simulated kubelets' writes, told apart in the audit log).
+        kubeconfig = self.plane.certificate_kubeconfig(
+            KWOK, self.plane.pki.issue(KWOK, USER, ("system:masters",))
+        )
         self.plane.spawn(
             KWOK,
             [
                 str(binary),
                 "--kubeconfig",
-                str(self.plane.admin_kubeconfig),
+                str(kubeconfig),
                 "--config",
                 str(stages),
                 "--manage-nodes-with-label-selector",
