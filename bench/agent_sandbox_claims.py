@@ -196,7 +196,10 @@ class AuditWindow:
         by_resource: Counter[str] = Counter()
         leases = conflicts = 0
         with self.log.open("rb") as f:
-            f.seek(self.start)
+            # The size read at the start may fall inside a line the API server was writing: begin after it.
+            f.seek(max(self.start - 1, 0))
+            if self.start and f.read(1) != b"\n":
+                f.readline()
             for line in f:
                 event = json.loads(line)
                 if event.get("stage") != "ResponseComplete":
