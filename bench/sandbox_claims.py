@@ -275,11 +275,16 @@ def held(rate: float, doc: dict[str, Any]) -> bool:
 PEER_NAMESPACE = "claims-as"  # agent-sandbox's pools and claims
 
 
-async def quiet(sandboxes: KubernetesSandboxes, admin: Kube, replicas: int) -> None:
+async def quiet(sandboxes: KubernetesSandboxes, admin: Kube, replicas: int) -> str | None:
     """Both claimers' pools full, and no pod of either still going (the last measurement's releases): a measurement
-    starts on a cluster at rest."""
+    starts on a cluster at rest. agent-sandbox's pools not full again within their bound is a result, said (None:
+    all full), and the measurement goes on from where they are."""
     await pools_full(sandboxes, admin, replicas)
-    await peer.pools_ready(admin, PEER_NAMESPACE, POOLS, replicas)
+    problem = None
+    try:
+        await peer.pools_ready(admin, PEER_NAMESPACE, POOLS, replicas)
+    except RuntimeError as err:
+        problem = str(err)
     for _ in range(600):
         going = [
             p
@@ -291,6 +296,7 @@ async def quiet(sandboxes: KubernetesSandboxes, admin: Kube, replicas: int) -> N
             break
         await asyncio.sleep(0.5)
     await asyncio.sleep(3)  # the controllers' last status writes
+    return problem
 
 
 # What the control plane spends on a claim, either claimer's: these processes' CPU (bench.stats roles).
@@ -362,13 +368,14 @@ async def main(rates: list[tuple[float, float]], replicas: int, nodes: int, hold
                     doc["seconds"] = seconds
                     doc["held_target"] = held(rate, doc)
                     # agent-sandbox at the same rate, on the same nodes, its pools as full
-                    await quiet(sandboxes, admin, replicas)
+                    not_full = await quiet(sandboxes, admin, replicas)
                     window = peer.AuditWindow(plane.audit_log, PEER_NAMESPACE)
                     theirs = await peer.measure(
                         admin, PEER_NAMESPACE, POOLS, rate, seconds, hold, f"as{rate:g}".replace(".", "-")
                     )
-                    await quiet(sandboxes, admin, replicas)
+                    theirs["pools_not_full_after"] = await quiet(sandboxes, admin, replicas)
                     theirs["api"] = window.per_claim(theirs["claims"], peer.writer)
+                    theirs["pools_not_full_before"] = not_full
                     doc["agent_sandbox"] = theirs
                     doc["ksquad_over_agent_sandbox"] = side_by_side(doc, theirs)
                     results[f"{rate:g}_claims_per_second"] = doc
