@@ -104,12 +104,6 @@ class Jaeger:
         data = response.json().get("data") or []
         return data[0] if data else None
 
-    async def services(self) -> list[str]:
-        async with httpx.AsyncClient(timeout=10) as http:
-            response = await http.get(f"{self.query_url}/api/services")
-        response.raise_for_status()
-        return list(response.json().get("data") or [])
-
     async def search(
         self, service: str, tags: dict[str, str] | None = None, limit: int = 100
     ) -> list[dict[str, Any]]:

@@ -342,10 +342,6 @@ async def inject_into_request(request: Any) -> None:
         propagate.inject(request.headers)
 
 
-def in_context_of(headers: Mapping[str, str]) -> otel_context.Context:
-    return propagate.extract(headers)
-
-
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -368,7 +364,9 @@ class TracedHttp:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
         method = scope.get("method", "GET")
         attributes = {"http.request.method": method, "url.path": scope.get("path", "")}
-        with _started(method, in_context_of(headers), kind=SpanKind.SERVER, attributes=attributes) as span:
+        with _started(
+            method, propagate.extract(headers), kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
 
             async def send_status(message: Message) -> None:
                 if message["type"] == "http.response.start":

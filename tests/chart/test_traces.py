@@ -2,12 +2,11 @@
 bridge's pod through the worker's (the sandbox it made, named) to the agent in the Run's cold sandbox, its model call
 and its checkpoint writes to ksquad-api's listener for sandboxes, each process named by the chart's service names."""
 
-import yaml
-
 import tracing
 from testbed.agents import ModelEndpoint
 from testbed.jaeger import Jaeger, lineage, only, service, tags, wait_trace
-from tests.chart.conftest import NS, Release, phase_of
+from tests.chart.conftest import Release, phase_of
+from tests.chart.test_api import start_run
 from tests.chart.test_isolation import ensure_credential
 
 
@@ -17,19 +16,7 @@ async def test_an_installed_release_traces_a_run_from_the_bridge_into_its_sandbo
     ensure_credential(release, model)
     model.script("dev-model", {"text": "Traced from the bridge to the model."})
     release.squad(model)
-    release.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=yaml.safe_dump(
-            {
-                "apiVersion": "ksquad.io/v1alpha1",
-                "kind": "Run",
-                "metadata": {"name": "traced", "namespace": NS},
-                "spec": {"agents": ["dev-1"], "inputs": {"task": "Trace me."}},
-            }
-        ),
-    )
+    start_run(release, "traced", "Trace me.", agents=["dev-1"])
     run = await phase_of(release, "traced", {"Succeeded", "Failed"}, timeout=180)
     assert run["status"]["phase"] == "Succeeded", run["status"]
     uid = run["metadata"]["uid"]
