@@ -77,7 +77,8 @@ MODEL_OVERRIDE = "ksquad.io/model"  # message metadata: the model to use now (a 
 OUTPUTS_ARTIFACT = "ksquad.io/outputs"
 ERROR_KEY = "ksquad.io/error"
 # A status update's metadata {"ksquad.io/usage": {"callId", "model", "inputTokens", "outputTokens", "latencyMs"}}:
-# what one model call cost (docs/operating.md, "Usage"); the orchestrator records each callId of a task once.
+# what one model call cost (docs/operating.md, "Usage"); the orchestrator records each callId of an attempt once.
+# A resumed task sends a list of the earlier attempts' reports, each with its "attempt", recorded if missing.
 USAGE_KEY = "ksquad.io/usage"
 DUPLICATE_OF = "ksquad.io/duplicate-of"
 ASK_USER = "ksquad_request_input"  # the agent's own tool: the model asks the user a question
@@ -105,6 +106,17 @@ ASK_USER_TOOL = {
 
 # The comment an attempt leaves on its work item when it finishes.
 FINISHED = "finished: its answer is the Run's (its status and its artifact `answer`)"
+
+
+def usage_report(call: int, model: Model, usage: Usage, seconds: float) -> dict[str, Any]:
+    """What a model call cost, as the orchestrator records it (once per callId of an attempt)."""
+    return {
+        "callId": str(call),
+        "model": model.name,
+        "inputTokens": usage.input_tokens,
+        "outputTokens": usage.output_tokens,
+        "latencyMs": round(seconds * 1000),
+    }
 
 
 @dataclass
@@ -337,10 +349,11 @@ class KsquadAgentExecutor(AgentExecutor):
         note = f"resuming after step {restored.turns} recorded by an earlier attempt"
         if restored.in_flight:
             note += f"; in flight when it stopped, result unknown: {', '.join(restored.in_flight)}"
+        metadata: dict[str, Any] = {"ksquad.io/resumed-after": restored.turns}
+        if restored.usage:
+            metadata[USAGE_KEY] = restored.usage  # the earlier attempts' calls, each recorded once
         await updater.update_status(
-            TaskState.TASK_STATE_WORKING,
-            self._text(updater, note),
-            metadata={"ksquad.io/resumed-after": restored.turns},
+            TaskState.TASK_STATE_WORKING, self._text(updater, note), metadata=metadata
         )
         return [
             ToolCall(
@@ -470,11 +483,25 @@ class KsquadAgentExecutor(AgentExecutor):
                     return
                 message = turn.assistant_message()
                 conversation.messages.append(message)
-                journal.add(step, "turn", {"message": message})
+                report = (
+                    None
+                    if turn.usage is None
+                    else usage_report(step, model, turn.usage, time.monotonic() - started)
+                )
+                # The turn's record carries its usage: a retry reports it again, in case the orchestrator died
+                # before it recorded the report below (it records each call once).
+                journal.add(step, "turn", {"message": message, **({"usage": report} if report else {})})
                 conversation.model_calls += 1
-                if turn.usage is not None:
+                if turn.usage is not None and report is not None:
                     conversation.tokens_used += turn.usage.input_tokens + turn.usage.output_tokens
-                    await self._report_usage(updater, step, model, turn.usage, time.monotonic() - started)
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        self._text(
+                            updater,
+                            f"{model.name}: {turn.usage.input_tokens} tokens in, {turn.usage.output_tokens} out",
+                        ),
+                        metadata={USAGE_KEY: report},
+                    )
                 budget = contract.token_budget
                 if turn.tool_calls and budget is not None and conversation.tokens_used >= budget:
                     # Another call would pass the Run's budget: stop before making it.
@@ -494,24 +521,6 @@ class KsquadAgentExecutor(AgentExecutor):
                     await self._finish(turn.text, updater, contract, conversation.item_state != "done")
                     return
                 to_run = turn.tool_calls
-
-    async def _report_usage(
-        self, updater: TaskUpdater, call: int, model: Model, usage: Usage, seconds: float
-    ) -> None:
-        """What the call cost, as a progress update the orchestrator records (and counts once per callId)."""
-        await updater.update_status(
-            TaskState.TASK_STATE_WORKING,
-            self._text(updater, f"{model.name}: {usage.input_tokens} tokens in, {usage.output_tokens} out"),
-            metadata={
-                USAGE_KEY: {
-                    "callId": str(call),
-                    "model": model.name,
-                    "inputTokens": usage.input_tokens,
-                    "outputTokens": usage.output_tokens,
-                    "latencyMs": round(seconds * 1000),
-                }
-            },
-        )
 
     async def _await_rotation(self, conversation: Conversation, updater: TaskUpdater) -> None:
         """After AUTH_REQUIRED the orchestrator says the credential was rotated; a mounted Secret reaches the

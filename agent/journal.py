@@ -3,7 +3,7 @@ attempt's fence, and read back by the next attempt's agent, which goes on after 
 the model again.
 
 Steps (their `data`):
-- `turn`: a model turn, `{"message": <the assistant message>}`;
+- `turn`: a model turn, `{"message": <the assistant message>, "usage": <its usage report, when it had one>}`;
 - `tool-started`: a tool call about to run, `{"id", "name"}`: recorded before the call, so a retry knows the call
   may have taken effect;
 - `tool`: its result, `{"message": <the tool message>}`.
@@ -55,6 +55,9 @@ class Restored:
     to_run: list[dict[str, Any]] = field(default_factory=list)
     answer: str | None = None
     in_flight: list[str] = field(default_factory=list)  # names of the calls answered with IN_FLIGHT
+    # The recorded turns' usage reports, each with its "attempt": reported again by the retry, since the
+    # orchestrator may have died before it recorded them (it records each call of an attempt once).
+    usage: list[dict[str, Any]] = field(default_factory=list)
 
 
 def restore(steps: list[dict[str, Any]]) -> Restored:
@@ -84,6 +87,8 @@ def restore(steps: list[dict[str, Any]]) -> Restored:
                 continue
             turns_seen.add(key)
             close_calls()
+            if isinstance(data.get("usage"), dict) and key[0] > 0:
+                restored.usage.append({**data["usage"], "attempt": key[0]})
             message = data["message"]
             restored.messages.append(message)
             restored.turns += 1

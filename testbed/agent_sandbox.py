@@ -8,6 +8,7 @@ owned by it), claims adopt a warm pool's Sandboxes by an ownership patch, and de
 collector of kube-controller-manager (/work/shared/notes/agent-sandbox.md)."""
 
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,21 @@ def cached_agent_sandbox() -> tuple[Path, Path]:
     return folder / "agent-sandbox-controller", folder / "crds.yaml"
 
 
+def wait_established(plane: "ControlPlane", crd: str, timeout: float = 60) -> None:
+    """`kubectl wait --for=condition=Established` fails outright on a CRD whose status has no conditions yet
+    (".status.conditions accessor error: <nil>"), as one just applied can have: poll the condition instead."""
+    deadline = time.monotonic() + timeout
+    status = ""
+    while time.monotonic() < deadline:
+        status = plane.kubectl(
+            "get", f"crd/{crd}", "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+        ).stdout.strip()
+        if status == "True":
+            return
+        time.sleep(0.2)
+    raise AgentSandboxError(f"CRD {crd} not Established after {timeout}s (status {status!r})")
+
+
 def start(plane: "ControlPlane") -> None:
     """The CRDs and the controller, once per cluster (a second call finds it running)."""
     if plane.running(CONTROLLER):
@@ -50,7 +66,7 @@ def start(plane: "ControlPlane") -> None:
     binary, crds = cached_agent_sandbox()
     plane.kubectl("apply", "--server-side", "-f", str(crds))
     for crd in CRDS:
-        plane.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        wait_established(plane, crd)
     # A client certificate of its own (in system:masters, as its upstream ClusterRoles would be bound for it), so
     # that the audit log tells its writes from anyone else's.
     kubeconfig = plane.certificate_kubeconfig(

@@ -50,7 +50,9 @@ class Recorder:
         self.credentials = credentials or {}  # each model of the contract -> the credential it gives it
         self.token_budget_left = token_budget_left  # what the Run may still use (None: no budget)
         self.tokens_this_turn = 0
-        self.calls_this_turn: set[str] = set()  # the call ids reported in this turn, each recorded once
+        self.calls_this_turn: set[tuple[int, str]] = (
+            set()
+        )  # (attempt, call id) reported in this turn, recorded once
         ref = identity.work_item_ref
         self.item_key = (
             None if ref is None else work_item_key(identity.namespace, ref)
@@ -59,7 +61,10 @@ class Recorder:
     async def status(self, state: int, message: Message, metadata: dict[str, Any]) -> None:
         progress = self.progress
         if USAGE_KEY in metadata:  # counted whether or not the progress itself is stored
-            await self.usage(metadata[USAGE_KEY])
+            reports = metadata[USAGE_KEY]
+            # A list: a resumed agent's reports of earlier attempts' calls (agent.journal), recorded if missing.
+            for report in reports[:MAX_MODEL_CALLS] if isinstance(reports, list) else [reports]:
+                await self.usage(report)
         if not progress.may_record(state):
             return
         text = get_message_text(message) if message.parts else ""
@@ -89,7 +94,19 @@ class Recorder:
             log.warning("%s: usage report not understood, dropped: %.200r", self.holder.run, report)
             return
         call_id, model, tokens_in, tokens_out, latency_ms = call
-        if call_id in self.calls_this_turn:
+        # An earlier attempt's call (a resumed agent's report again): that attempt's row, if it has none yet.
+        attempt = report.get("attempt", self.identity.attempt)
+        if not (
+            isinstance(attempt, int | float)
+            and attempt == int(attempt)
+            and 1 <= attempt <= self.identity.attempt
+        ):
+            log.warning(
+                "%s: usage report of no attempt up to this one, dropped: %.200r", self.holder.run, report
+            )
+            return
+        attempt = int(attempt)
+        if (attempt, call_id) in self.calls_this_turn:
             return  # reported again: recorded already (the store would refuse it too; no round trip for it)
         if len(self.calls_this_turn) >= MAX_MODEL_CALLS:
             message = f"more than {MAX_MODEL_CALLS} model calls reported in one turn (the next was {call_id})"
@@ -98,7 +115,7 @@ class Recorder:
                 message,
                 FailureDetails(message=message, task_id=self.progress.task_id),
             )
-        self.calls_this_turn.add(call_id)
+        self.calls_this_turn.add((attempt, call_id))
         identity, holder = self.identity, self.holder
         credential = self.credentials.get(model, "")
         recorded = await self._fenced(
@@ -107,7 +124,7 @@ class Recorder:
                     namespace=identity.namespace,
                     run=holder.run,
                     run_uid=holder.uid,
-                    attempt=identity.attempt,
+                    attempt=attempt,
                     call_id=call_id,
                     model=model,
                     credential=credential,

@@ -379,6 +379,14 @@ def console_routes(
         phases = await backend.store.events(uid, kind="phase") if uid else []
         newest = await backend.store.events(uid, limit=PROGRESS_SHOWN, newest=True) if uid else []
         progress = [e for e in newest if e.kind != "phase"]
+        if uid:
+            # Read again after the log: the bridge writes a phase to the status before it logs it, so a status read
+            # now is at least as new as the stream's starting point. Read only before, a phase logged in between
+            # was past the stream's start yet absent from the page, which then showed the phase before until the
+            # next one (a run followed live missed its Running).
+            again = await backend.run(namespace, name)
+            if str(again.get("metadata", {}).get("uid", "")) == uid:
+                run = again
         may_patch = await backend.may("patch", "runs", namespace, name)
         workflow = (run.get("status") or {}).get("workflow") or {}
         attempts = int((run.get("status") or {}).get("attempt") or 0)

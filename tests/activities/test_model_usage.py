@@ -4,10 +4,11 @@ summed per attempt and run, and per credential, namespace, person or model over 
 from datetime import timedelta
 
 import pytest
+from a2a.types import Message, TaskState
 from prometheus_client import REGISTRY
 
 from activities.agents.progress import Progress
-from activities.agents.recording import OTHER_MODEL, Recorder, usage_call
+from activities.agents.recording import OTHER_MODEL, USAGE_KEY, Recorder, usage_call
 from store import USAGE_GROUPS, Holder, ModelCall, Store
 from tests.activities.conftest import Clock
 from workflows.contract import RunIdentity
@@ -124,3 +125,32 @@ async def test_a_reported_model_the_contract_does_not_name_is_stored_but_counted
     )
     by_model = {u.key: u.calls for u in await store.usage("model", clock())}
     assert by_model == {"made-up-0": 1, "made-up-1": 1, "made-up-2": 1, "gpt": 1}, "the store keeps the names"
+
+
+async def test_a_resumed_agents_reports_of_earlier_attempts_are_recorded_once_and_no_later_one(
+    store: Store, clock: Clock
+) -> None:
+    """The orchestrator can die between an agent's report and its row (the worker killed with the sandbox): the retry's
+    agent sends the recorded turns' reports again, each with its attempt (agent.journal). A call already recorded
+    stays one row; a report naming an attempt after the current one is dropped."""
+    holder = Holder(uid="uid-resumed", run="team-r/resumed", triggered_by="alice")
+
+    def recorder(attempt: int) -> Recorder:
+        identity = RunIdentity(
+            namespace="team-r", name="resumed", uid="uid-resumed", attempt=attempt, fence=attempt
+        )
+        return Recorder(store, holder, identity, Progress(), {"gpt": "team-r/openai"})
+
+    def report(call_id: str, **more: object) -> dict[str, object]:
+        return {"callId": call_id, "model": "gpt", "inputTokens": 10, "outputTokens": 2, **more}
+
+    await recorder(1).usage(report("1"))  # attempt 1 recorded its first call; its second report was lost
+    await store.begin_attempt(holder, 2)
+    again = [report("1", attempt=1), report("2", attempt=1), report("2", attempt=1), report("1", attempt=3)]
+    await recorder(2).status(TaskState.TASK_STATE_WORKING, Message(), {USAGE_KEY: again})
+    await recorder(2).usage(report("1"))  # attempt 2's own first call
+    first, second = [await store.run_usage("uid-resumed", a) for a in (1, 2)]
+    assert (first.calls, first.input_tokens, second.calls) == (2, 20, 1)
+    assert (await store.run_usage("uid-resumed", 3)).calls == 0
+    rows = await store.usage("credential", clock(), namespace="team-r")
+    assert {u.key: u.calls for u in rows} == {"team-r/openai": 3}, "charged to the contract's credential"

@@ -67,3 +67,17 @@ def test_steps_recorded_twice_by_a_retried_write_count_once() -> None:
     twice = [*once[:3], *once[:3], once[3], once[3]]
     assert restore(twice) == restore(once)
     assert (restore(twice).turns, len(restore(twice).messages)) == (2, 3)
+
+
+def test_the_recorded_turns_usage_is_given_back_with_its_attempt_once() -> None:
+    """The retry reports it again: the orchestrator may have died before it recorded the report."""
+    cost = {"callId": "1", "model": "gpt", "inputTokens": 10, "outputTokens": 2, "latencyMs": 5}
+    first = turn(1, "a", step=1)
+    first["data"]["usage"] = cost
+    steps = [
+        first,
+        started(1, "a"),
+        first,
+        turn(2, text="done", step=2),
+    ]  # the first written twice; one cost-less
+    assert restore(steps).usage == [{**cost, "attempt": 1}]
