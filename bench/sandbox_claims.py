@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from activities.sandboxes import KubernetesSandboxes
-from activities.sandboxes.kubernetes import pod_ready
+from activities.sandboxes.manifests import pod_ready
 from bench import agent_sandbox_claims as peer
 from bench.bridge import CRDS, holding_range
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report

@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 from temporalio.api.enums.v1 import EventType
 
-from activities.sandboxes.kubernetes import pod_ready
+from activities.sandboxes.manifests import pod_ready
 from agent.scripted_model import build_app
 from bench.bridge import busy_fraction, create_at_rate, holding_range, machine_ticks, start_plane
 from bench.stats import cpu_by_role, cpu_ms_per_run, percentiles, report

@@ -172,7 +172,7 @@ class SandboxRequest(Warranted):
 
 class Sandbox(KsquadModel):
     name: str
-    kind: Literal["warm", "cold", "local", "external"]
+    kind: Literal["warm", "cold", "claimed", "local", "external"]
     endpoint: str  # the A2A base URL
     seal: str | None = None  # the worker's HMAC over the sandbox, run and attempt (temporal_client.seal)
 

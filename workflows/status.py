@@ -77,9 +77,10 @@ class SandboxStatus(KsquadModel):
     """The sandbox an attempt's agent runs in."""
 
     name: str
-    """The pod (warm), Job (cold), local process or Agent (external)."""
-    kind: Literal["warm", "cold", "local", "external"]
-    """warm: claimed from a pool; cold: a Job; local: the embedded default; external: an Agent's endpoint."""
+    """The pod (warm), Job (cold), SandboxClaim/Sandbox (claimed), local process or Agent (external)."""
+    kind: Literal["warm", "cold", "claimed", "local", "external"]
+    """warm: claimed from a pool; cold: a Job; claimed: through an agent-sandbox SandboxClaim; local: the embedded
+    default; external: an Agent's endpoint."""
 
 
 class WorkItemStatus(KsquadModel):

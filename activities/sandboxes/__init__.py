@@ -26,7 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 import tracing
 from activities.metrics import SANDBOX_ACQUIRE_FAILURES, SANDBOX_ACQUIRE_SECONDS, since_scheduled
-from activities.sandboxes.kubernetes import KubernetesSandboxes, pod_ready
+from activities.sandboxes.kubernetes import KubernetesSandboxes
 from activities.sandboxes.local import LocalModel, LocalSandboxes
 from activities.sandboxes.manifests import (
     ContainerSpec,
@@ -35,6 +35,7 @@ from activities.sandboxes.manifests import (
     job_manifest,
     job_name,
     owner_reference,
+    pod_ready,
 )
 from kube import Unreachable
 from workflows.activity_types import (

@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.agents.callers import CallerKeys, process_keys
 from activities.metrics import SANDBOX_ACQUIRE_FAILURES
+from activities.sandboxes.agent_sandbox import AgentSandboxClaims
 from activities.sandboxes.manifests import (
     ANNOTATION_TOKEN_SHA256,
     FATAL_WAITING,
@@ -31,6 +32,7 @@ from activities.sandboxes.manifests import (
     missing_runtime_class,
     owner_reference,
     placement_fields,
+    pod_ready,
     sandbox_failed,
     small_outputs,
 )
@@ -92,12 +94,6 @@ def unschedulable(pod: Obj) -> str | None:
     return None
 
 
-def pod_ready(pod: Obj) -> bool:
-    conditions = pod.get("status", {}).get("conditions", [])
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return ready and bool(pod.get("status", {}).get("podIP")) and not pod["metadata"].get("deletionTimestamp")
-
-
 class KubernetesSandboxes:
     def __init__(
         self,
@@ -116,7 +112,10 @@ class KubernetesSandboxes:
         # (namespace, pool) -> its template as the chart rendered it, with the API server's defaults (a dry run)
         self._pinned: dict[tuple[str, str], Obj] = {}
         # The pools' warm pods, watched from the first claim on (activities.sandboxes.warm).
-        self.warm_pods = WarmPods(kube, ((p.namespace, p.name) for p in settings.pools))
+        self.warm_pods = WarmPods(
+            kube, ((p.namespace, p.name) for p in settings.pools if p.backend == "replicaset")
+        )
+        self.claims = AgentSandboxClaims(self)  # the pools of backend agent-sandbox
 
     async def close(self) -> None:
         await self.warm_pods.close()
@@ -126,15 +125,19 @@ class KubernetesSandboxes:
     async def acquire(self, req: SandboxRequest) -> Sandbox:
         contract, policy = req.contract, req.policy
         if policy.class_ == "interactive" and not contract.agent.forces_cold and not contract.agent.image:
-            warm = await self.bind_warm(contract, policy)
+            warm = await self.bind_warm(contract, policy, req.timeout_seconds)
             if warm is not None:
                 return warm
         return await self.start_cold(req)
 
-    async def bind_warm(self, contract: ExecutionContract, policy: SandboxPolicy) -> Sandbox | None:
+    async def bind_warm(
+        self, contract: ExecutionContract, policy: SandboxPolicy, within: float = 120.0
+    ) -> Sandbox | None:
         """Take one ready pod of a matching pool, or None. A pool is one of the chart's (the worker's settings):
         its ReplicaSet is read, and only pods it controls, running its template, on the Run's RuntimeClass, with
-        the credentials the run needs in that template, are claimed. One guarded patch per pod tried."""
+        the credentials the run needs in that template, are claimed. One guarded patch per pod tried. A pool of
+        backend agent-sandbox is claimed through a SandboxClaim (activities.sandboxes.agent_sandbox), waiting at
+        most `within` seconds for its sandbox."""
         ns = contract.run.namespace
         pools = [
             p
@@ -147,13 +150,16 @@ class KubernetesSandboxes:
         random.shuffle(pools)
         self.warm_pods.start()
         for pool in pools:
-            replica_set = await self._pool(pool)
             pinned = await self._pinned_template(pool)
-            if (
-                replica_set is None
-                or pinned is None
-                or not self._serves(pool, replica_set, pinned, contract, policy, needed)
-            ):
+            if pinned is None or not self._fits(pinned, contract, policy, needed):
+                continue
+            if pool.backend == "agent-sandbox":
+                claimed = await self.claims.bind(pool, pinned, contract, within)
+                if claimed is not None:
+                    return claimed
+                continue
+            replica_set = await self._pool(pool)
+            if replica_set is None or not self._unchanged(pool, replica_set, pinned):
                 continue
             pods = self.warm_pods.of_pool(ns, pool.name)
             if pods is None:  # not watched yet, or the watch is down: ask the API server
@@ -174,9 +180,7 @@ class KubernetesSandboxes:
                 self.warm_pods.taken(ns, pod["metadata"]["name"])  # bound now, or found taken or gone
                 if bound is not None:
                     log.info("%s: bound warm pod %s", contract.run.name, bound["metadata"]["name"])
-                    return Sandbox(
-                        name=bound["metadata"]["name"], kind="warm", endpoint=self._endpoint(bound)
-                    )
+                    return Sandbox(name=bound["metadata"]["name"], kind="warm", endpoint=self.endpoint(bound))
         return None
 
     async def _pool(self, pool: PoolRef, fresh: bool = False) -> Obj | None:
@@ -238,18 +242,9 @@ class KubernetesSandboxes:
         self._pinned[key] = pinned
         return pinned
 
-    def _serves(
-        self,
-        pool: PoolRef,
-        replica_set: Obj,
-        pinned: Obj,
-        contract: ExecutionContract,
-        policy: SandboxPolicy,
-        needed: set[str],
-    ) -> bool:
+    def _unchanged(self, pool: PoolRef, replica_set: Obj, pinned: Obj) -> bool:
         """Whether the pool's ReplicaSet still makes the template the chart rendered (anyone who changed it is
-        refused: its pods are not claimed), runs on the Run's RuntimeClass, is placed as the Run's sandbox would be
-        (a pool per placement), and mounts every credential it needs."""
+        refused: its pods are not claimed)."""
         live = replica_set["spec"]["template"]
         difference = template_difference(live, pinned)
         if difference is not None:
@@ -261,6 +256,13 @@ class KubernetesSandboxes:
                 difference,
             )
             return False
+        return True
+
+    def _fits(
+        self, pinned: Obj, contract: ExecutionContract, policy: SandboxPolicy, needed: set[str]
+    ) -> bool:
+        """Whether the pool's template runs on the Run's RuntimeClass, is placed as the Run's sandbox would be (a
+        pool per placement), and mounts every credential it needs."""
         template = pinned["spec"]
         placement = contract.agent.placement
         return (
@@ -348,7 +350,7 @@ class KubernetesSandboxes:
             job = await self._made_earlier(ns, name, contract, token_sha256)
         self.heartbeat({"job": name, "uid": job["metadata"]["uid"]})  # a retried try finds its Job by this
         pod = await self.wait_ready(job, req.timeout_seconds, req.policy)
-        return Sandbox(name=name, kind="cold", endpoint=self._endpoint(pod))
+        return Sandbox(name=name, kind="cold", endpoint=self.endpoint(pod))
 
     async def _made_earlier(self, ns: str, name: str, contract: ExecutionContract, token_sha256: str) -> Obj:
         """The Job already under the attempt's name: an earlier try of this activity made it, or it is not ours."""
@@ -434,12 +436,15 @@ class KubernetesSandboxes:
                 f"Job {namespace}/{job} cannot create its pod: {refused[-1].get('message', '')}"
             )
 
-    def _endpoint(self, pod: Obj) -> str:
+    def endpoint(self, pod: Obj) -> str:
         return f"http://{pod['status']['podIP']}:{self.settings.port}/"
 
     # --- release ------------------------------------------------------------------------------------------
 
     async def release(self, rel: SandboxRelease) -> None:
+        if rel.sandbox.kind == "claimed":
+            await self.claims.release(rel)
+            return
         ns, name = rel.run.namespace, rel.sandbox.name
         for wait in (*RBAC_SETTLING_SECONDS, None):
             try:

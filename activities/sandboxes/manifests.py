@@ -70,6 +70,10 @@ class PoolRef(BaseModel):
     # Its pod template as the chart rendered it (ksquad.poolTemplate): the worker claims only pods of this template,
     # never what the live ReplicaSet says (an editor of the namespace could change that). None: no claims from it.
     template: dict[str, Any] | None = None
+    # replicaset: the chart's ReplicaSet ksquad-pool-<name>, claimed by a guarded patch of a pod; agent-sandbox: a
+    # SandboxWarmPool ksquad-pool-<name> of kubernetes-sigs/agent-sandbox, claimed by a SandboxClaim
+    # (activities.sandboxes.agent_sandbox).
+    backend: Literal["replicaset", "agent-sandbox"] = "replicaset"
 
     @property
     def replica_set(self) -> str:
@@ -366,3 +370,9 @@ def small_outputs(outputs: dict[str, str]) -> dict[str, str]:
 
 def config_key(key: str) -> str:
     return re.sub(r"[^-._a-zA-Z0-9]", "_", key)[:253] or "_"
+
+
+def pod_ready(pod: Obj) -> bool:
+    conditions = pod.get("status", {}).get("conditions", [])
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready and bool(pod.get("status", {}).get("podIP")) and not pod["metadata"].get("deletionTimestamp")

@@ -364,3 +364,8 @@ spec:
     {{- end }}
 {{- end }}
 {{- end -}}
+
+{{- /* "true" when a pool's backend is agent-sandbox (its SandboxClaims are then the worker's to make), else "". */ -}}
+{{- define "ksquad.agentSandboxPools" -}}
+{{- range .Values.pools }}{{ if eq (.backend | default "replicaset") "agent-sandbox" }}true{{ end }}{{ end }}
+{{- end }}
