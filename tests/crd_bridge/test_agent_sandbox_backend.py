@@ -191,3 +191,37 @@ async def wait_for_async(check: Any, what: str, within: float = 120) -> None:
             return
         await asyncio.sleep(0.25)
     raise AssertionError(f"no {what} within {within} s")
+
+
+async def test_a_sandbox_not_of_the_charts_template_is_not_used_and_the_run_goes_cold(
+    start_stack: StackFactory, model: ModelEndpoint
+) -> None:
+    """Someone changed the pool's SandboxTemplate (an operator by hand; an editor is refused by the admission policy):
+    agent-sandbox hands out a pod of the new template. The worker compares the pod with the template the chart
+    rendered, deletes the claim and runs the attempt in a cold Job; the changed pod never gets the attempt's task."""
+    model.script("dev-model", {"delay": 3, "text": "answered from a cold Job"})
+    stack = await agent_sandbox_stack(start_stack, model, replicas=1)
+    template = f"ksquad-pool-{POOL}"
+    added = [
+        {
+            "op": "add",
+            "path": "/spec/podTemplate/spec/containers/0/env/-",
+            "value": {"name": "X", "value": "1"},
+        }
+    ]
+    stack.kubectl(
+        "patch", "sandboxtemplate", template, "-n", stack.namespace, "--type=json", "-p", json.dumps(added)
+    )
+    stack.kubectl("delete", "sandboxes", "--all", "-n", stack.namespace, "--wait=true", "--timeout=60s")
+    await pool_full(stack, 1)  # made again, of the changed template
+    stack.apply(interactive("refused"))
+    running = await stack.wait_phase("refused", {"Running", "Succeeded", "Failed"}, within=180)
+    assert running["status"].get("sandbox") == {"kind": "cold", "name": "refused-exec-1"}, running["status"]
+    run = await stack.wait_phase("refused", {"Succeeded", "Failed"}, within=180)
+    assert run["status"]["phase"] == "Succeeded", json.dumps(run["status"])[:2000]
+    await wait_for_async(
+        lambda: gone(stack, "refused-exec-1", "no-such-sandbox"), "the refused claim deleted"
+    )
+    said = (stack.root / "worker.log").read_text()
+    assert "claim" in said and "not used: not the pool's template" in said, "the claim was made, and refused"
+    assert len(model.state.calls) == 1, "one call, from the cold Job"

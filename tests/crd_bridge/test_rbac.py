@@ -19,14 +19,21 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.sandboxes import KubernetesSandboxes, PoolRef, SandboxSettings, job_manifest
+from activities.sandboxes.manifests import SANDBOX_FAILED
 from crd_bridge.activities import BridgeActivities
 from crd_bridge.leader import LeaderElector
 from kube import ApiError, Config, Kube, path
-from testbed import chart
+from testbed import agent_sandbox, chart
 from testbed.controlplane import ControlPlane
 from testbed.images import AGENT_IMAGE
 from testbed.warrants import run_warrant
-from workflows.activity_types import OutputsRequest, ResolveRequest, RunRef, Sandbox, SandboxRelease
+from workflows.activity_types import (
+    OutputsRequest,
+    ResolveRequest,
+    RunRef,
+    Sandbox,
+    SandboxRelease,
+)
 from workflows.contract import ExecutionContract, ModelRef, ResolvedAgent, RunIdentity
 from workflows.envelope import RunEnvelope
 from workflows.spec import Placement, SandboxPolicy, parse_run_spec
@@ -122,8 +129,10 @@ async def create_job(kube: Kube, f: Fixture) -> Any:
     return await kube.create(path("batch/v1", "jobs", f.ns), manifest)
 
 
-async def release(kube: Kube, f: Fixture, kind: Literal["cold", "warm"]) -> Any:
-    sandbox = Sandbox(name="victim", kind=kind, endpoint="http://x/")
+async def release(kube: Kube, f: Fixture, kind: Literal["cold", "warm", "claimed"]) -> Any:
+    # A claimed sandbox's release deletes its claim, then looks for the claim, its Sandbox and its pod (none here).
+    name = "rbac-claim/rbac-sandbox" if kind == "claimed" else "victim"
+    sandbox = Sandbox(name=name, kind=kind, endpoint="http://x/")
     warrant = run_warrant(f.run)
     return await sandboxes(kube).release(SandboxRelease(warrant=warrant, sandbox=sandbox, confirm=True))
 
@@ -135,6 +144,20 @@ async def claim_warm(kube: Kube, f: Fixture) -> Any:
     bound = await sandboxes(kube, [pool]).bind_warm(placed, SandboxPolicy())
     assert bound is not None, "the warm pod was there to claim"
     return bound
+
+
+async def claim_through_agent_sandbox(kube: Kube, f: Fixture) -> Any:
+    """A claim on a pool of backend agent-sandbox (activities.sandboxes.agent_sandbox): the SandboxClaim made, read
+    until its sandbox is ready (never: the pool has no SandboxWarmPool), then deleted."""
+    pool = PoolRef(name="rbac-as", namespace=f.ns, template=pool_template(), backend="agent-sandbox")
+    try:
+        return await sandboxes(kube, [pool]).claims.bind(
+            pool, pool_template(), contract(f, f.unique("as")), 0.5
+        )
+    except ApplicationError as err:
+        if err.type != SANDBOX_FAILED:
+            raise
+        return None  # what the worker says of a claim that gave no ready sandbox in time
 
 
 async def why_no_pod(kube: Kube, f: Fixture) -> Any:
@@ -209,6 +232,12 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
         "create",
     ): claim_warm,  # the pool's template, defaulted (a dry run)
     ("ksquad-worker", "", "pods", "delete"): lambda k, f: release(k, f, "warm"),
+    ("ksquad-worker", "extensions.agents.x-k8s.io", "sandboxclaims", "create"): claim_through_agent_sandbox,
+    ("ksquad-worker", "extensions.agents.x-k8s.io", "sandboxclaims", "get"): claim_through_agent_sandbox,
+    ("ksquad-worker", "extensions.agents.x-k8s.io", "sandboxclaims", "delete"): lambda k, f: release(
+        k, f, "claimed"
+    ),
+    ("ksquad-worker", "agents.x-k8s.io", "sandboxes", "get"): lambda k, f: release(k, f, "claimed"),
     ("ksquad-worker", "", "configmaps", "create"): publish_outputs,
     ("ksquad-worker", "", "configmaps", "update"): publish_outputs,
     ("ksquad-worker", "", "events", "list"): why_no_pod,
@@ -332,8 +361,16 @@ async def rbac(ksquad_cluster: ControlPlane) -> AsyncIterator[Rbac]:
     ns = f"rbac-{uuid.uuid4().hex[:6]}"
     ksquad_cluster.kubectl("create", "namespace", ns)
     ksquad_cluster.wait_for_default_service_account(ns)
-    # With the outputs ConfigMap on (sandbox.outputsConfigMap): its rules are proven too.
-    docs = chart.render({"namespaces": [ns], "sandbox": {"outputsConfigMap": True}})
+    # With the outputs ConfigMap on (sandbox.outputsConfigMap) and a pool of backend agent-sandbox (its CRDs and
+    # controller in the cluster): their rules are proven too.
+    agent_sandbox.start(ksquad_cluster)
+    docs = chart.render(
+        {
+            "namespaces": [ns],
+            "sandbox": {"outputsConfigMap": True},
+            "pools": [{"name": "rbac-as", "namespace": ns, "backend": "agent-sandbox"}],
+        }
+    )
     chart.apply(
         ksquad_cluster,
         docs,
