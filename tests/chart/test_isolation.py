@@ -2,11 +2,13 @@
 installed release: the sandbox runs under gVisor, and its NetworkPolicy lets it reach its model endpoint (an
 egress entry of the chart's values, off the node), the cluster DNS in kube-system and ksquad-api's listener for
 sandboxes (its work item), nothing else: not the API server, not ksquad-api's port for people, not the metadata
-address, not a pod of another namespace, not a pod labelled as DNS outside kube-system.
+address, not a pod of another namespace, not a pod labelled as DNS outside kube-system. Each holds for both sandbox
+backends: a cold Job of the worker's, and a warm sandbox claimed through agent-sandbox (a pool of backend
+agent-sandbox set with `helm upgrade`, kubernetes-sigs/agent-sandbox's controller making its pods).
 
 Each target the sandbox is denied is first reached from a pod under no policy (the control), so a denial is the
 policy's (the connection times out, and kube-network-policies counts drops), not an empty address. One Run, the
-seed's spec under another name, serves every test of the module: its model "thinks" while the sandbox is probed.
+seed's spec under another name, serves every test of a backend: its model "thinks" while the sandbox is probed.
 """
 
 import asyncio
@@ -24,6 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from testbed import agent_sandbox
 from testbed.agents import MODEL_KEY, ModelEndpoint, serving_model
 from testbed.images import AGENT_IMAGE
 from testbed.isolate import NODE_ADDRESS
@@ -189,31 +192,76 @@ def probe(release: Release, namespace: str, name: str, targets: dict[str, tuple[
 class Sandbox:
     name: str
     ip: str
+    backend: str  # job or agent-sandbox
+    calls_before: int  # the model's calls before its Run was applied
 
 
-@pytest.fixture(scope="module")
-async def sandbox(bed: Bed) -> Sandbox:
-    """The seed's Run under another name, in its gvisor sandbox (a cold Job, made by the worker), while its model
-    thinks."""
-    release = bed.release
+@pytest.fixture(scope="module", params=["job", "agent-sandbox"])
+async def sandbox(bed: Bed, request: pytest.FixtureRequest) -> AsyncIterator[Sandbox]:
+    """The seed's Run under another name, in its gvisor sandbox (a cold Job made by the worker, or a warm sandbox
+    of a pool of backend agent-sandbox), while its model thinks."""
+    release, backend = bed.release, request.param
     ensure_credential(release, bed.model)
+    if backend == "agent-sandbox":
+        await agent_sandbox_pool(release)
     bed.model.script("dev-model", {"delay": THINKING, "text": "Stabilized, in isolation."})
     release.squad(bed.model)  # its ModelEndpoint at the model's off-node address
     run = yaml.safe_load(SEED.read_text())
-    run["metadata"]["name"] = RUN
+    run["metadata"]["name"] = run_name(backend)
+    calls_before = len(bed.model.state.calls)
     release.kubectl("apply", "-f", "-", input=yaml.safe_dump(run))
 
     def running() -> Sandbox | None:
-        status = release.run(RUN).get("status", {})
+        status = release.run(run_name(backend)).get("status", {})
         if status.get("phase") in ("Failed", "Succeeded", "Cancelled"):
             raise AssertionError(f"the Run ended before its sandbox was probed: {json.dumps(status)[:2000]}")
-        pods = release.get("pods", "-n", NS, "-l", f"job-name={RUN}-exec-1")["items"]
+        if backend == "agent-sandbox":
+            named = status.get("sandbox") or {}
+            if not named:
+                return None
+            assert named["kind"] == "claimed", status  # the pool's, not a cold Job
+            pods = [release.get("pod", named["name"].partition("/")[2], "-n", NS)]
+        else:
+            pods = release.get("pods", "-n", NS, "-l", f"job-name={run_name(backend)}-exec-1")["items"]
         statuses = pods[0]["status"].get("containerStatuses") if pods else None
         if statuses and "running" in statuses[0]["state"] and pods[0]["status"].get("podIP"):
-            return Sandbox(pods[0]["metadata"]["name"], pods[0]["status"]["podIP"])
+            return Sandbox(pods[0]["metadata"]["name"], pods[0]["status"]["podIP"], backend, calls_before)
         return None
 
-    return await wait_for("the Run's sandbox pod to run", running, timeout=180)
+    yield await wait_for("the Run's sandbox pod to run", running, timeout=180)
+    if backend == "agent-sandbox":  # the release as the other tests know it: no pool
+        await release.upgrade(["--set-json", "pools=[]"])
+
+
+def run_name(backend: str) -> str:
+    return RUN if backend == "job" else f"{RUN}-as"
+
+
+async def agent_sandbox_pool(release: Release) -> None:
+    """agent-sandbox in the cluster, and the release's one pool of backend agent-sandbox in the Runs' namespace,
+    mounting the seed's credential (as an operator sets it), full."""
+    agent_sandbox.start(release.cluster)
+    pool = {
+        "name": "as",
+        "namespace": NS,
+        "replicas": 1,
+        "backend": "agent-sandbox",
+        "credentials": ["model-key"],
+    }
+    await release.upgrade(
+        [
+            "--set-json",
+            f"pools=[{json.dumps(pool)}]",
+            "--set",
+            f"agentSandbox.controllerUser={agent_sandbox.USER}",
+        ]
+    )
+
+    def full() -> bool | None:
+        warm = release.get("sandboxwarmpool", "ksquad-pool-as", "-n", NS)
+        return True if (warm.get("status") or {}).get("readyReplicas") == 1 else None
+
+    await wait_for("the agent-sandbox pool to be full", full, timeout=180)
 
 
 def ensure_credential(release: Release, model: ModelEndpoint) -> None:
@@ -264,16 +312,17 @@ async def test_the_sandbox_reaches_its_model_the_cluster_dns_and_its_item_listen
     release = bed.release
     allowed = {"model endpoint", "cluster DNS", "ksquad-api for sandboxes (items, HTTPS)"}
     # From a pod under no policy every target answers: each is there, on a path a pod can take.
+    reached = bed.metadata.connections  # the module's probes so far (one a backend)
     control = await asyncio.to_thread(probe, release, *bed.control, bed.targets)
     assert control == {name: "connected" for name in bed.targets}, control
-    assert bed.metadata.connections == 1
+    assert bed.metadata.connections == reached + 1
     policies = release.cluster.node.network_policies
     dropped = policies.verdicts().get("drop", 0)
     started = time.monotonic()
     results = await asyncio.to_thread(probe, release, NS, sandbox.name, bed.targets)
     print(f"[isolation] sandbox probes {time.monotonic() - started:.1f}s: {json.dumps(results)}")
     assert results == {name: "connected" if name in allowed else "timed out" for name in bed.targets}, results
-    assert bed.metadata.connections == 1, "nothing reached the metadata stand-in from the sandbox"
+    assert bed.metadata.connections == reached + 1, "nothing reached the metadata stand-in from the sandbox"
     denied = len(bed.targets) - len(allowed)
     assert policies.verdicts().get("drop", 0) - dropped >= denied, "kube-network-policies dropped each one"
 
@@ -281,11 +330,13 @@ async def test_the_sandbox_reaches_its_model_the_cluster_dns_and_its_item_listen
 async def test_the_seed_run_succeeds_in_its_gvisor_sandbox_through_its_egress_entry(
     bed: Bed, sandbox: Sandbox
 ) -> None:
-    run = await phase_of(bed.release, RUN, {"Succeeded", "Failed"}, timeout=THINKING + 120)
+    run = await phase_of(
+        bed.release, run_name(sandbox.backend), {"Succeeded", "Failed"}, timeout=THINKING + 120
+    )
     status = run["status"]
     assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
     assert status["outputs"] == {"answer": "Stabilized, in isolation."}
-    assert status["attempt"] == 1, "in the sandbox probed above (the Job's first pod)"
+    assert status["attempt"] == 1, "in the sandbox probed above (the attempt's first pod)"
     task = yaml.safe_load(SEED.read_text())["spec"]["inputs"]["task"]
-    calls = [c.task for c in bed.model.state.calls].count(task)
+    calls = [c.task for c in bed.model.state.calls[sandbox.calls_before :]].count(task)
     assert calls == status["attempt"], "the sandbox called the model at its off-node address, once"
