@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,39 +188,55 @@ class AuditWindow:
     def __init__(self, audit_log: Path, namespace: str) -> None:
         self.log = audit_log
         self.namespace = namespace
-        self.start = audit_log.stat().st_size if audit_log.exists() else 0
+        found = audit_log.stat() if audit_log.exists() else None
+        self.start = found.st_size if found else 0
+        self.inode = found.st_ino if found else None
+
+    def files(self) -> list[tuple[Path, int]]:
+        """The log's files since the start, each with where to begin. The API server rotates its log at 100 MB
+        (`audit-<time>.log` beside it, the same inode): a window that spans a rotation reads on from where it began
+        in the rotated file, then every newer one, then the live one."""
+        rotated = sorted(self.log.parent.glob(f"{self.log.stem}-*{self.log.suffix}"))
+        chain = [*rotated, self.log]
+        inodes = [p.stat().st_ino for p in chain]
+        if self.inode not in inodes:
+            return [(self.log, 0)]  # made after the start: all of it is the window's
+        first = inodes.index(self.inode)
+        return [(p, self.start if i == first else 0) for i, p in enumerate(chain) if i >= first]
+
+    def events(self) -> Iterator[dict[str, Any]]:
+        for file, start in self.files():
+            with file.open("rb") as f:
+                # The size read at the start may fall inside a line the API server was writing: begin after it.
+                f.seek(max(start - 1, 0))
+                if start and f.read(1) != b"\n":
+                    f.readline()
+                for line in f:
+                    yield json.loads(line)
 
     def per_claim(self, claims: int, user_class: Callable[[str], str]) -> dict[str, Any]:
         writes: Counter[str] = Counter()
         by_user: Counter[str] = Counter()
         by_resource: Counter[str] = Counter()
         leases = conflicts = 0
-        with self.log.open("rb") as f:
-            # The size read at the start may fall inside a line the API server was writing: begin after it.
-            f.seek(max(self.start - 1, 0))
-            if self.start and f.read(1) != b"\n":
-                f.readline()
-            for line in f:
-                event = json.loads(line)
-                if event.get("stage") != "ResponseComplete":
-                    continue
-                if event.get("verb") not in ("create", "update", "patch", "delete", "deletecollection"):
-                    continue
-                ref = event.get("objectRef") or {}
-                if ref.get("namespace") != self.namespace or ref.get("resource") == "runs":
-                    continue  # the other claimer's, or the Runs the bench makes before the clock (no claim's)
-                resource = ref.get("resource", "") + (
-                    f"/{ref['subresource']}" if ref.get("subresource") else ""
-                )
-                if ref.get("resource") == "leases":
-                    leases += 1
-                    continue
-                if (event.get("responseStatus") or {}).get("code") == 409:
-                    conflicts += 1
-                who = user_class((event.get("user") or {}).get("username", ""))
-                writes[f"{event['verb']} {resource}"] += 1
-                by_user[who] += 1
-                by_resource[resource] += 1
+        for event in self.events():
+            if event.get("stage") != "ResponseComplete":
+                continue
+            if event.get("verb") not in ("create", "update", "patch", "delete", "deletecollection"):
+                continue
+            ref = event.get("objectRef") or {}
+            if ref.get("namespace") != self.namespace or ref.get("resource") == "runs":
+                continue  # the other claimer's, or the Runs the bench makes before the clock (no claim's)
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+            if ref.get("resource") == "leases":
+                leases += 1
+                continue
+            if (event.get("responseStatus") or {}).get("code") == 409:
+                conflicts += 1
+            who = user_class((event.get("user") or {}).get("username", ""))
+            writes[f"{event['verb']} {resource}"] += 1
+            by_user[who] += 1
+            by_resource[resource] += 1
         total = sum(by_user.values())
         return {
             "writes_per_claim": round(total / claims, 2),
