@@ -85,15 +85,29 @@ ROWS: list[Row] = [
         for row in (
             (
                 f"overhead{server}",
+                "run latency ksquad / the fair limit (p50)",
+                lambda d: dig(d, "against_the_fair_limit", "latency_ratio_p50"),
+                "<= 1.15",
+                lambda v: v <= 1.15,
+            ),
+            (
+                f"overhead{server}",
+                "throughput ksquad / the fair limit",
+                lambda d: dig(d, "against_the_fair_limit", "throughput_share"),
+                ">= 0.85",
+                lambda v: v >= 0.85,
+            ),
+            (
+                f"overhead{server}",
                 "run latency ksquad / bare (p50)",
-                lambda d: dig(d, "latency_one_at_a_time", "ratio_p50"),
+                lambda d: dig(d, "against_bare", "latency_ratio_p50"),
                 "<= 1.25",
                 lambda v: v <= 1.25,
             ),
             (
                 f"overhead{server}",
                 "throughput ksquad / bare",
-                lambda d: dig(d, "throughput_batches", "ksquad_share_of_bare"),
+                lambda d: dig(d, "against_bare", "throughput_share"),
                 ">= 0.8",
                 lambda v: v >= 0.8,
             ),
@@ -106,8 +120,23 @@ ROWS: list[Row] = [
             ),
             (
                 f"overhead{server}",
-                "a run's history: events / workflow tasks",
-                lambda d: _values(d.get("what_a_run_does"), "history_events", "workflow_tasks"),
+                "a run's history: events / workflow tasks / actions / bytes",
+                lambda d: _values(
+                    d.get("what_a_run_does"), "history_events", "workflow_tasks", "actions", "history_bytes"
+                ),
+                "",
+                None,
+            ),
+            (
+                f"overhead{server}",
+                "the fair limit's history: events / workflow tasks / actions / bytes",
+                lambda d: _values(
+                    d.get("what_the_fair_limit_does"),
+                    "history_events",
+                    "workflow_tasks",
+                    "actions",
+                    "history_bytes",
+                ),
                 "",
                 None,
             ),
@@ -460,11 +489,11 @@ def _held_rate(doc: dict[str, Any], unit: str = "runs_per_second") -> str:
     return f"{rate:g}_{unit}"
 
 
-def _values(doc: Any, *keys: str) -> tuple[float, ...] | None:
-    return tuple(doc[k] for k in keys) if isinstance(doc, dict) else None
+def _values(doc: Any, *keys: str) -> tuple[float | None, ...] | None:
+    return tuple(doc.get(k) for k in keys) if isinstance(doc, dict) else None
 
 
-def _percentiles(stats: Any) -> tuple[float, ...] | None:
+def _percentiles(stats: Any) -> tuple[float | None, ...] | None:
     return _values(stats, "p50_ms", "p99_ms")
 
 

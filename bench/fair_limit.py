@@ -1,0 +1,133 @@
+"""The fair limit of bench.overhead: the least any workflow-per-Run design must do to run a Run's agent turn. One
+Temporal workflow per task, on the same server as ksquad's, whose one activity sends the same A2A message to the
+same agent (the same contract, so the same model and the same answer) and returns the answer's text.
+
+Nothing else of ksquad is in it: no CRD, no status mirrored, no claim or lease, no usage recorded, no sandbox, no
+warrant or envelope, no checkpoints (the contract carries no `attemptApi`), no codec (the default data converter),
+no search attributes, one workflow task before and one after the activity. What it shares with a ksquad Run is
+what any caller of that agent must do: authenticate (the same endpoint token), read the agent card once per
+worker, send the message and follow the task's stream to its end.
+
+`contract_of_a_run` reads the contract a ksquad Run's invoke_agent was given from its history, so the fair limit
+sends what ksquad sent (tests/bench/test_fair_limit.py proves the agent and its model see the same call)."""
+
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from a2a.client import A2ACardResolver, Client, ClientConfig, ClientFactory
+from a2a.helpers import get_message_text, new_data_part
+from a2a.types import Message, Part, Role, SendMessageRequest, Task, TaskState
+from pydantic import BaseModel
+from temporalio import activity, workflow
+from temporalio.client import Client as TemporalClient
+from temporalio.exceptions import ApplicationError
+
+from activities.agents.callers import BearerToken, CallerKeys
+from activities.agents.invocation import CONTRACT_PART, MODEL_OVERRIDE, task_text
+from workflows.activity_types import Activity, AgentInvocation
+from workflows.contract import ExecutionContract
+
+FAIR_TASK_QUEUE = "bench-fair-limit"
+
+
+class FairTask(BaseModel):
+    endpoint: str
+    contract: ExecutionContract
+
+
+@workflow.defn
+class FairLimitWorkflow:
+    @workflow.run
+    async def run(self, task: FairTask) -> str:
+        return await workflow.execute_activity_method(
+            FairLimitCaller.send_task, task, start_to_close_timeout=timedelta(seconds=60)
+        )
+
+
+class FairLimitCaller:
+    """The activity's side: one HTTP client and one agent card per endpoint, for every task of the worker."""
+
+    def __init__(self, keys: CallerKeys) -> None:
+        self.keys = keys
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0))
+        self.factory = ClientFactory(ClientConfig(streaming=True, httpx_client=self.http))
+        self.cards: dict[str, Any] = {}
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def client(self, task: FairTask) -> Client:
+        token = BearerToken(lambda: self.keys.token(task.contract))
+        card = self.cards.get(task.endpoint)
+        if card is None:
+            bearer = self.keys.token(task.contract)
+            card = await A2ACardResolver(self.http, task.endpoint).get_agent_card(
+                http_kwargs={"headers": {"Authorization": f"Bearer {bearer}"}} if bearer else None
+            )
+            self.cards[task.endpoint] = card
+        return self.factory.create(card, [token])
+
+    @activity.defn
+    async def send_task(self, task: FairTask) -> str:
+        contract = task.contract
+        info = activity.info()
+        message = Message(
+            role=Role.ROLE_USER,
+            message_id=f"{info.workflow_id}/{info.attempt}",
+            context_id=info.workflow_id,
+            parts=[Part(text=task_text(contract)), new_data_part({CONTRACT_PART: contract.for_sandbox()})],
+        )
+        message.metadata.update({MODEL_OVERRIDE: contract.model.model_dump(mode="json", exclude_none=True)})
+        client = await self.client(task)
+        final: Task | None = None
+        answer = ""
+        try:
+            async for event in client.send_message(SendMessageRequest(message=message)):
+                kind = event.WhichOneof("payload")
+                if kind == "task":
+                    final = event.task
+                elif kind == "artifact_update":
+                    texts = [p.text for p in event.artifact_update.artifact.parts if p.text]
+                    answer = "\n".join(texts) or answer
+                elif kind == "status_update":
+                    update = event.status_update
+                    final = Task(id=update.task_id, context_id=update.context_id, status=update.status)
+        finally:
+            await client.close()
+        if final is None or final.status.state != TaskState.TASK_STATE_COMPLETED:
+            state = TaskState.Name(final.status.state) if final is not None else "no task"
+            raise ApplicationError(f"the agent's task ended {state}", non_retryable=True)
+        text = get_message_text(final.status.message) if final.status.message.parts else ""
+        return (answer or text)[:500]
+
+
+async def contract_of_a_run(client: TemporalClient, workflow_id: str) -> tuple[FairTask, str]:
+    """What a ksquad Run's first agent call was given (its contract and agent endpoint) and the answer it got
+    (the invoke_agent result's summary), from the Run's history; `client` must decode the Run's payloads."""
+    converter = client.data_converter
+    task: FairTask | None = None
+    answer: str | None = None
+    scheduled: dict[int, str] = {}
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attributes = event.activity_task_scheduled_event_attributes
+            scheduled[event.event_id] = attributes.activity_type.name
+            if attributes.activity_type.name == Activity.INVOKE_AGENT and task is None:
+                (request,) = await converter.decode(attributes.input.payloads)
+                invocation = AgentInvocation.model_validate(request)
+                task = FairTask(endpoint=invocation.endpoint, contract=invocation.contract)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            completed = event.activity_task_completed_event_attributes
+            if scheduled.get(completed.scheduled_event_id) == Activity.INVOKE_AGENT and answer is None:
+                (result,) = await converter.decode(completed.result.payloads)
+                answer = str(result["summary"])
+    if task is None or answer is None:
+        raise RuntimeError(f"{workflow_id}: no completed invoke_agent in its history")
+    return task, answer
+
+
+def fair_task_for(template: FairTask, name: str) -> FairTask:
+    """The template's task as the attempt of another run (its own uid, so its own token and task)."""
+    run = template.contract.run.model_copy(update={"name": name, "uid": f"fair-{name}"})
+    return template.model_copy(update={"contract": template.contract.model_copy(update={"run": run})})
