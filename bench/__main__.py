@@ -23,6 +23,8 @@ from typing import Any
 
 from bench.stats import commit_of
 
+STORIES = ("one_attempt", "retried_once", "paused_and_resumed")  # bench.actions' Runs
+
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "bench" / "results"
 # What may differ between the commits of one run's benchmarks (--resume): not the product.
@@ -52,6 +54,8 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
         ["--populations", "100,1000", "--probe", "20", "--temporal", "production"],
     ),
     "overhead": ([], ["--runs", "20", "--batch", "10", "--rounds", "2"]),
+    "actions": ([], []),
+    "actions@production": (["--temporal", "production"], ["--temporal", "production"]),
     "throughput": ([], ["--runs", "60"]),
     # the same two on Temporal's production server (PostgreSQL persistence and visibility), side by side
     "overhead@production": (
@@ -136,6 +140,29 @@ ROWS: list[Row] = [
                     "workflow_tasks",
                     "actions",
                     "history_bytes",
+                ),
+                "",
+                None,
+            ),
+            (
+                f"actions{server}",
+                "events: one attempt / retried once / paused and resumed",
+                lambda d: tuple(dig(d, "runs", story, "history_events") for story in STORIES),
+                "",
+                None,
+            ),
+            (
+                f"actions{server}",
+                "Temporal Cloud actions: the same three",
+                lambda d: tuple(dig(d, "runs", story, "actions") for story in STORIES),
+                "",
+                None,
+            ),
+            (
+                f"actions{server}",
+                "a one-attempt Run / the fair limit: events, actions, bytes",
+                lambda d: _values(
+                    d.get("one_attempt_over_the_fair_limit"), "history_events", "actions", "history_bytes"
                 ),
                 "",
                 None,
