@@ -55,6 +55,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "overhead": ([], ["--runs", "20", "--batch", "10", "--rounds", "2"]),
     "actions": ([], []),
+    "run_profile": ([], ["--runs", "10", "--batch", "10"]),
     "actions@production": (["--temporal", "production"], ["--temporal", "production"]),
     "throughput": ([], ["--runs", "60"]),
     # the same two on Temporal's production server (PostgreSQL persistence and visibility), side by side
@@ -467,6 +468,13 @@ ROWS: list[Row] = [
         lambda d: _percentiles(d.get("running_to_cancelled_ms")),
         "p50 <= 1000",
         lambda v: v[0] <= 1000,
+    ),
+    (
+        "run_profile",
+        "CPU ms per Run: the stack (profiled) / the agent / Temporal",
+        lambda d: _values(d.get("cpu_ms_per_run"), "stack", "agent", "temporal"),
+        "",
+        None,
     ),
     (
         "cancel",
