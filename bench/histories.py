@@ -6,7 +6,8 @@ them (https://docs.temporal.io/cloud/actions), counted from the history:
   leave no event of their own);
 - local activities: 1 for each workflow task that ran any (their markers between two completed workflow tasks);
 - each timer started, signal received, search attribute upsert, signal sent to another workflow, child workflow
-  started, update accepted: 1.
+  started, update accepted: 1; except the upsert of `TemporalChangeVersion` alone that the SDK makes with each
+  `workflow.patched` marker, which is exempt.
 
 Heartbeats are billed too but leave no event; queries are not in a history. Both are outside these counts (an
 agent call heartbeats about once a second while it runs)."""
@@ -17,6 +18,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle
 
 LOCAL_ACTIVITY_MARKER = "core_local_activity"  # the marker a local activity leaves in the history
+CHANGE_VERSION = "TemporalChangeVersion"  # the search attribute of workflow.patched's markers (no action)
 ONE_ACTION = {
     "EVENT_TYPE_WORKFLOW_EXECUTION_STARTED",
     "EVENT_TYPE_TIMER_STARTED",
@@ -45,6 +47,10 @@ async def shape_of(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
             local_in_this_task = False
         elif name == "EVENT_TYPE_ACTIVITY_TASK_STARTED":
             actions += max(1, event.activity_task_started_event_attributes.attempt)
+        elif name == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES":
+            fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            if set(fields) == {CHANGE_VERSION}:
+                name = f"{name} ({CHANGE_VERSION})"
         actions += name in ONE_ACTION
         counts[name] = counts.get(name, 0) + 1
     return {

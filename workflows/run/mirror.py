@@ -54,7 +54,9 @@ class StatusMirror:
         message: str,
         pause_reason: PauseReason | None = None,
         resume_at: datetime | None = None,
+        send: bool = True,
     ) -> None:
+        """Change the phase; the status is sent to the bridge now, or (`send=False`) with the next change."""
         now = workflow.now()
         left, since = self.status.phase, self._phase_since
         self.status = transition(
@@ -74,7 +76,7 @@ class StatusMirror:
         self._unsent_events.append(
             PhaseEvent(revision=self.status.revision, phase=phase, reason=reason, message=message, at=now)
         )
-        self._publish()
+        self._publish(send)
 
     def condition(self, kind: ConditionType, ok: bool, reason: str, message: str) -> None:
         """Set a condition; it is sent with the next phase change."""
@@ -93,11 +95,11 @@ class StatusMirror:
                 "status revision %d not mirrored yet; the bridge reconciles it", self.status.revision
             )
 
-    def _publish(self) -> None:
+    def _publish(self, send: bool = True) -> None:
         if self.status.revision <= self._mirrored_revision:
             return
         self._upsert_search_attributes()
-        if self._task is None or self._task.done():
+        if send and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._send())
 
     async def _send(self) -> None:

@@ -84,6 +84,11 @@ LOCAL_PUBLISH_PATCH = "publish-outputs-local"
 # Every ending is recorded on the Run's work item and its agent's checkpoints forgotten (workflow.patched: runs
 # that ended without it replay as they ran).
 RUN_ENDING_PATCH = "run-ending-recorded"
+# A new Run's first status (Pending, resolving references) goes to the bridge with the next one: the bridge showed
+# Pending when it started the workflow (its acknowledgement), and every wait before the next phase (a reference
+# missing, a queue) is a change of its own that sends it. One status write, one activity and one workflow task
+# less a Run (workflow.patched: runs that sent it alone replay as they ran).
+FIRST_STATUS_WITH_NEXT_PATCH = "first-status-with-next"
 # The agent call outlives the attempt's deadline by this much: the deadline cancels it and the workflow waits for
 # the cancellation to reach the agent, instead of finding the call timed out by itself and starting the next
 # attempt beside an agent still at work.
@@ -244,7 +249,12 @@ class RunWorkflow:
             id=info.workflow_id, run_id=info.run_id, first_run_id=info.first_execution_run_id
         )
         if not continued_by_itself() or input.carry is None:
-            self.mirror.move(Phase.PENDING, reason="Created", message="resolving references")
+            self.mirror.move(
+                Phase.PENDING,
+                reason="Created",
+                message="resolving references",
+                send=not workflow.patched(FIRST_STATUS_WITH_NEXT_PATCH),
+            )
         try:
             await self._lifecycle()
         except (asyncio.CancelledError, Interrupted) as err:
