@@ -137,7 +137,9 @@ class ObjectStore:
     @unavailable
     async def record_run_chain(self, namespace: str, name: str, uid: str, chain: str) -> str | None:
         """Record which execution of the Run's workflow is its own (`status.workflow.firstRunId`), unless one is
-        recorded already; returns the one recorded (None: no such Run)."""
+        recorded already, and show the Run Pending when it has no phase yet (as the bridge acknowledges a Run it
+        started on a cluster: the workflow's first status comes with its next change); returns the execution
+        recorded (None: no such Run)."""
         key = (objects.c.kind == "Run") & (objects.c.namespace == namespace) & (objects.c.name == name)
         while True:
             async with self.store.transaction() as c:
@@ -149,6 +151,8 @@ class ObjectStore:
                 if workflow.get("firstRunId"):
                     return str(workflow["firstRunId"])
                 status["workflow"] = {**workflow, "id": f"{namespace}/{name}", "firstRunId": chain}
+                if not status.get("phase"):
+                    status.update(phase="Pending", reason="WorkflowStarted", message="workflow started")
                 # Only over the status just read: a status written meanwhile (every write raises the revision) is
                 # never replaced by this older one; read again, and record on top of it.
                 written = await c.execute(

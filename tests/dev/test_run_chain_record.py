@@ -40,3 +40,25 @@ async def test_a_status_written_between_the_records_read_and_write_is_kept(tmp_p
         assert stored.status["phase"] == "Succeeded", stored.status
     finally:
         await store.close()
+
+
+async def test_a_run_its_workflow_was_started_for_shows_pending_until_the_workflow_says_more(
+    tmp_path: Path,
+) -> None:
+    """The embedded stack's acknowledgement (the bridge's on a cluster): the workflow sends its first status with
+    its next change, and a Run must not sit without a phase meanwhile (a store outage can make that a while)."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
+    try:
+        objects = ObjectStore(store)
+        run, _ = await objects.apply("Run", "ns", "r", {"agents": ["a"]})
+        assert await objects.record_run_chain("ns", "r", run.uid, "chain-1") == "chain-1"
+        stored = await objects.get("Run", "ns", "r")
+        assert stored is not None and stored.status is not None
+        assert (stored.status["phase"], stored.status["reason"]) == ("Pending", "WorkflowStarted")
+        running = {"phase": "Running", "workflow": {"id": "ns/r", "firstRunId": "chain-1"}}
+        assert await objects.write_run_status("ns", "r", run.uid, 2, running, [])
+        assert await objects.record_run_chain("ns", "r", run.uid, "chain-1") == "chain-1"
+        stored = await objects.get("Run", "ns", "r")
+        assert stored is not None and stored.status is not None and stored.status["phase"] == "Running"
+    finally:
+        await store.close()

@@ -27,10 +27,13 @@ from tests.workflows import (
     test_run_queue,
     test_run_rate_limits,
 )
-from tests.workflows.world import World, running_world
+from tests.workflows.world import WORLD_KEY, World, running_world
 from workflows.entity_types import credential_workflow_id, gate_workflow_id
 
 HISTORIES = Path(__file__).with_name("histories")
+# The world's key of the recording, beside its histories: the signals in them carry proofs made with it, and a
+# replay checks them as the worker did (a test key of one recording, no deployment's).
+SIGNAL_KEY_FILE = "signal-key.hex"
 NAMESPACE = "ksquad-system"
 
 SCENARIOS: dict[str, tuple[Callable[..., Awaitable[None]], dict[str, Any]]] = {
@@ -112,6 +115,7 @@ async def dump(client: Client, world: World, folder: Path) -> list[str]:
     folder.mkdir(parents=True)
     for name, text in histories.items():
         (folder / name).write_text(text + "\n")
+    (folder / SIGNAL_KEY_FILE).write_text(WORLD_KEY.hex() + "\n")
     return list(histories)
 
 

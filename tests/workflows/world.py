@@ -55,7 +55,8 @@ from workflows.run import RunInput, RunWorkflow
 from workflows.spec import parse_run_spec
 from workflows.status import PhaseEvent, RunStatus, StatusSnapshot
 
-WORLD_SEALER = Sealer(secrets.token_bytes(32))
+WORLD_KEY = secrets.token_bytes(32)
+WORLD_SEALER = Sealer(WORLD_KEY)
 
 
 @dataclass
