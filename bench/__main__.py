@@ -170,6 +170,13 @@ ROWS: list[Row] = [
             ),
             (
                 f"throughput{server}",
+                "ksquad's CPU / Temporal's and its database's, a Run",
+                lambda d: dig(d, "1_worker", "ksquad_over_temporal_and_database"),
+                "<= 0.5",
+                lambda v: v <= 0.5,
+            ),
+            (
+                f"throughput{server}",
                 "runs/s, 1 worker process",
                 lambda d: dig(d, "1_worker", "runs_per_second"),
                 "",

@@ -49,6 +49,12 @@ async def main(runs: int, worker_counts: list[int], temporal: TemporalKind = "de
                         "cpu_ms_per_run": per_run,
                         # what is ksquad's own: the workers, and the bridge with the API in the stack's process
                         "ksquad_cpu_ms_per_run": round(per_run.get("worker", 0) + per_run.get("stack", 0), 1),
+                        # issue 49's standing figure: at most half of what Temporal and its database spend
+                        "ksquad_over_temporal_and_database": round(
+                            (per_run.get("worker", 0) + per_run.get("stack", 0))
+                            / max(0.1, per_run.get("temporal", 0) + per_run.get("postgresql", 0)),
+                            2,
+                        ),
                     }
                 finally:
                     stop_workers(workers)
