@@ -85,6 +85,7 @@ FIELD_ENVS = {
     "mcp-proxy": MCP_PROXY,
     "pydantic-ai": PYDANTIC_AI,
     "google-adk": GOOGLE_ADK,
+    "langgraph": LANGGRAPH,
 }
 
 
