@@ -160,7 +160,15 @@ class AgentSandboxClaims:
         waiting = "the claim not ready"
         while loop.time() < deadline:
             self.sandboxes.heartbeat({"claim": name, "uid": claim["metadata"]["uid"], "waiting": waiting})
-            claim = await kube.get(path(EXTENSIONS, "sandboxclaims", namespace, name))
+            try:
+                claim = await kube.get(path(EXTENSIONS, "sandboxclaims", namespace, name))
+            except ApiError as err:
+                if err.status != 404:
+                    raise
+                # deleted under the worker: its Run's deletion reached it (the garbage collector), or a person
+                raise sandbox_failed(
+                    f"SandboxClaim {namespace}/{name} was deleted while the worker waited for its sandbox"
+                ) from None
             sandbox_name = claim.get("status", {}).get("sandbox", {}).get("name")
             waiting = f"claim {claim_condition(claim)}"
             if claim_ready(claim) and sandbox_name:
