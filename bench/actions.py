@@ -13,22 +13,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
-
-from activities.agents.callers import CallerKeys, process_keys
-from agent.callers import read_key
 from bench.fair_limit import (
     FAIR_TASK_QUEUE,
-    FairLimitCaller,
     FairLimitWorkflow,
     contract_of_a_run,
+    fair_limit_worker,
     fair_task_for,
 )
 from bench.histories import shape_of
 from bench.stats import report
-from dev.stack import ENDPOINT_KEY_FILE
 from testbed.embedded import MODEL, NAMESPACE, TemporalKind, bench_stack, run_docs
 
 SCRIPT: dict[str, list[dict[str, Any]]] = {
@@ -62,17 +55,7 @@ async def main(temporal: TemporalKind) -> dict[str, Any]:
                     "events": shape["events"],
                 }
             template, _answer = await contract_of_a_run(dev.client, f"{NAMESPACE}/one-attempt-00000")
-            client = await Client.connect(dev.server.target, data_converter=pydantic_data_converter)
-            caller = FairLimitCaller(
-                CallerKeys(process_keys().sandbox, read_key(str(dev.state_dir / ENDPOINT_KEY_FILE)))
-            )
-            async with Worker(
-                client,
-                task_queue=FAIR_TASK_QUEUE,
-                workflows=[FairLimitWorkflow],
-                activities=[caller.send_task],
-                workflow_runner=UnsandboxedWorkflowRunner(),
-            ):
+            async with fair_limit_worker(dev) as client:
                 await client.execute_workflow(
                     FairLimitWorkflow.run,
                     fair_task_for(template, "fair"),
@@ -80,7 +63,6 @@ async def main(temporal: TemporalKind) -> dict[str, Any]:
                     task_queue=FAIR_TASK_QUEUE,
                 )
                 fair = await shape_of(client.get_workflow_handle("fair"))
-            await caller.aclose()
     shapes["fair_limit"] = {k: fair[k] for k in KEPT}
     one = shapes["one_attempt"]
     return {

@@ -11,6 +11,8 @@ worker, send the message and follow the task's stream to its end.
 `contract_of_a_run` reads the contract a ksquad Run's invoke_agent was given from its history, so the fair limit
 sends what ksquad sent (tests/bench/test_fair_limit.py proves the agent and its model see the same call)."""
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,10 +23,14 @@ from a2a.types import Message, Part, Role, SendMessageRequest, Task, TaskState
 from pydantic import BaseModel
 from temporalio import activity, workflow
 from temporalio.client import Client as TemporalClient
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.agents.callers import BearerToken, CallerKeys
+from activities.agents.callers import BearerToken, CallerKeys, process_keys
 from activities.agents.invocation import CONTRACT_PART, MODEL_OVERRIDE, task_text
+from agent.callers import read_key
+from dev.stack import ENDPOINT_KEY_FILE, DevStack
 from workflows.activity_types import Activity, AgentInvocation
 from workflows.contract import ExecutionContract
 
@@ -131,3 +137,24 @@ def fair_task_for(template: FairTask, name: str) -> FairTask:
     """The template's task as the attempt of another run (its own uid, so its own token and task)."""
     run = template.contract.run.model_copy(update={"name": name, "uid": f"fair-{name}"})
     return template.model_copy(update={"contract": template.contract.model_copy(update={"run": run})})
+
+
+@contextlib.asynccontextmanager
+async def fair_limit_worker(dev: DevStack) -> AsyncIterator[TemporalClient]:
+    """The fair limit's worker on the stack's Temporal, calling agents with the stack's endpoint key as ksquad's
+    worker does, and running its workflow unsandboxed as ksquad's runs its own; yields a client to start them."""
+    client = await TemporalClient.connect(dev.server.target, data_converter=pydantic_data_converter)
+    caller = FairLimitCaller(
+        CallerKeys(process_keys().sandbox, read_key(str(dev.state_dir / ENDPOINT_KEY_FILE)))
+    )
+    try:
+        async with Worker(
+            client,
+            task_queue=FAIR_TASK_QUEUE,
+            workflows=[FairLimitWorkflow],
+            activities=[caller.send_task],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
+            yield client
+    finally:
+        await caller.aclose()

@@ -34,23 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 
-from activities.agents.callers import CallerKeys, process_keys
-from agent.callers import read_key
 from bench.bare import BARE_TASK_QUEUE, BareWorkflow, noop
 from bench.fair_limit import (
     FAIR_TASK_QUEUE,
-    FairLimitCaller,
     FairLimitWorkflow,
     FairTask,
     contract_of_a_run,
+    fair_limit_worker,
     fair_task_for,
 )
 from bench.histories import LOCAL_ACTIVITY_MARKER, shape_of
 from bench.stats import percentiles, report
-from dev.stack import ENDPOINT_KEY_FILE, DevStack
+from dev.stack import DevStack
 from temporal_client.proofs import Signing
 from testbed.embedded import NAMESPACE, TemporalKind, bench_stack, run_docs
 from workflows.activity_types import ACTING
@@ -177,19 +174,9 @@ async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev
             envelope = await envelope_cost(dev, f"{NAMESPACE}/shape-00000")
             template, _answer = await contract_of_a_run(dev.client, f"{NAMESPACE}/shape-00000")
             bare_client = await Client.connect(dev.server.target)
-            fair_client = await Client.connect(dev.server.target, data_converter=pydantic_data_converter)
-            caller = FairLimitCaller(
-                CallerKeys(process_keys().sandbox, read_key(str(dev.state_dir / ENDPOINT_KEY_FILE)))
-            )
             async with (
                 Worker(bare_client, task_queue=BARE_TASK_QUEUE, workflows=[BareWorkflow], activities=[noop]),
-                Worker(
-                    fair_client,
-                    task_queue=FAIR_TASK_QUEUE,
-                    workflows=[FairLimitWorkflow],
-                    activities=[caller.send_task],
-                    workflow_runner=UnsandboxedWorkflowRunner(),  # as ksquad's worker runs its workflows
-                ),
+                fair_limit_worker(dev) as fair_client,
             ):
 
                 async def one_round(side: str, prefix: str, count: int) -> tuple[list[float], float]:
@@ -210,7 +197,6 @@ async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev
                 for r in range(rounds):  # batches started at once, taking turns
                     for side in sides:
                         wall[side] += (await one_round(side, f"thr-{r}", batch))[1]
-            await caller.aclose()
     lat = {k: percentiles(v) for k, v in latency.items()}
     rate = {k: round(batch * rounds / v, 2) for k, v in wall.items()}
 

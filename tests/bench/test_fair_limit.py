@@ -12,21 +12,15 @@ from typing import Any
 
 import httpx
 import pytest
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.agents.callers import CallerKeys, process_keys
-from agent.callers import read_key
 from bench.fair_limit import (
     FAIR_TASK_QUEUE,
-    FairLimitCaller,
     FairLimitWorkflow,
     contract_of_a_run,
+    fair_limit_worker,
     fair_task_for,
 )
 from bench.histories import shape_of
-from dev.stack import ENDPOINT_KEY_FILE
 from testbed.embedded import AGENT, MODEL, NAMESPACE, bench_stack, run_docs
 
 # Two different answers, one for each caller in turn: an answer found in the wrong order would show.
@@ -98,17 +92,7 @@ async def test_the_fair_limit_sends_a_ksquad_runs_task_to_the_same_agent_and_get
         sent.clear()
 
         scripted.load(SCRIPT)  # the script from its start: the same answer is due again
-        client = await Client.connect(dev.server.target, data_converter=pydantic_data_converter)
-        caller = FairLimitCaller(
-            CallerKeys(process_keys().sandbox, read_key(str(dev.state_dir / ENDPOINT_KEY_FILE)))
-        )
-        async with Worker(
-            client,
-            task_queue=FAIR_TASK_QUEUE,
-            workflows=[FairLimitWorkflow],
-            activities=[caller.send_task],
-            workflow_runner=UnsandboxedWorkflowRunner(),
-        ):
+        async with fair_limit_worker(dev) as client:
             fair_answer = await client.execute_workflow(
                 FairLimitWorkflow.run,
                 fair_task_for(template, "fair-0"),
@@ -116,7 +100,6 @@ async def test_the_fair_limit_sends_a_ksquad_runs_task_to_the_same_agent_and_get
                 task_queue=FAIR_TASK_QUEUE,
             )
             shape = await shape_of(client.get_workflow_handle("fair-0"))
-        await caller.aclose()
 
         fair_sent = [
             (url, method, params) for url, method, params in sent if url.startswith(template.endpoint)
