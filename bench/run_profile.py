@@ -3,10 +3,11 @@ activities, the store, in this process) profiled with cProfile over `--runs` Run
 Runs at once, with the instant agent and the scripted model (testbed.embedded).
 
 Times are this thread's CPU (the event loop's: a store's or Temporal's own threads are outside), with cProfile's
-overhead in them; a coroutine's calls count each time it is resumed. Reported: the ten functions with the most own time and the ten of ksquad's own with the most time under them (per
-Run), this process's own time by the package it is spent in (ksquad's modules, temporalio, pydantic, httpx, the
-event loop...), and the CPU each process spent per Run (bench.stats' roles: this one, the agent's, the Temporal server's, PostgreSQL's): the agent
-and the server are outside the profile.
+overhead in them; a coroutine's calls count each time it is resumed. Reported: the ten functions with the most
+own time and the ten of ksquad's own with the most time under them (per Run), this process's own time by the
+package it is spent in (ksquad's modules, temporalio, pydantic, httpx, the event loop...), and the CPU each process
+spent per Run (bench.stats' roles: this one, the agent's, the Temporal server's, PostgreSQL's): the agent and the
+server are outside the profile.
 
     python -m bench.run_profile [--runs 40] [--batch 20] [--temporal dev|production]
 """
@@ -51,7 +52,7 @@ def owner(filename: str) -> str:
         if path.is_relative_to(base):
             top = path.relative_to(base).parts[0]
             if base == ROOT and top not in PRODUCT:
-                return f"ksquad-tests:{top}"
+                return f"ksquad-testbed:{top}"  # bench/, testbed/: the driver, not the product
             return f"{prefix}{top.removesuffix('.py')}"
     return "other"
 
