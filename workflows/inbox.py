@@ -90,8 +90,15 @@ class Inbox:
     """One workflow's signal handlers by name, and the nonces of the proofs it took (carried over continue-as-new
     by the workflow that owns `nonces`)."""
 
-    def __init__(self, workflow_type: str, handlers: dict[str, Handler], nonces: list[str]) -> None:
+    def __init__(
+        self,
+        workflow_type: str,
+        handlers: dict[str, Handler],
+        nonces: list[str],
+        patched: Callable[[str], bool] = workflow.patched,
+    ) -> None:
         self.workflow_type = workflow_type
+        self.patched = patched  # the owner's (workflows.patches), or the SDK's
         self.handlers = handlers
         self.nonces = nonces
 
@@ -112,7 +119,7 @@ class Inbox:
             return None
         proof = SIGNAL_PROOF.get()
         if proof is None:
-            if not workflow.patched(SIGNAL_PROOFS_PATCH):
+            if not self.patched(SIGNAL_PROOFS_PATCH):
                 return None  # replaying a history from before proofs: taken as it was
             raise Refused("unproven", "no valid proof (only the bridge and the worker may send it)")
         if proof.by not in accepts.proven_by:

@@ -3,8 +3,8 @@
 Each scenario is one of the lifecycle tests, run against a fresh time-skipping server; the histories of every
 workflow it ran (runs, credential throttles, gates) are written to tests/workflows/histories/vN/<scenario>/.
 Histories of released versions stay: they are what running workflows look like when new code is deployed, and
-every one of them must keep replaying (after a release, changes that alter commands are guarded by
-`workflow.patched`; docs/operating.md). v1 is 0.1.0, the baseline. Record a new version after each such change.
+every one of them must keep replaying (after a release, changes that alter commands are guarded by a patch:
+workflows.patches; docs/operating.md). v1 is 0.1.0, the baseline. Record a new version after each such change.
 """
 
 import asyncio

@@ -1,11 +1,13 @@
 """Recorded histories of every lifecycle scenario still replay against today's workflow code.
 
-A change that alters the commands a workflow issues breaks these replays unless it is guarded with
-`workflow.patched`; the histories are recorded by `python -m tests.workflows.record_histories`.
+A change that alters the commands a workflow issues breaks these replays unless it is guarded by a patch
+(workflows.patches); the histories are recorded by `python -m tests.workflows.record_histories`.
 """
 
+import base64
+import json
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from temporalio.client import WorkflowHistory
@@ -17,6 +19,7 @@ from temporal_client.seal import Sealer
 from tests.workflows.record_histories import SIGNAL_KEY_FILE
 from worker.registry import RUN_WORKFLOWS, WORKFLOW_RUNNER
 from worker.seals import SealCheck
+from workflows.patches import CURRENT
 
 HISTORIES = Path(__file__).with_name("histories")
 SCENARIOS = sorted(f"{p.parent.name}/{p.name}" for p in HISTORIES.glob("v*/*") if p.is_dir())
@@ -66,3 +69,48 @@ async def test_recorded_histories_replay(scenario: str) -> None:
         history = WorkflowHistory.from_json(workflow_id, file.read_text())
         result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         assert result.replay_failure is None, f"{scenario}/{file.name}: {result.replay_failure}"
+
+
+def _run_histories(version: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    return [
+        (f"{file.parent.name}/{file.name}", json.loads(file.read_text())["events"])
+        for file in sorted(HISTORIES.glob(f"{version}/*/ksquad-system__*.json"))
+    ]
+
+
+def _patches_asked(events: list[dict[str, Any]]) -> list[str]:
+    asked = []
+    for event in events:
+        marker = event.get("markerRecordedEventAttributes", {})
+        if marker.get("markerName") == "core_patch":
+            data = marker["details"]["patch-data"]["payloads"][0]["data"]
+            asked.append(json.loads(base64.b64decode(data))["id"])
+    return asked
+
+
+def _search_attribute_upserts_by_task(events: list[dict[str, Any]]) -> list[int]:
+    """Upserts of ksquad's own attributes (not the SDK's TemporalChangeVersion) each workflow task made."""
+    counts = [0]
+    for event in events:
+        if event["eventType"] == "EVENT_TYPE_WORKFLOW_TASK_COMPLETED":
+            counts.append(0)
+        elif event["eventType"] == "EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES":
+            fields = event["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"][
+                "indexedFields"
+            ]
+            counts[-1] += set(fields) != {"TemporalChangeVersion"}
+    return counts
+
+
+def test_a_current_run_asks_one_patch_and_upserts_its_search_attributes_once_a_workflow_task() -> None:
+    """What the latest recording's code issues (the replays above prove today's code issues the same): the one
+    marker of workflows.patches.CURRENT, and one upsert for all the changes of a workflow task. The recording
+    before it asked each patch (two events each) and upserted each change."""
+    current = _run_histories(LATEST)
+    assert current
+    for name, events in current:
+        assert _patches_asked(events) == [CURRENT], name
+        assert max(_search_attribute_upserts_by_task(events)) <= 1, name
+    before = _run_histories(f"v{int(LATEST[1:]) - 1}")
+    assert any(len(_patches_asked(events)) > 1 for _, events in before)
+    assert any(max(_search_attribute_upserts_by_task(events)) > 1 for _, events in before)

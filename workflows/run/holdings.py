@@ -28,6 +28,7 @@ from workflows.activity_types import (
     release_work_item,
     renew_claim,
 )
+from workflows.patches import Patches
 from workflows.run.interrupts import ANY_INTERRUPT, Interrupts
 from workflows.run.mirror import StatusMirror
 from workflows.run.options import (
@@ -61,8 +62,10 @@ class Holdings:
         mirror: StatusMirror,
         interrupts: Interrupts,
         warrant: WarrantOf,
+        patches: Patches,
     ) -> None:
         self.run = run
+        self.patches = patches
         self.warrant = warrant
         self.work_item = spec.work_item_ref
         self.claim_seconds = spec.timeouts.claim_seconds
@@ -143,7 +146,7 @@ class Holdings:
                 fence
                 and self.work_item is None
                 and self.mirror.status.attempt
-                and workflow.patched(FENCE_ATTEMPT_PATCH)
+                and self.patches.patched(FENCE_ATTEMPT_PATCH)
             ):
                 attempt = self.mirror.status.attempt
                 request = AttemptFence(warrant=self.warrant(), attempt=attempt)
@@ -193,7 +196,7 @@ class Holdings:
         try:
             await asyncio.shield(renewal)
         except asyncio.CancelledError:
-            if not workflow.patched(RENEWAL_SHIELDED_PATCH):
+            if not self.patches.patched(RENEWAL_SHIELDED_PATCH):
                 # Recorded before the patch: the renewal was cancelled with the run, and replays the same way.
                 renewal.cancel()
                 await renewal

@@ -11,6 +11,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import CancelledError as TemporalCancelledError
 
+from workflows.patches import Patches
+
 T = TypeVar("T")
 # A Temporal cancel that arrives while another interrupt stops the work is kept (workflow.patched: runs that
 # swallowed one before replay as they ran).
@@ -40,8 +42,9 @@ class PhaseTimeout(Exception):
 
 
 class Interrupts:
-    def __init__(self) -> None:
+    def __init__(self, patches: Patches) -> None:
         self.pending: Interrupt | None = None
+        self.patches = patches
 
     def take(self) -> Interrupt:
         """The pending interrupt, consumed unless it is a cancellation (that one stays until the run ends)."""
@@ -72,19 +75,19 @@ class Interrupts:
                 timeout_summary=deadline_summary,
             )
         except TimeoutError:
-            await cancel_and_wait(task)
+            await cancel_and_wait(task, self.patches)
             raise PhaseTimeout() from None
         except asyncio.CancelledError:
-            await cancel_and_wait(task)
+            await cancel_and_wait(task, self.patches)
             raise
         if task.done():
             return task.result()
         kind = self.take()
-        await cancel_and_wait(task)
+        await cancel_and_wait(task, self.patches)
         raise Interrupted(kind)
 
 
-async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
+async def cancel_and_wait(task: "asyncio.Future[Any]", patches: Patches) -> None:
     """Cancel `task` and wait until it has ended, whatever it ends with. A cancellation of the waiting run itself
     (Temporal's cancel, arriving while another interrupt stops the work) is not the task's ending and goes on
     up: swallowing it with the task's own CancelledError lost the run's cancellation (it went on to retry)."""
@@ -96,7 +99,7 @@ async def cancel_and_wait(task: "asyncio.Future[Any]") -> None:
     except asyncio.CancelledError:
         if not task.done():
             await workflow.wait([task])  # let the work finish stopping (its teardown needs that), then go on
-        if workflow.patched(CANCEL_KEPT_PATCH):
+        if patches.patched(CANCEL_KEPT_PATCH):
             raise
         # Recorded before the patch: the run went on without its cancellation, and replays the same way.
     finally:

@@ -1,6 +1,6 @@
-"""The status mirror: it owns a Run's status. Every change bumps the revision, updates the search attributes at
-once and is sent to the bridge (`mirror_status`) in the background, coalesced: the latest status wins, and the
-phase events not yet sent go with it."""
+"""The status mirror: it owns a Run's status. Every change bumps the revision, updates the search attributes (once
+for all the changes of one workflow task) and is sent to the bridge (`mirror_status`) in the background,
+coalesced: the latest status wins, and the phase events not yet sent go with it."""
 
 import asyncio
 from datetime import datetime, timedelta
@@ -13,6 +13,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from workflows import metrics
 from workflows import search_attributes as sa
 from workflows.activity_types import BRIDGE_TASK_QUEUE, mirror_status
+from workflows.patches import Patches
 from workflows.policies import set_condition, transition
 from workflows.run.state import RunInput
 from workflows.status import (
@@ -36,10 +37,12 @@ _UNSET = object()
 
 
 class StatusMirror:
-    def __init__(self, run: RunInput, status: RunStatus) -> None:
+    def __init__(self, run: RunInput, status: RunStatus, patches: Patches) -> None:
         self.run = run
         self.status = status
+        self.patches = patches
         self._task: asyncio.Task[None] | None = None
+        self._upsert: asyncio.Task[None] | None = None
         self._mirrored_revision = -1
         self._unsent_events: list[PhaseEvent] = []
         self._search_attributes: dict[str, Any] = {}
@@ -84,6 +87,7 @@ class StatusMirror:
 
     async def flush(self) -> None:
         """Wait (bounded) until the latest status has been sent; past the bound the bridge reconciles it."""
+        self._upsert_search_attributes()  # before the workflow ends or continues as new, whatever is pending
         try:
             await workflow.wait_condition(
                 lambda: self._mirrored_revision >= self.status.revision,
@@ -98,7 +102,12 @@ class StatusMirror:
     def _publish(self, send: bool = True) -> None:
         if self.status.revision <= self._mirrored_revision:
             return
-        self._upsert_search_attributes()
+        if not self.patches.current():
+            self._upsert_search_attributes()  # histories from before: one upsert a change
+        elif self._upsert is None or self._upsert.done():
+            # Once the workflow task's code yields: the changes it made meanwhile (Claiming, then Running) are
+            # one upsert, one history event and one action.
+            self._upsert = asyncio.create_task(self._upserted())
         if send and (self._task is None or self._task.done()):
             self._task = asyncio.create_task(self._send())
 
@@ -135,6 +144,9 @@ class StatusMirror:
                 workflow.logger.warning("mirroring status r%d failed: %s", snapshot.status.revision, err)
             backoff = 1.0
             self._mirrored_revision = max(self._mirrored_revision, snapshot.status.revision)
+
+    async def _upserted(self) -> None:
+        self._upsert_search_attributes()
 
     def _upsert_search_attributes(self) -> None:
         wanted: dict[str, Any] = {

@@ -16,6 +16,7 @@ from workflows.entity_types import (
     ThrottleNotice,
     credential_workflow_id,
 )
+from workflows.patches import Patches
 from workflows.run.options import RETRY_BOOKKEEPING, WarrantOf, call, entity_signal
 from workflows.run.outcomes import cause
 from workflows.run.state import ThrottleState
@@ -25,8 +26,9 @@ FAIR_RAMP_PATCH = "fair-resume-ramp"
 
 
 class Throttles:
-    def __init__(self, state: ThrottleState, run_id: str, warrant: WarrantOf) -> None:
+    def __init__(self, state: ThrottleState, run_id: str, warrant: WarrantOf, patches: Patches) -> None:
         self.state = state
+        self.patches = patches
         self.run_id = run_id
         self.warrant = warrant
         self.subscribed: list[str] = []  # credential keys whose throttle workflow knows this run
@@ -67,7 +69,7 @@ class Throttles:
             self.state.unplaced.remove(key)
             limit = self.state.until[key]
             request = ResumePlaceRequest(key=key, until=limit, resume_per_second=resume_per_second)
-            if workflow.patched(FAIR_RAMP_PATCH):
+            if self.patches.patched(FAIR_RAMP_PATCH):
                 update = {"run_id": self.run_id, **share.model_dump(), "warrant": self.warrant()}
                 request = request.model_copy(update=update)
                 self.state.ramps[key] = limit

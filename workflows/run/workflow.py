@@ -53,6 +53,7 @@ from workflows.entity_types import (
 )
 from workflows.envelope import Warrant, continued_by_itself
 from workflows.inbox import Accepts, Handler, Inbox, Proof, Refused, Sender, printable, refused
+from workflows.patches import Patches
 from workflows.policies import (
     equal_jitter_backoff,
 )
@@ -106,9 +107,10 @@ class RunWorkflow:
         # A carry is this workflow's own (its continue-as-new); one handed to it by a starter is never taken.
         carried = input.carry if continued_by_itself() else None
         carry = carried or RunCarry(status=RunStatus(triggered_by=input.triggered_by))
-        self.mirror = StatusMirror(input, carry.status)
-        self.interrupts = Interrupts()
-        self.throttles = Throttles(carry.throttles, input.workflow_id, self.warrant)
+        self.patches = Patches()
+        self.mirror = StatusMirror(input, carry.status, self.patches)
+        self.interrupts = Interrupts(self.patches)
+        self.throttles = Throttles(carry.throttles, input.workflow_id, self.warrant, self.patches)
         self.route = Router(input, carry.route, carry.resolution, self.mirror, self.throttles)
         self.gates = Gates(
             carry.slots,
@@ -120,7 +122,13 @@ class RunWorkflow:
         )
         self.references = References(self.envelope, self.mirror, self.interrupts)
         self.held = Holdings(
-            self.run_ref, self.spec, carry.claim_fence, self.mirror, self.interrupts, self.warrant
+            self.run_ref,
+            self.spec,
+            carry.claim_fence,
+            self.mirror,
+            self.interrupts,
+            self.warrant,
+            self.patches,
         )
         self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
@@ -166,6 +174,7 @@ class RunWorkflow:
                 RunSignal.SLOT_QUEUED: Handler(Accepts(SlotNotice, proven_by=entities), self.slot_queued),
             },
             nonces,
+            self.patches.patched,
         )
 
     @workflow.signal(dynamic=True)
@@ -244,6 +253,7 @@ class RunWorkflow:
 
     @workflow.run
     async def run(self, input: RunInput) -> RunStatus:
+        self.patches.current()  # at the start: a history is current or not from its first workflow task
         info = workflow.info()
         self.status.workflow = WorkflowRef(
             id=info.workflow_id, run_id=info.run_id, first_run_id=info.first_execution_run_id
@@ -253,7 +263,7 @@ class RunWorkflow:
                 Phase.PENDING,
                 reason="Created",
                 message="resolving references",
-                send=not workflow.patched(FIRST_STATUS_WITH_NEXT_PATCH),
+                send=not self.patches.patched(FIRST_STATUS_WITH_NEXT_PATCH),
             )
         try:
             await self._lifecycle()
@@ -354,7 +364,7 @@ class RunWorkflow:
             outputs=result.outputs,
             artifacts=result.artifacts,
         )
-        if workflow.patched(LOCAL_PUBLISH_PATCH):
+        if self.patches.patched(LOCAL_PUBLISH_PATCH):
             published = await call_local(publish_outputs, outputs, summary="publish outputs")
         else:
             published = await call(publish_outputs, outputs, summary="publish outputs")
@@ -596,7 +606,7 @@ class RunWorkflow:
         checkpoints), then flush the last status (bounded)."""
         await self.gates.release_all()
         await self.throttles.unsubscribe_all()
-        if self.route.resolution is not None and workflow.patched(RUN_ENDING_PATCH):
+        if self.route.resolution is not None and self.patches.patched(RUN_ENDING_PATCH):
             ending = RunEnding(
                 warrant=self.warrant(),
                 attempt=self.status.attempt,
