@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.stats import percentiles, pids_by_role, report
+from bench.stats import cpu_by_role, cpu_ms_per_run, database_disk_mb, percentiles, pids_by_role, report
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevStack
 from testbed.embedded import (
@@ -138,12 +138,15 @@ async def measure(dev: DevStack, runs: int, retry_after: str, resume_per_second:
     first = await dev.runs.get(NAMESPACE, "p-00000")
     resume_at = datetime.fromisoformat(str((first.status or {})["resumeAt"]))
     calls_before = len(dev.scripted.calls)
+    disk_before, cpu_before = database_disk_mb(), cpu_by_role()
     created = time.perf_counter()
     for start in range(1, runs, CHUNK):
         await dev.runs.apply(limited_docs("p", min(CHUNK, runs - start), start))
     rss: dict[str, list[float]] = {}
     rss_draining: dict[str, list[float]] = {}
     paused_all_at = None
+    disk_paused: dict[str, float] = {}
+    cpu_paused: dict[str, float] = {}
     while True:
         current = await phases(dev)
         mine = {n: p for n, p in current.items() if n.startswith("p-")}
@@ -151,12 +154,14 @@ async def measure(dev: DevStack, runs: int, retry_after: str, resume_per_second:
         counts = Counter(mine.values())
         if paused_all_at is None and counts.get("Paused") == runs:
             paused_all_at = time.perf_counter()
+            disk_paused, cpu_paused = database_disk_mb(), cpu_by_role()
         if int(time.perf_counter() - created) % 30 < POLL_SECONDS:
             print(f"{time.perf_counter() - created:6.0f}s {dict(counts)}", file=sys.stderr, flush=True)
         if datetime.now(UTC) >= resume_at:
             break
         await asyncio.sleep(POLL_SECONDS)
     calls_during_pause = [c for c in dev.scripted.calls[calls_before:] if c.at < resume_at.timestamp()]
+    cpu_resumed = cpu_by_role()
     drain_deadline = time.perf_counter() + runs / rate * 1.5 + 600
     while True:
         mine = {n: p for n, p in (await phases(dev)).items() if n.startswith("p-")}
@@ -171,7 +176,14 @@ async def measure(dev: DevStack, runs: int, retry_after: str, resume_per_second:
         sample_rss(rss_draining)
         await asyncio.sleep(POLL_SECONDS)
     drained = datetime.now(UTC)
+    disk_drained, cpu_drained = database_disk_mb(), cpu_by_role()
     lateness, last_done = await resume_lateness(dev, runs)
+    paused_runs = runs - 1  # p-00000 met the limit; the others were created after it
+    pausing = cpu_ms_per_run(cpu_before, cpu_paused, paused_runs) if paused_all_at else {}
+    draining = cpu_ms_per_run(cpu_resumed, cpu_drained, runs)
+    grown = (
+        {k: round(v - disk_before.get(k, 0.0), 1) for k, v in disk_paused.items()} if paused_all_at else {}
+    )
     return {
         "runs": runs,
         "retry_after_seconds": dev.scripted.script[LIMITED][0]["retry_after"],
@@ -182,6 +194,20 @@ async def measure(dev: DevStack, runs: int, retry_after: str, resume_per_second:
         "rss_mb_while_paused": {k: {"max": max(v), "last": v[-1]} for k, v in rss.items() if v},
         "rss_mb_while_draining": {k: {"max": max(v), "last": v[-1]} for k, v in rss_draining.items() if v},
         "model_calls_during_pause": len(calls_during_pause),
+        # CPU by process role to create and pause the runs, while they wait, and to resume and finish them
+        "cpu_ms_per_run": {
+            "pausing": pausing,
+            "while_paused_total_s": {k: round(v - cpu_paused.get(k, 0.0), 1) for k, v in cpu_resumed.items()}
+            if paused_all_at
+            else {},
+            "draining": draining,
+        },
+        "database_disk_mb": {
+            "before": disk_before,
+            "all_paused": disk_paused if paused_all_at else {},
+            "drained": disk_drained,
+        },
+        "database_disk_kb_per_paused_run": {k: round(v * 1024 / paused_runs, 2) for k, v in grown.items()},
         "resume_lateness": percentiles(lateness) if lateness else None,
         "seconds_to_drain": round(((last_done or drained) - resume_at).total_seconds(), 1),
         "phases": dict(Counter(mine.values())),

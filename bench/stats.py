@@ -117,6 +117,36 @@ def cpu_by_role() -> dict[str, float]:
     return totals
 
 
+def database_disk_mb() -> dict[str, float]:
+    """Disk used by the databases under this process, by role: PostgreSQL's data directory (its `-D`), the dev
+    server's SQLite file (its `--db-filename`, with its WAL)."""
+    sizes: dict[str, float] = {}
+    for role, pids in pids_by_role().items():
+        for pid in pids:
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            flag = {"postgresql": b"-D", "temporal": b"--db-filename"}.get(role)
+            if flag is None or flag not in args[:-1]:
+                continue
+            where = Path(args[args.index(flag) + 1].decode())
+            files = (
+                [f for f in where.rglob("*") if f.is_file()]
+                if where.is_dir()
+                else where.parent.glob(f"{where.name}*")
+            )
+            total = 0
+            for file in files:
+                try:
+                    total += file.stat().st_size
+                except OSError:  # removed meanwhile (a WAL segment recycled)
+                    continue
+            sizes[role] = round(total / 2**20, 1)
+            break
+    return sizes
+
+
 def cpu_ms_per_run(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, float]:
     """CPU milliseconds per run of each role between two `cpu_by_role` readings."""
     return {
