@@ -2,8 +2,9 @@
 activities, the store, in this process) profiled with cProfile over `--runs` Runs one at a time and `--batch`
 Runs at once, with the instant agent and the scripted model (testbed.embedded).
 
-Times are this thread's CPU (the event loop's: a store's or Temporal's own threads are outside), with cProfile's
-overhead in them; a coroutine's calls count each time it is resumed. Reported: the ten functions with the most
+Times are this thread's CPU (the event loop's: a store's or Temporal's own threads are outside, and so is the
+workflow's own code, which the SDK runs on its workflow-task threads: `workflow_code_cpu_ms_per_run` is that,
+measured apart by replaying a profiled Run's history), with cProfile's overhead in them; a coroutine's calls count each time it is resumed. Reported: the ten functions with the most
 own time and the ten of ksquad's own with the most time under them (per Run), this process's own time by the
 package it is spent in (ksquad's modules, temporalio, pydantic, httpx, the event loop...), and the CPU each process
 spent per Run (bench.stats' roles: this one, the agent's, the Temporal server's, PostgreSQL's): the agent and the
@@ -23,8 +24,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
+from temporalio.worker import Replayer
+
 from bench.stats import cpu_by_role, cpu_ms_per_run, report
 from testbed.embedded import NAMESPACE, TemporalKind, bench_stack, run_docs
+from worker.registry import RUN_WORKFLOWS, WORKFLOW_RUNNER
 
 ROOT = Path(__file__).parents[1]
 PRODUCT = (
@@ -97,6 +102,20 @@ def summary(stats: pstats.Stats, runs: int) -> dict[str, Any]:
     }
 
 
+async def replayed_cpu_ms(client: Client, workflow_id: str, times: int = 20) -> float:
+    """The CPU (this process's, no profiler) of replaying a Run's history: its workflow code, the payload codec
+    and the SDK's own work on the history, which is what the worker's workflow tasks spend on that Run."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    replayer = Replayer(
+        workflows=list(RUN_WORKFLOWS), data_converter=client.data_converter, workflow_runner=WORKFLOW_RUNNER
+    )
+    await replayer.replay_workflow(history)  # the first replay loads what it needs
+    start = time.process_time()
+    for _ in range(times):
+        await replayer.replay_workflow(history)
+    return round((time.process_time() - start) * 1000 / times, 2)
+
+
 async def main(runs: int, batch: int, temporal: TemporalKind) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         async with bench_stack(Path(tmp), temporal=temporal) as (dev, _agent):
@@ -121,6 +140,7 @@ async def main(runs: int, batch: int, temporal: TemporalKind) -> dict[str, Any]:
             await finished([d["metadata"]["name"] for d in docs])
             profile.disable()
             cpu_after = cpu_by_role()
+            workflow_code = await replayed_cpu_ms(dev.client, f"{NAMESPACE}/one-00000")
     total = runs + batch
     return {
         "runs": runs,
@@ -128,6 +148,7 @@ async def main(runs: int, batch: int, temporal: TemporalKind) -> dict[str, Any]:
         "temporal": temporal,
         # "stack" is this process (the bridge, the worker, the store, the scripted model): with cProfile's overhead
         "cpu_ms_per_run": cpu_ms_per_run(cpu_before, cpu_after, total),
+        "workflow_code_cpu_ms_per_run": workflow_code,
         **summary(pstats.Stats(profile), total),
     }
 
