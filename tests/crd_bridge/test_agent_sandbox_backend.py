@@ -88,8 +88,13 @@ async def warm_sandboxes(stack: Stack) -> set[str]:
 
 async def claimed(stack: Stack, run: str) -> tuple[str, str]:
     """(claim, sandbox) of the Run's current attempt, from its status."""
-    status = (await stack.kube.get(path("ksquad.io/v1alpha1", "runs", stack.namespace, run)))["status"]
-    assert status["sandbox"]["kind"] == "claimed", json.dumps(status)[:2000]
+    return claimed_in(
+        (await stack.kube.get(path("ksquad.io/v1alpha1", "runs", stack.namespace, run)))["status"]
+    )
+
+
+def claimed_in(status: dict[str, Any]) -> tuple[str, str]:
+    assert (status.get("sandbox") or {}).get("kind") == "claimed", json.dumps(status)[:2000]
     claim, _, sandbox = status["sandbox"]["name"].partition("/")
     return claim, sandbox
 
@@ -175,10 +180,22 @@ async def test_runs_claiming_together_each_get_a_sandbox_of_their_own(
     model.script("dev-model", *({"delay": 3, "text": "mine"} for _ in names))
     stack = await agent_sandbox_stack(start_stack, model, replicas=2)
     stack.apply(*stack.resources(model), *(interactive(n) for n in names))
-    sandboxes: dict[str, str] = {}
-    for name in names:
-        await stack.wait_phase(name, {"Running", "Succeeded"}, within=180)
-        sandboxes[name] = (await claimed(stack, name))[1]
+
+    async def sandbox_while_held(name: str) -> str:
+        """The Run's sandbox, read while it holds it (for its model call's 3 s). The three are watched together:
+        one after the other, a Run could end (its sandbox released, gone from its status) while the test still
+        waited for the one before."""
+        for _ in range(1800):
+            status = (await stack.run(name)).get("status", {})
+            if status.get("sandbox"):
+                return claimed_in(status)[1]
+            assert status.get("phase") not in ("Succeeded", "Failed"), (
+                f"{name} ended before its sandbox was seen: {json.dumps(status)[:2000]}"
+            )
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{name} held no sandbox within 180 s")
+
+    sandboxes = dict(zip(names, await asyncio.gather(*(sandbox_while_held(n) for n in names)), strict=True))
     assert len(set(sandboxes.values())) == len(names), sandboxes
     for name in names:
         run = await stack.wait_phase(name, {"Succeeded", "Failed"}, within=180)
