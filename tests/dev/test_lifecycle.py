@@ -17,7 +17,9 @@ from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevStack, dev_stack
 from store import work_item_key
 from testbed.embedded import stack_options, wait_terminal
+from tests.workflows.test_replay import patches_asked, search_attribute_upserts_by_task
 from workflows.entity_types import DEFAULT_RESUME_PER_SECOND
+from workflows.patches import CURRENT
 
 NS = "bench"  # wait_terminal's namespace
 API = "ksquad.io/v1alpha1"
@@ -113,6 +115,24 @@ async def test_an_agent_that_fails_once_is_retried_after_backoff_with_a_new_fenc
     ], history
     logs = sorted(p.name for p in (dev.state_dir / "sandboxes").glob(f"{NS}_retried-exec-*.log"))
     assert logs == [f"{NS}_retried-exec-1.log", f"{NS}_retried-exec-2.log"], "a new sandbox for the retry"
+
+
+async def test_a_retried_runs_history_asks_one_patch_and_upserts_once_a_workflow_task(dev: DevStack) -> None:
+    """What tests/workflows/test_replay.py checks of the recorded histories, on a Run of the real stack (a real
+    sandbox and agent, a failed attempt, a backoff, a retry): one patch marker, `workflows.patches.CURRENT`, and
+    at most one upsert of ksquad's search attributes a workflow task."""
+    await dev.runs.apply(
+        [
+            agent("flaky-agent", "flaky"),
+            run("shaped", ["flaky-agent"], retryPolicy={"backoffSeconds": 1, "maxBackoffSeconds": 1}),
+        ]
+    )
+    assert await wait_terminal(dev, ["shaped"], within=90) == {"shaped": "Succeeded"}
+    history = await dev.client.get_workflow_handle(f"{NS}/shaped").fetch_history()
+    events = history.to_json_dict()["events"]
+    assert patches_asked(events) == [CURRENT]
+    upserts = search_attribute_upserts_by_task(events)
+    assert sum(upserts) >= 4 and max(upserts) == 1, upserts
 
 
 async def test_the_fallback_model_takes_over_mid_run_without_pausing(dev: DevStack) -> None:

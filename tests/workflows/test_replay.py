@@ -80,7 +80,7 @@ def _run_histories(version: str) -> list[tuple[str, list[dict[str, Any]]]]:
     ]
 
 
-def _patches_asked(events: list[dict[str, Any]]) -> list[str]:
+def patches_asked(events: list[dict[str, Any]]) -> list[str]:
     asked = []
     for event in events:
         marker = event.get("markerRecordedEventAttributes", {})
@@ -90,7 +90,7 @@ def _patches_asked(events: list[dict[str, Any]]) -> list[str]:
     return asked
 
 
-def _search_attribute_upserts_by_task(events: list[dict[str, Any]]) -> list[int]:
+def search_attribute_upserts_by_task(events: list[dict[str, Any]]) -> list[int]:
     """Upserts of ksquad's own attributes (not the SDK's TemporalChangeVersion) each workflow task made."""
     counts = [0]
     for event in events:
@@ -111,8 +111,8 @@ def test_a_current_run_asks_one_patch_and_upserts_its_search_attributes_once_a_w
     current = _run_histories(LATEST)
     assert current
     for name, events in current:
-        assert _patches_asked(events) == [CURRENT], name
-        assert max(_search_attribute_upserts_by_task(events)) <= 1, name
+        assert patches_asked(events) == [CURRENT], name
+        assert max(search_attribute_upserts_by_task(events)) <= 1, name
     before = _run_histories(BEFORE_ONE_PATCH)
-    assert any(len(_patches_asked(events)) > 1 for _, events in before)
-    assert any(max(_search_attribute_upserts_by_task(events)) > 1 for _, events in before)
+    assert any(len(patches_asked(events)) > 1 for _, events in before)
+    assert any(max(search_attribute_upserts_by_task(events)) > 1 for _, events in before)

@@ -87,7 +87,8 @@ class StatusMirror:
 
     async def flush(self) -> None:
         """Wait (bounded) until the latest status has been sent; past the bound the bridge reconciles it."""
-        self._upsert_search_attributes()  # before the workflow ends or continues as new, whatever is pending
+        if self.patches.current():
+            self._upsert_search_attributes()  # before the workflow ends or continues as new, whatever is pending
         try:
             await workflow.wait_condition(
                 lambda: self._mirrored_revision >= self.status.revision,
