@@ -62,3 +62,30 @@ async def shape_of(handle: WorkflowHandle[Any, Any]) -> dict[str, Any]:
         "actions": actions,
         "events": dict(sorted(counts.items())),
     }
+
+
+async def timeline_of(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    """Where a workflow's time went, by its history's clock: each workflow task and activity (from scheduled to
+    completed, failed or timed out) as `what +start_ms took_ms`, the start measured from the workflow's start."""
+    started: float | None = None
+    opened: dict[int, tuple[str, float]] = {}  # scheduled event id -> (what, when)
+    steps: list[str] = []
+    async for event in handle.fetch_history_events():
+        at = event.event_time.ToMilliseconds()
+        started = at if started is None else started
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            opened[event.event_id] = (name, at)
+        elif event.HasField("workflow_task_scheduled_event_attributes"):
+            opened[event.event_id] = ("workflow task", at)
+        else:
+            for field in (
+                "activity_task_completed_event_attributes",
+                "activity_task_failed_event_attributes",
+                "activity_task_timed_out_event_attributes",
+                "workflow_task_completed_event_attributes",
+            ):
+                if event.HasField(field):
+                    what, since = opened.pop(getattr(event, field).scheduled_event_id)
+                    steps.append(f"{what} +{since - started:.0f} took {at - since:.0f}")
+    return steps

@@ -120,27 +120,31 @@ async def main(rates: list[float], seconds: float, replicas: int, temporal: Temp
     )
 
 
-def apply_pools(stack: Stack, replicas: int) -> None:
-    """The chart's warm pools (its ReplicaSet template), each mounting the Agent's credential."""
-    values = {
-        "namespaces": [stack.namespace],
-        "sandbox": {"image": AGENT_IMAGE, "resources": POD_RESOURCES},
-        "pools": [
-            {
-                "name": f"p{i}",
-                "namespace": stack.namespace,
-                "replicas": replicas,
-                "credentials": ["model-key"],
-            }
-            for i in range(POOLS)
-        ],
-    }
-    pools = [doc for doc in chart.render(values) if doc["kind"] == "ReplicaSet"]
-    stack.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(pools))
-    stack.pools = [{"name": f"p{i}", "namespace": stack.namespace} for i in range(POOLS)]
+def apply_pools(stack: Stack, replicas: int, pools: int = POOLS) -> None:
+    """The chart's warm pools p0, p1, ... (its ReplicaSet template), each mounting the Agent's credential, and the
+    worker's settings for them as the chart gives them (with the templates it claims only pods of)."""
+    rendered = rendered_pools(stack.namespace, [f"p{i}" for i in range(pools)], replicas)
+    replica_sets = [doc for doc in rendered if doc["kind"] == "ReplicaSet"]
+    stack.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(replica_sets))
+    stack.pools = [p.model_dump() for p in chart.worker_settings(rendered).pools]
     # The worker places a run's sandbox as the pools were rendered (the chart gives both the same values): a
     # pool whose pods ask for other resources serves no claim, and every run would go cold.
     stack.sandbox_settings = {**stack.sandbox_settings, "resources": POD_RESOURCES}
+
+
+def rendered_pools(namespace: str, names: list[str], replicas: int) -> list[dict[str, Any]]:
+    """The chart rendered with warm pools `names` in `namespace` (pods of the agent image asking POD_RESOURCES,
+    mounting the credential model-key)."""
+    return chart.render(
+        {
+            "namespaces": [namespace],
+            "sandbox": {"image": AGENT_IMAGE, "resources": POD_RESOURCES},
+            "pools": [
+                {"name": name, "namespace": namespace, "replicas": replicas, "credentials": ["model-key"]}
+                for name in names
+            ],
+        }
+    )
 
 
 async def machine_busy_over(seconds: float) -> float:
@@ -150,12 +154,14 @@ async def machine_busy_over(seconds: float) -> float:
     return busy_fraction(before, machine_ticks())
 
 
-async def pools_full(kube: Kube, namespace: str, replicas: int, within: float = 600) -> None:
-    """Every pool has all its pods ready (and the pods of earlier runs are gone)."""
+async def pools_full(
+    kube: Kube, namespace: str, replicas: int, within: float = 600, pools: int = POOLS
+) -> None:
+    """Every pool (p0 to p<pools - 1>) has all its pods ready (and the pods of earlier runs are gone)."""
     deadline = time.monotonic() + within
     while True:
         ready = await ready_warm(kube, namespace)
-        if all(ready.get(f"p{i}", 0) >= replicas for i in range(POOLS)):
+        if all(ready.get(f"p{i}", 0) >= replicas for i in range(pools)):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(
