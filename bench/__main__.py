@@ -55,6 +55,12 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "overhead": ([], ["--runs", "20", "--batch", "10", "--rounds", "2"]),
     "actions": ([], []),
+    # the same against the fair limit with a warm sandbox each, on the real node
+    "sandbox_overhead": ([], ["--runs", "4", "--batch", "3", "--rounds", "1"]),
+    "sandbox_overhead@production": (
+        ["--temporal", "production"],
+        ["--runs", "4", "--batch", "3", "--rounds", "1", "--temporal", "production"],
+    ),
     "run_profile": ([], ["--runs", "10", "--batch", "10"]),
     "actions@production": (["--temporal", "production"], ["--temporal", "production"]),
     "throughput": ([], ["--runs", "60"]),
@@ -144,6 +150,20 @@ ROWS: list[Row] = [
                 ),
                 "",
                 None,
+            ),
+            (
+                f"sandbox_overhead{server}",
+                "with warm sandboxes: run latency ksquad / the fair limit (p50)",
+                lambda d: dig(d, "against_the_fair_limit", "latency_ratio_p50"),
+                "<= 1.15",
+                lambda v: v <= 1.15,
+            ),
+            (
+                f"sandbox_overhead{server}",
+                "with warm sandboxes: throughput ksquad / the fair limit",
+                lambda d: dig(d, "against_the_fair_limit", "throughput_share"),
+                ">= 0.85",
+                lambda v: v >= 0.85,
             ),
             (
                 f"actions{server}",

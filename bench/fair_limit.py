@@ -20,6 +20,7 @@ shared endpoint and from a warm sandbox)."""
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from typing import Any
@@ -128,14 +129,24 @@ class FairLimitCaller:
         if task.pool is None:
             return await self.send(task.endpoint, task.contract)
         assert self.kube is not None
+        t0 = time.perf_counter()
         pod = await self.bind(task.pool, task.contract)
+        bound = time.perf_counter()
         (port,) = [p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])]
         endpoint = f"http://{pod['status']['podIP']}:{port}/"
         try:
             return await self.send(endpoint, task.contract)
         finally:
+            answered = time.perf_counter()
             self.cards.pop(endpoint, None)  # a pod serves one task
             await self.kube.delete(path("v1", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"]))
+            activity.logger.info(
+                "pod %s: bound in %.0f ms, answered in %.0f ms, deleted in %.0f ms",
+                pod["metadata"]["name"],
+                (bound - t0) * 1000,
+                (answered - bound) * 1000,
+                (time.perf_counter() - answered) * 1000,
+            )
 
     async def send(self, endpoint: str, contract: ExecutionContract) -> str:
         info = activity.info()

@@ -23,6 +23,7 @@ Targets as bench.overhead's (issue 49): latency at most 1.15 times and throughpu
 
 import argparse
 import asyncio
+import logging
 import tempfile
 import time
 import uuid
@@ -224,6 +225,10 @@ async def measure(
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("temporalio.activity").setLevel(
+        logging.INFO
+    )  # the fair limit's steps (bench.fair_limit)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
