@@ -61,14 +61,17 @@ SIDES = ("ksquad", "fair")
 
 
 async def fair_namespace(stack: Stack, replicas: int) -> str:
-    """A namespace of the fair limit's own with the chart's pool template for it, the pods' ServiceAccount and the
-    credential (the stack's model-key Secret): none of ksquad's RBAC, network or admission policies."""
+    """A namespace of the fair limit's own with the chart's pool template for it (on the stack's RuntimeClasses), the
+    pods' ServiceAccount and the credential (the stack's model-key Secret): none of ksquad's RBAC, network or
+    admission policies."""
     namespace = f"fair-{uuid.uuid4().hex[:8]}"
     stack.kubectl("create", "namespace", namespace)
     stack.kubectl("create", "serviceaccount", "ksquad-sandbox", "-n", namespace)
     (secret,) = [doc for doc in stack.resources(stack.model) if doc["kind"] == "Secret"]
     secret["metadata"]["namespace"] = namespace
-    pool = [doc for doc in rendered_pools(namespace, [POOL], replicas) if doc["kind"] == "ReplicaSet"]
+    runtime_classes = stack.sandbox_settings.get("runtime_classes")
+    rendered = rendered_pools(namespace, [POOL], replicas, runtime_classes)
+    pool = [doc for doc in rendered if doc["kind"] == "ReplicaSet"]
     docs = [secret, *pool]
     stack.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     return namespace

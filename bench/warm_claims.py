@@ -123,7 +123,8 @@ async def main(rates: list[float], seconds: float, replicas: int, temporal: Temp
 def apply_pools(stack: Stack, replicas: int, pools: int = POOLS) -> None:
     """The chart's warm pools p0, p1, ... (its ReplicaSet template), each mounting the Agent's credential, and the
     worker's settings for them as the chart gives them (with the templates it claims only pods of)."""
-    rendered = rendered_pools(stack.namespace, [f"p{i}" for i in range(pools)], replicas)
+    runtime_classes = stack.sandbox_settings.get("runtime_classes")
+    rendered = rendered_pools(stack.namespace, [f"p{i}" for i in range(pools)], replicas, runtime_classes)
     replica_sets = [doc for doc in rendered if doc["kind"] == "ReplicaSet"]
     stack.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(replica_sets))
     stack.pools = [p.model_dump() for p in chart.worker_settings(rendered).pools]
@@ -132,13 +133,18 @@ def apply_pools(stack: Stack, replicas: int, pools: int = POOLS) -> None:
     stack.sandbox_settings = {**stack.sandbox_settings, "resources": POD_RESOURCES}
 
 
-def rendered_pools(namespace: str, names: list[str], replicas: int) -> list[dict[str, Any]]:
+def rendered_pools(
+    namespace: str, names: list[str], replicas: int, runtime_classes: dict[str, str | None] | None = None
+) -> list[dict[str, Any]]:
     """The chart rendered with warm pools `names` in `namespace` (pods of the agent image asking POD_RESOURCES,
-    mounting the credential model-key)."""
+    mounting the credential model-key), on the RuntimeClasses `runtime_classes` maps to (the chart's by default)."""
+    sandbox = {"image": AGENT_IMAGE, "resources": POD_RESOURCES}
+    if runtime_classes is not None:
+        sandbox["runtimeClasses"] = runtime_classes
     return chart.render(
         {
             "namespaces": [namespace],
-            "sandbox": {"image": AGENT_IMAGE, "resources": POD_RESOURCES},
+            "sandbox": sandbox,
             "pools": [
                 {"name": name, "namespace": namespace, "replicas": replicas, "credentials": ["model-key"]}
                 for name in names

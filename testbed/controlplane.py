@@ -451,6 +451,9 @@ class ControlPlane:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             cwd=cwd,
+            # A node's usual umask, whatever this process's: an embedded stack sets 077 (dev.stack.private_state),
+            # and a containerd started under it made files the pods' non-root users cannot read (StartError).
+            umask=0o022,
         )
 
     def _check_alive(self) -> None:
