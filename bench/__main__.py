@@ -73,6 +73,11 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "cancel": ([], ["--runs", "5"]),
     "paused": ([], ["--runs", "500"]),
     "paused@production": (["--temporal", "production"], ["--runs", "500", "--temporal", "production"]),
+    # the moonshot (100,000 over 100 credentials) measured at 10,000 over 100 and scaled (bench.paused's doc)
+    "paused@production-100-credentials": (
+        ["--temporal", "production", "--credentials", "100", "--project", "100000"],
+        ["--runs", "500", "--credentials", "10", "--project", "100000", "--temporal", "production"],
+    ),
     "fairness": ([], ["--burst", "200", "--heavy", "120", "--light", "60", "--weights-rate", "1.5"]),
     "noisy": ([], ["--seconds", "15", "--decoys", "1000"]),
     "tracing": ([], ["--runs", "15", "--batch", "20", "--rounds", "1"]),
@@ -255,6 +260,41 @@ ROWS: list[Row] = [
                 lambda v: v <= 200,
             ),
             (name, "time to drain (s)", lambda d: d.get("seconds_to_drain"), "", None),
+        )
+    ),
+    *(
+        (
+            "paused@production-100-credentials",
+            figure,
+            read,
+            target,
+            ok,
+        )
+        for figure, read, target, ok in (
+            ("runs paused at once / credentials", lambda d: _values(d, "runs", "credentials"), "", None),
+            ("model calls while paused", lambda d: d.get("model_calls_during_pause"), "0", lambda v: v == 0),
+            (
+                "resume lateness p99 (ms)",
+                lambda d: dig(d, "resume_lateness", "p99_ms"),
+                "<= 500",
+                lambda v: v <= 500,
+            ),
+            (
+                "worker RSS while paused (MB)",
+                lambda d: dig(d, "rss_mb_while_paused", "worker", "max"),
+                "<= 300",
+                lambda v: v <= 300,
+            ),
+            (
+                "scaled to 100,000: PostgreSQL GB / CPU h to pause (Temporal, PostgreSQL)",
+                lambda d: (
+                    dig(d, "projected", "database_disk_gb", "postgresql"),
+                    dig(d, "projected", "cpu_hours_to_pause", "temporal"),
+                    dig(d, "projected", "cpu_hours_to_pause", "postgresql"),
+                ),
+                "",
+                None,
+            ),
         )
     ),
     *(
