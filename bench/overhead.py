@@ -45,7 +45,7 @@ from bench.fair_limit import (
     fair_limit_worker,
     fair_task_for,
 )
-from bench.histories import LOCAL_ACTIVITY_MARKER, shape_of
+from bench.histories import LOCAL_ACTIVITY_MARKER, shape_of, timeline_of
 from bench.stats import percentiles, report
 from dev.stack import DevStack
 from temporal_client.proofs import Signing
@@ -189,6 +189,10 @@ async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev
                 for side in sides[1:]:  # the first of each warms its worker (connections, the agent card)
                     await one_round(side, "warm", 1)
                 fair_shape = await shape_of(fair_client.get_workflow_handle("fair-warm-0"))
+                timelines = {
+                    "ksquad": await timeline_of(dev.client.get_workflow_handle(f"{NAMESPACE}/shape-00000")),
+                    "fair": await timeline_of(fair_client.get_workflow_handle("fair-warm-0")),
+                }
                 latency: dict[str, list[float]] = {side: [] for side in sides}
                 for i in range(runs):  # one at a time, taking turns
                     for side in sides:
@@ -211,6 +215,8 @@ async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev
         "what_a_run_does": shape,
         "what_the_fair_limit_does": fair_shape,
         "latency_one_at_a_time": lat,
+        # the first of each, from its history (the Run's, before the fair limit's worker started)
+        "where_the_first_ones_time_went": timelines,
         "throughput_batches": {"batch": batch, "rounds": rounds, "runs_per_second": rate},
         "against_the_fair_limit": against("fair"),
         "against_bare": against("bare"),
