@@ -6,9 +6,7 @@ checkpoint access ksquad alone grants differ), whose model sees the same request
 messages, tools), and both get the same answer; the fair limit's history is the least a workflow can have: one
 activity between two workflow tasks, two Temporal Cloud actions.
 
-With a warm sandbox (bench.sandbox_overhead), on the control plane's node: a Run whose agent runs in a pod of the
-chart's pool, and the fair limit taking a pod of the same template from a pool of its own, reach the same model with
-the same request through the agent in the pod, get the same answer, and the fair limit's pod is gone after."""
+With a warm sandbox: tests/crd_bridge/test_fair_limit_sandboxed.py."""
 
 import json
 from pathlib import Path
@@ -17,24 +15,15 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.callers import read_key
 from bench.fair_limit import (
     FAIR_TASK_QUEUE,
     FairLimitWorkflow,
     contract_of_a_run,
     fair_limit_worker,
-    fair_limit_worker_at,
     fair_task_for,
 )
 from bench.histories import shape_of
-from bench.sandbox_overhead import POOL, fair_namespace, ksquad_runs, quiet
-from bench.warm_claims import apply_pools
-from dev.devserver import DevServer
-from kube import Config, Kube, path
-from testbed.agents import ModelEndpoint
-from testbed.controlplane import ControlPlane
 from testbed.embedded import AGENT, MODEL, NAMESPACE, bench_stack, run_docs
-from testbed.stack import RUNC_FOR_GVISOR, build_stack
 
 # Two different answers, one for each caller in turn: an answer found in the wrong order would show.
 SCRIPT = {MODEL: [{"text": "the first answer"}, {"text": "the second answer"}]}
@@ -133,57 +122,3 @@ async def test_the_fair_limit_sends_a_ksquad_runs_task_to_the_same_agent_and_get
         assert shape["workflow_tasks"] == 2 and shape["actions"] == 2, shape
         ksquad = await shape_of(dev.client.get_workflow_handle(run_id))
         assert ksquad["actions"] > shape["actions"] and ksquad["history_bytes"] > shape["history_bytes"]
-
-
-async def test_the_fair_limit_with_a_warm_sandbox_sends_a_sandboxed_runs_task_through_the_same_agent(
-    ksquad_cluster: ControlPlane, dev_server: DevServer, model: ModelEndpoint, tmp_path: Path
-) -> None:
-    answers = [{"text": "the first answer"}, {"text": "the second answer"}]
-    async with Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as admin:
-        # on runc, as the bridge's tests run sandboxes (the bench measures gVisor's)
-        stack = await build_stack(
-            ksquad_cluster, dev_server, model, admin, tmp_path, runtime_classes=RUNC_FOR_GVISOR
-        )
-        try:
-            stack.apply(*stack.resources(model))
-            apply_pools(stack, 1, pools=1)
-            stack.kill("worker")  # started again knowing the pool
-            await stack.start("worker")
-            fair_ns = await fair_namespace(stack, 1)
-            await quiet(admin, [stack.namespace, fair_ns], 1, within=180)
-            model.script("dev-model", *answers)
-            await ksquad_runs(stack, "same", 1)  # fails unless the Run's sandbox was the pool's warm pod
-            template, run_answer = await contract_of_a_run(stack.temporal, f"{stack.namespace}/same-0")
-            assert run_answer == "the first answer"
-            assert template.contract.agent.endpoint is None, "the agent is the sandbox's"
-            (run_call,) = model.state.calls
-
-            await quiet(admin, [stack.namespace, fair_ns], 1, within=180)
-            model.script("dev-model", *answers)  # the same answer is due again
-            (taken,) = (await admin.list(path("v1", "pods", fair_ns)))["items"]
-            in_a_sandbox = template.model_copy(update={"pool": f"{fair_ns}/{POOL}"})
-            async with fair_limit_worker_at(
-                dev_server.target, read_key(stack.endpoint_key), admin, [(fair_ns, POOL)]
-            ) as client:
-                fair_answer = await client.execute_workflow(
-                    FairLimitWorkflow.run,
-                    fair_task_for(in_a_sandbox, "fair-sandboxed"),
-                    id=f"fair-sandboxed-{fair_ns}",
-                    task_queue=FAIR_TASK_QUEUE,
-                )
-                shape = await shape_of(client.get_workflow_handle(f"fair-sandboxed-{fair_ns}"))
-            assert fair_answer == run_answer
-            assert len(model.state.calls) == 2, (
-                "the fair limit's task reached the model once, through the pod"
-            )
-            assert seen(model.state.calls[1]) == seen(run_call)
-            assert shape["activities"] == 1 and shape["workflow_tasks"] == 2, shape
-            left = {
-                p["metadata"]["name"]: p for p in (await admin.list(path("v1", "pods", fair_ns)))["items"]
-            }
-            name = taken["metadata"]["name"]
-            assert name not in left or left[name]["metadata"].get("deletionTimestamp"), (
-                f"the pod the fair limit took, {name}, is not deleted after its task"
-            )
-        finally:
-            stack.stop()
