@@ -35,6 +35,7 @@ for the whole 48-minute drain, both on 2 cores).
 import argparse
 import asyncio
 import itertools
+import shutil
 import sys
 import tempfile
 import time
@@ -181,6 +182,11 @@ async def measure(
     rate = round(RAMP_SHARE / per_run, 2) if resume_per_second == "auto" else float(resume_per_second)
     each = round(rate / len(namespaces), 3)  # the credentials share the ramp
     (agent,) = [a for a in await dev.runs.objects.of_kind("Agent", NAMESPACE) if a.name == AGENT]
+    # the shared agent's credentials, mounted per namespace (testbed.embedded)
+    mounted = dev.state_dir / "agent-secrets"
+    for namespace in namespaces:
+        if namespace != NAMESPACE:
+            shutil.copytree(mounted / NAMESPACE, mounted / namespace)
     await dev.runs.apply(
         [
             *(
@@ -220,7 +226,10 @@ async def measure(
     resume_ats = []
     for doc in firsts:
         first = await dev.runs.get(doc["metadata"]["namespace"], doc["metadata"]["name"])
-        resume_ats.append(datetime.fromisoformat(str((first.status or {})["resumeAt"])))
+        status = first.status or {}
+        if not status.get("resumeAt"):
+            raise RuntimeError(f"{first.namespace}/{first.name} paused with no resumeAt: {status}")
+        resume_ats.append(datetime.fromisoformat(str(status["resumeAt"])))
     resume_at = min(resume_ats)  # the first limit to end: no call may come before it
     calls_before = len(dev.scripted.calls)
     disk_before, cpu_before = database_disk_mb(), cpu_by_role()
