@@ -24,10 +24,8 @@ Targets as bench.overhead's (issue 49): latency at most 1.15 times and throughpu
 import argparse
 import asyncio
 import logging
-import tempfile
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -36,25 +34,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.sandboxes.manifests import pod_ready
 from agent.callers import read_key
-from agent.scripted_model import build_app
-from bench.bridge import start_plane
 from bench.fair_limit import (
-    FAIR_TASK_QUEUE,
-    FairLimitWorkflow,
-    FairTask,
     contract_of_a_run,
     fair_limit_worker_at,
-    fair_task_for,
 )
 from bench.histories import shape_of, timeline_of
+from bench.overhead import fair_runs
 from bench.stats import percentiles, report
-from bench.warm_claims import acquisition, apply_pools, rendered_pools, unready_pods
-from dev.devserver import DevServer, ExternalTemporal
-from kube import Config, Kube, path
-from testbed.agents import ModelEndpoint
-from testbed.asgi import serving
-from testbed.embedded import TemporalKind, temporal_of_kind
-from testbed.stack import RUN_API, Stack, build_stack
+from bench.warm_claims import acquisition, rendered_pools, stack_with_pools, unready_pods
+from kube import Kube, path
+from testbed.embedded import TemporalKind
+from testbed.stack import RUN_API, Stack
 
 POOL = "p0"
 SIDES = ("ksquad", "fair")
@@ -133,49 +123,14 @@ async def ksquad_runs(stack: Stack, prefix: str, count: int) -> tuple[list[float
     return list(latencies), time.perf_counter() - t0
 
 
-async def fair_runs(client: Client, prefix: str, count: int, template: FairTask) -> tuple[list[float], float]:
-    t0 = time.perf_counter()
-
-    async def one(i: int) -> float:
-        name = f"fair-{prefix}-{i}"
-        await client.execute_workflow(
-            FairLimitWorkflow.run, fair_task_for(template, name), id=name, task_queue=FAIR_TASK_QUEUE
-        )
-        return (time.perf_counter() - t0) * 1000
-
-    latencies = await asyncio.gather(*(one(i) for i in range(count)))
-    return list(latencies), time.perf_counter() - t0
-
-
 async def main(runs: int, batch: int, rounds: int, temporal: TemporalKind = "dev") -> dict[str, Any]:
-    plane, state = start_plane()
-    plane.add_runtime_classes()
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            async with (
-                temporal_of_kind(temporal, Path(tmp)) as address,
-                serving(build_app(state)) as model_url,
-                DevServer(ui=False) if address is None else ExternalTemporal(address=address) as dev_server,
-                Kube(Config.from_kubeconfig(plane.admin_kubeconfig)) as admin,
-            ):
-                stack = await build_stack(
-                    plane, dev_server, ModelEndpoint(f"{model_url}/v1", state), admin, Path(tmp)
-                )
-                try:
-                    return await measure(stack, admin, runs, batch, rounds, temporal)
-                finally:
-                    stack.stop()
-    finally:
-        plane.stop()
+    async with stack_with_pools(temporal, batch, pools=1) as (stack, admin):
+        return await measure(stack, admin, runs, batch, rounds, temporal)
 
 
 async def measure(
     stack: Stack, admin: Kube, runs: int, batch: int, rounds: int, temporal: TemporalKind
 ) -> dict[str, Any]:
-    stack.apply(*stack.resources(stack.model))
-    apply_pools(stack, batch, pools=1)
-    stack.kill("worker")  # started again knowing the pool (the worker claims from those only)
-    await stack.start("worker")
     fair_ns = await fair_namespace(stack, batch)
     namespaces = [stack.namespace, fair_ns]
     await quiet(admin, namespaces, batch)
@@ -192,7 +147,7 @@ async def measure(
             await quiet(admin, namespaces, batch)
             if side == "ksquad":
                 return await ksquad_runs(stack, prefix, count)
-            return await fair_runs(fair_client, prefix, count, template)
+            return await fair_runs(fair_client, f"fair-{prefix}", count, template)
 
         await one_round("fair", "warm", 1)  # its worker's first task: connections, the pool's watch
         fair_shape = await shape_of(fair_client.get_workflow_handle("fair-warm-0"))

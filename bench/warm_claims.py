@@ -23,11 +23,13 @@ kubernetes-sigs/agent-sandbox publishes 45 claims/s over four pools at p50 92 ms
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -60,10 +62,15 @@ PEER = {"claims_per_second": 45, "p50_ms": 92, "p90_ms": 182, "p99_ms": 376}  # 
 POD_RESOURCES = {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}}
 
 
-async def main(rates: list[float], seconds: float, replicas: int, temporal: TemporalKind = "dev") -> None:
+@contextlib.asynccontextmanager
+async def stack_with_pools(
+    temporal: TemporalKind, replicas: int, pools: int = POOLS
+) -> AsyncIterator[tuple[Stack, Kube]]:
+    """ksquad deployed as the chart deploys it (testbed.stack) on the control plane and its node, the scripted model
+    answering, on Temporal of `temporal`, with the chart's warm pools p0... of `replicas` pods and the worker knowing
+    them; yields the stack and an admin client."""
     plane, state = start_plane()
     plane.add_runtime_classes()
-    results: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             async with (
@@ -77,34 +84,40 @@ async def main(rates: list[float], seconds: float, replicas: int, temporal: Temp
                 )
                 try:
                     stack.apply(*stack.resources(stack.model))
-                    apply_pools(stack, replicas)
+                    apply_pools(stack, replicas, pools)
                     stack.kill(
                         "worker"
                     )  # started again knowing the pools (the worker claims from those only)
                     await stack.start("worker")
-                    await pools_full(admin, stack.namespace, replicas)
-                    idle = await machine_busy_over(IDLE_SECONDS)
-                    results["machine_busy_idle"] = round(idle, 2)
-                    for rate in rates:
-                        try:
-                            await pools_full(admin, stack.namespace, replicas)
-                        except RuntimeError as err:  # the last rate's pods still hold the node
-                            results["sweep_stopped"] = f"before {rate:g}/s: {str(err)[:1500]}"
-                            break
-                        key = f"{rate:g}_claims_per_second"
-                        prefix = f"w{rate:g}".replace(".", "-")
-                        results[key] = await measure(stack, admin, prefix, rate, seconds, idle)
-                        if results[key]["phases"].get("Succeeded") != results[key]["runs"]:
-                            print(f"worker log:\n{stack.log('worker')[-4000:]}", file=sys.stderr)
-                        if not rate_held(results[key]):
-                            # A higher rate would only pile more cold pods on the node, which did not hold this
-                            # one: the sweep ends at the machine's ceiling, with what it measured.
-                            results["sweep_stopped"] = f"{rate:g}/s did not hold: higher rates not tried"
-                            break
+                    yield stack, admin
                 finally:
                     stack.stop()
     finally:
         plane.stop()
+
+
+async def main(rates: list[float], seconds: float, replicas: int, temporal: TemporalKind = "dev") -> None:
+    results: dict[str, Any] = {}
+    async with stack_with_pools(temporal, replicas) as (stack, admin):
+        await pools_full(admin, stack.namespace, replicas)
+        idle = await machine_busy_over(IDLE_SECONDS)
+        results["machine_busy_idle"] = round(idle, 2)
+        for rate in rates:
+            try:
+                await pools_full(admin, stack.namespace, replicas)
+            except RuntimeError as err:  # the last rate's pods still hold the node
+                results["sweep_stopped"] = f"before {rate:g}/s: {str(err)[:1500]}"
+                break
+            key = f"{rate:g}_claims_per_second"
+            prefix = f"w{rate:g}".replace(".", "-")
+            results[key] = await measure(stack, admin, prefix, rate, seconds, idle)
+            if results[key]["phases"].get("Succeeded") != results[key]["runs"]:
+                print(f"worker log:\n{stack.log('worker')[-4000:]}", file=sys.stderr)
+            if not rate_held(results[key]):
+                # A higher rate would only pile more cold pods on the node, which did not hold this
+                # one: the sweep ends at the machine's ceiling, with what it measured.
+                results["sweep_stopped"] = f"{rate:g}/s did not hold: higher rates not tried"
+                break
     report(
         "warm_claims",
         {
