@@ -9,10 +9,12 @@ PYTEST_WORKERS ?= -n 2 --dist loadgroup
 .PHONY: demo test bench lint pytest venv testbins host-packages images lock clean
 
 venv: $(BIN)/.installed
-$(BIN)/.installed: pyproject.toml
+# The test bed's dependencies from tests/requirements.lock (hash-checked, like the images'), then the project itself.
+$(BIN)/.installed: pyproject.toml tests/requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --require-hashes -r tests/requirements.lock
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
 # MODEL=local: the seed's Run against a real model instead (llama.cpp's server with SmolLM2-135M-Instruct, built
@@ -59,7 +61,7 @@ host-packages:
 images: venv host-packages
 	PYTHON=$(BIN)/python images/build.sh
 
-# The images' locked dependencies (images/*.lock), after pyproject.toml's dependencies change.
+# The locked dependencies (images/*.lock, tests/requirements.lock), after pyproject.toml's dependencies change.
 UV_COMPILE = $(BIN)/uv pip compile --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_36 \
              --no-header --no-annotate --quiet
 lock: venv
@@ -67,6 +69,9 @@ lock: venv
 	{ echo "# The locked dependency set of the ksquad and ksquad-agent images (CPython 3.11, x86_64, glibc 2.36:"; \
 	  echo "# Debian bookworm). Regenerate with \`make lock\` after changing pyproject.toml's dependencies."; \
 	  $(UV_COMPILE) pyproject.toml; } > images/requirements.lock
+	{ echo "# The locked dependency set of the test bed's venv (\`make venv\`): the images' set, the dev and test extras"; \
+	  echo "# beside it. Regenerate with \`make lock\`."; \
+	  $(UV_COMPILE) --extra test -c images/requirements.lock pyproject.toml; } > tests/requirements.lock
 	{ echo "# The pip that installs the images' wheels (run from its wheel inside the build; not in the images)."; \
 	  echo "# Regenerate with \`make lock\`."; echo pip | $(UV_COMPILE) -; } > images/build-tools.lock
 
