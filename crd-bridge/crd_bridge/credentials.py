@@ -11,7 +11,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from crd_bridge.resolve import CREDENTIAL_LABEL
-from kube import ApiError, Kube, Unreachable, path
+from kube import Kube, path, reflect
 from workflows import search_attributes as sa
 from workflows.signals import RunSignal
 
@@ -24,40 +24,51 @@ class CredentialWatcher:
         self.temporal = temporal
         # Empty: every namespace (needs a ClusterRole; the chart grants per namespace).
         self.namespaces = namespaces
-        self.versions: dict[str, str] = {}  # secret -> the resourceVersion last seen
+        self.versions: dict[str, str] = {}  # namespace/secret -> the resourceVersion last seen
+        self.rotated: asyncio.Queue[str] = asyncio.Queue()  # namespace/secret, in the order seen
         self.signalled = 0
 
     async def run(self) -> None:
         urls = [path("v1", "secrets", ns) for ns in self.namespaces] or [path("v1", "secrets")]
-        await asyncio.gather(*(self._watch(url) for url in urls))
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._signal_rotations())
+            for url in urls:
+                tasks.create_task(self._watch(url))
 
     async def _watch(self, url: str) -> None:
-        while True:
-            try:
-                listed = await self.kube.list(url, labels=CREDENTIAL_LABEL, metadata_only=True)
-                for secret in listed.get("items") or []:
-                    self.versions[_key(secret)] = secret["metadata"]["resourceVersion"]
-                version: str | None = listed["metadata"]["resourceVersion"]
-                while version is not None:
-                    version = await self._follow(url, version)
-            except (Unreachable, ApiError) as err:
-                log.warning("watching credentials: %s", err)
-                await asyncio.sleep(2)
+        lists = 0
 
-    async def _follow(self, url: str, version: str) -> str | None:
-        async for event in self.kube.watch(
-            url, resource_version=version, labels=CREDENTIAL_LABEL, metadata_only=True
-        ):
-            kind, secret = event["type"], event["object"]
-            if kind == "ERROR":
-                return None
-            version = secret["metadata"]["resourceVersion"]
-            if kind in ("ADDED", "MODIFIED"):
-                key = _key(secret)
-                if self.versions.get(key) != version:  # a new or changed credential
-                    await self.refreshed(secret["metadata"]["namespace"], secret["metadata"]["name"])
-                self.versions[key] = version
-        return version
+        def listed(secrets: list[dict[str, Any]]) -> None:
+            # The first list is what was there before the bridge: nothing to announce. A later one follows a
+            # watch that broke (410 Gone, an outage): a Secret new or changed since is a rotation the watch missed.
+            nonlocal lists
+            lists += 1
+            for secret in secrets:
+                self._saw(secret, announce=lists > 1)
+
+        def changed(kind: str, secret: dict[str, Any]) -> None:
+            if kind == "DELETED":
+                self.versions.pop(_key(secret), None)
+            else:
+                self._saw(secret, announce=True)
+
+        await reflect(self.kube, url, listed, changed, labels=CREDENTIAL_LABEL, metadata_only=True)
+
+    def _saw(self, secret: dict[str, Any], announce: bool) -> None:
+        key, version = _key(secret), secret["metadata"]["resourceVersion"]
+        if announce and self.versions.get(key) != version:  # a new or changed credential
+            self.rotated.put_nowait(key)
+        self.versions[key] = version
+
+    async def _signal_rotations(self) -> None:
+        while True:
+            namespace, secret = (await self.rotated.get()).split("/", 1)
+            try:
+                await self.refreshed(namespace, secret)
+            except RPCError as err:  # Temporal unreachable: the runs' pausedSeconds still bounds their wait
+                log.warning(
+                    "credential %s/%s refreshed, but its runs could not be listed: %s", namespace, secret, err
+                )
 
     async def refreshed(self, namespace: str, secret: str) -> None:
         # Every open run of the namespace, not only Paused ones: visibility lags behind a run that has just

@@ -207,7 +207,7 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ),
     ("ksquad-bridge", "", "secrets", "list"): resolve_references,
     ("ksquad-bridge", "authorization.k8s.io", "localsubjectaccessreviews", "create"): resolve_references,
-    ("ksquad-bridge", "", "secrets", "watch"): (  # CredentialWatcher._follow
+    ("ksquad-bridge", "", "secrets", "watch"): (  # CredentialWatcher._watch (kube.reflect)
         lambda k, f: first_event(k, path("v1", "secrets", f.ns))
     ),
     ("ksquad-bridge-lease", "coordination.k8s.io", "leases", "get"): elect,
