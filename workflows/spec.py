@@ -167,7 +167,8 @@ class RetryPolicy(KsquadModel):
 
 
 class Timeouts(KsquadModel):
-    """Every phase has a bound: nothing stays Pending, Queued, Claiming, Running or Paused forever."""
+    """Bounds on each phase: while a worker runs the Run, nothing stays Pending on its references, Queued,
+    Claiming, Running or Paused forever (a retry's backoff is bounded by retryPolicy)."""
 
     claim_seconds: int = Field(default=300, ge=1, le=7 * 86400)
     """Pending while references are missing, and each Claiming (the work item, then the sandbox)."""
