@@ -62,6 +62,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
         ["--runs", "4", "--batch", "3", "--rounds", "1", "--temporal", "production"],
     ),
     "run_profile": ([], ["--runs", "10", "--batch", "10"]),
+    "workflow_sandbox": ([], ["--runs", "5", "--times", "3"]),
     "actions@production": (["--temporal", "production"], ["--temporal", "production"]),
     "throughput": ([], ["--runs", "60"]),
     # the same two on Temporal's production server (PostgreSQL persistence and visibility), side by side
@@ -541,6 +542,17 @@ ROWS: list[Row] = [
         "CPU ms per Run: the stack (profiled) / the agent / Temporal",
         lambda d: _values(d.get("cpu_ms_per_run"), "stack", "agent", "temporal"),
         "",
+        None,
+    ),
+    (
+        "workflow_sandbox",
+        "Temporal's sandbox (pydantic passed through): replays / share of throughput it would cost",
+        lambda d: _values(
+            dig(d, "runners", "sandboxed, pydantic passed through (Temporal's advice)"),
+            "replays",
+            "throughput_cost",
+        ),
+        "cost > 0.10: keep the unsandboxed runner",
         None,
     ),
     (

@@ -78,7 +78,7 @@ from workflows.run.throttles import Throttles
 from workflows.signals import STATE_QUERY, RunSignal
 from workflows.status import PauseReason, Phase, RunStatus, UsageStatus, WorkflowRef
 
-_AGENT_ERRORS = {e.value for e in AgentError}
+_AGENT_ERRORS = [e.value for e in AgentError]  # in the enum's order: a set's would be the hash seed's
 # Outputs are published by a local activity (one short write: a ConfigMap, or nothing embedded); runs that
 # scheduled it as an activity before replay as they ran.
 LOCAL_PUBLISH_PATCH = "publish-outputs-local"
@@ -428,7 +428,7 @@ class RunWorkflow:
                 retry=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_attempts=5,
-                    non_retryable_error_types=list(_AGENT_ERRORS),
+                    non_retryable_error_types=_AGENT_ERRORS,
                 ),
                 cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
                 summary=f"{self.route.agent().name}: {self.route.model().name}, message {message_id}",
