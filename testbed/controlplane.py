@@ -107,12 +107,17 @@ def _client_cert_user(pair: KeyPair) -> dict[str, str]:
     return {"client-certificate": str(pair.cert), "client-key": str(pair.key)}
 
 
-# The apiserver logs what is written to it (never Secrets): tests.support.secret_scan reads it after the suite.
+# The apiserver logs what is written to it (never a Secret's body): tests.support.secret_scan reads it after the
+# suite. Who read Secrets and Runs is logged too, without bodies: tests that a request made no read as a person
+# count those lines, and need reads to be logged for the count to mean anything.
 AUDIT_POLICY = """\
 apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+- level: Metadata
+  verbs: [get, list, watch]
+  resources: [{group: "", resources: [secrets]}, {group: ksquad.io, resources: [runs]}]
 - level: None
   resources: [{group: "", resources: [secrets]}]
 - level: Request

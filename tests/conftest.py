@@ -170,6 +170,7 @@ def cluster() -> Iterator[ControlPlane]:
                 "secret_scan.run_texts_in_jobs_or_pods": len(audit.texts_in_pods),
             }
         )
+        assert audit.scanned > 0, f"{plane.audit_log} recorded no write: the scan below would prove nothing"
         assert not audit.leaks, f"credentials copied into objects: {audit.leaks[:20]}"
         assert not audit.texts_in_pods, f"prompts or inputs in Job or Pod specs: {audit.texts_in_pods[:20]}"
         assert not audit.insecure_pods, f"sandbox pods not locked down: {audit.insecure_pods[:20]}"

@@ -63,6 +63,7 @@ async def test_a_killed_worker_does_not_make_the_agent_run_twice(
         if model.state.in_flight == 1:
             break
         await asyncio.sleep(0.02)
+    assert model.state.in_flight == 1, "the agent is mid-task when the worker is killed"
     await asyncio.sleep(1.0)  # a heartbeat or two carry the remote task id
     first.kill()
     first.wait()

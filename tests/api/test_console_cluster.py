@@ -267,7 +267,14 @@ async def test_a_long_runs_page_shows_its_newest_progress_and_a_reader_whose_rig
         assert "line 399</li>" not in page.text, "the newest progress is shown, not the oldest"
         assert "attempt 1: running" in page.text, "every phase is on the timeline"
 
-        # A name that would climb to another API path is refused before any call is made as the person.
+        # A name that would climb to another API path is refused before any call is made as the person (the
+        # audit log records who reads Secrets and Runs: testbed.controlplane.AUDIT_POLICY).
+        runs_read = person_requests(cluster, viewer, "list", "runs")
+        listed = await http.get("/console/", params={"namespace": namespace})
+        assert listed.status_code == 200, listed.text
+        assert person_requests(cluster, viewer, "list", "runs") > runs_read, (
+            "the audit log records the person's reads"
+        )
         climbing = "../../../../api/v1/namespaces/kube-system/secrets#"
         refused = await http.get("/console/", params={"namespace": climbing})
         assert refused.status_code == 422 and "is not a Kubernetes name" in refused.text, refused.text
@@ -446,6 +453,13 @@ async def test_a_runs_table_is_told_when_its_runs_change_and_costs_the_api_serve
             # No tab followed the namespace yet: its watch starts now, and the tab is told once it has listed
             # (what changed between the page's own list and the watch's start, the watch could not see).
             assert await next_event(lines) == ("change", {})
+            lists_before = person_requests(cluster, member, "list", "runs")
+            # The audit log sees the person's lists (testbed.controlplane.AUDIT_POLICY): the count below can move.
+            listed = await http.get(f"/console/runs.frag?namespace={namespace}", headers=auth)
+            assert listed.status_code == 200, listed.text
+            assert person_requests(cluster, member, "list", "runs") > lists_before, (
+                "the person's list was not seen"
+            )
             lists_before = person_requests(cluster, member, "list", "runs")
             quiet = asyncio.create_task(next_event(lines))
             await asyncio.sleep(6)  # three looks with nothing changed: no event, and no list as the person

@@ -143,6 +143,8 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
 
 def test_the_codec_key_ring_is_mounted_from_its_secret_into_every_process_that_talks_to_temporal() -> None:
     with_codec = chart.render({**VALUES, "codec": {"keySecret": {"name": "ksquad-codec", "key": "key"}}})
+    every = {"ksquad-api", "ksquad-bridge", "ksquad-worker"}
+    assert {d["metadata"]["name"] for d in with_codec if d["kind"] == "Deployment"} == every
     for deployment in (d for d in with_codec if d["kind"] == "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -158,6 +160,7 @@ def test_the_codec_key_ring_is_mounted_from_its_secret_into_every_process_that_t
         )
         assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
     without = chart.render(VALUES)
+    assert {d["metadata"]["name"] for d in without if d["kind"] == "Deployment"} == every
     for deployment in (d for d in without if d["kind"] == "Deployment"):
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert "KSQUAD_CODEC_KEY_FILE" not in {e["name"] for e in container["env"]}

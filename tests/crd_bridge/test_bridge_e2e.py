@@ -64,8 +64,22 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
     )
     seed = yaml.safe_load(SEED.read_text())
     seed["metadata"]["namespace"] = ns
+    sandboxes: dict[str, dict[str, Any]] = {}  # uid -> each Job and Pod of the Run seen while it lived
+
+    async def keep_sandboxes() -> None:
+        while True:
+            for kind in ("pods", "jobs"):
+                group = "v1" if kind == "pods" else "batch/v1"
+                listed = await stack.kube.list(path(group, kind, ns), labels="ksquad.io/run=fix-flaky-tests")
+                sandboxes.update({o["metadata"]["uid"]: {**o, "kind": kind} for o in listed["items"]})
+            await asyncio.sleep(0.2)
+
+    keeping = asyncio.create_task(keep_sandboxes())
     stack.apply(seed)
-    seen = await watch_phases(stack, "fix-flaky-tests", {"Succeeded", "Failed"})
+    try:
+        seen = await watch_phases(stack, "fix-flaky-tests", {"Succeeded", "Failed"})
+    finally:
+        keeping.cancel()
     run = await stack.run("fix-flaky-tests")
     status = run["status"]
     assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
@@ -90,18 +104,20 @@ async def test_the_seed_run_applied_with_kubectl_runs_to_succeeded_and_events_te
         e["reason"] for e in sorted(events, key=lambda e: e["metadata"]["annotations"]["ksquad.io/revision"])
     ]
     assert in_order(story, ["Created", "Claiming", "Running", "Succeeded"]), story
-    configmaps = await stack.kube.list(path("v1", "configmaps", ns), labels="ksquad.io/run=fix-flaky-tests")
-    assert configmaps["items"] == [], (
+    configmaps = await stack.kube.list(path("v1", "configmaps", ns))
+    assert configmaps["items"], "the namespace's ConfigMaps are listed (its kube-root-ca.crt at least)"
+    assert not [c["metadata"]["name"] for c in configmaps["items"] if "Stabilized" in json.dumps(c)], (
         "the answer is the Run's (status, artifacts), in no ConfigMap `view` reads"
     )
 
     description = await stack.temporal.get_workflow_handle(f"{ns}/fix-flaky-tests").describe()
     assert description.search_attributes[sa.TRIGGERED_BY.name] == ["ksquad-test-admin"]
     assert description.search_attributes[sa.PHASE.name] == ["Succeeded"]
-    pods = await stack.kube.list(path("v1", "pods", ns), labels="ksquad.io/run=fix-flaky-tests")
-    for pod in pods["items"]:
-        env = json.dumps(pod["spec"])
-        assert "ksquad-test-admin" not in env, "the sandbox never gets the user's identity"
+    assert {o["kind"] for o in sandboxes.values()} == {"jobs", "pods"}, "the sandbox was seen while it lived"
+    for sandbox in sandboxes.values():
+        assert "ksquad-test-admin" not in json.dumps(sandbox["spec"]), (
+            "the sandbox never gets the user's identity"
+        )
     stack.kubectl("delete", "runs", "--all", "-n", ns, "--wait=true", "--timeout=60s")
 
 
@@ -122,6 +138,8 @@ async def test_kubectl_delete_of_a_running_run_ends_cancelled_with_its_sandbox_g
     stack.apply(*stack.resources(model), run_doc("doomed"))
     await stack.wait_phase("doomed", {"Running"})
     await wait_for(lambda: model.state.in_flight == 1, "the agent's model call")
+    running = await stack.kube.list(path("batch/v1", "jobs", stack.namespace))
+    assert running["items"], "the sandbox's Job is there while the Run runs (where the check below looks)"
     stack.kubectl("delete", "run", "doomed", "-n", stack.namespace, "--wait=true", "--timeout=60s")
     assert stack.kubectl("get", "run", "doomed", "-n", stack.namespace, check=False).returncode != 0, (
         "finalizer removed"
@@ -144,6 +162,8 @@ async def test_the_cancel_annotation_cancels_without_deleting(
     stack = await start_stack()
     stack.apply(*stack.resources(model), run_doc("stop-me"))
     await stack.wait_phase("stop-me", {"Running"})
+    running = await stack.kube.list(path("batch/v1", "jobs", stack.namespace))
+    assert running["items"], "the sandbox's Job is there while the Run runs (where the check below looks)"
     stack.kubectl(
         "annotate", "run", "stop-me", "-n", stack.namespace, "ksquad.io/cancel-requested=no longer needed"
     )

@@ -11,7 +11,6 @@ from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus
 
-from kube import path
 from store import Store, work_item_key
 from testbed.agents import AgentFactory, ModelEndpoint
 from tests.crd_bridge.conftest import RUN_API, Stack, StackFactory
@@ -173,7 +172,8 @@ async def test_a_run_cancelled_from_each_waiting_phase_each_way_shows_cancelling
             assert actions[-1] == "released", (item, actions)
     finally:
         await store.close()
-    assert not (await stack.kube.list(path("batch/v1", "jobs", stack.namespace)))["items"]
+    # No Job to look for: these Runs' agent is a running A2A endpoint (no sandbox); a cancelled sandbox is
+    # deleted in test_bridge_e2e.py and tests/chart/test_install.py.
     await cancel(stack, "holder", "kubectl-delete")
     await ended(stack, "holder", "kubectl-delete")
     await wait_for_abandoned(model)

@@ -599,5 +599,7 @@ async def test_the_bridge_could_read_a_secrets_value_only_by_a_full_list_as_the_
         "what the bridge asks for: labels, no values"
     )
     full = await bridge.list(path("v1", "secrets", rbac.ns))  # what RBAC cannot forbid it: docs/operating.md
+    names = {item["metadata"]["name"] for item in full["items"]}
+    assert names and {item["metadata"]["name"] for item in metadata["items"]} == names, "the same Secrets"
     assert any(item.get("data") for item in full["items"])
     assert await rbac.outcome("ksquad-bridge", NOT_GRANTED["bridge reads a Secret's data"]) == 403

@@ -157,9 +157,7 @@ async def test_a_page_of_another_origin_changes_nothing(dev: DevProcess, tmp_pat
         )
         dom, _ = await asyncio.wait_for(browser.communicate(), 120)
     assert reports, f"the page ran its attack: {dom.decode()[-2000:]}"
-    assert "data-leak" not in dom.decode() or "intruder" not in dom.decode(), (
-        "nothing listed leaked to the page"
-    )
+    assert "data-leak" not in dom.decode(), "nothing listed leaked to the page"
 
     run = await dev.run_json("victim")
     assert run["status"]["phase"] == "Running", "not cancelled, not paused"

@@ -7,6 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from testbed.agents import MODEL_KEY
 from tests.support.secret_scan import scan_audit_log, scan_logs
 
@@ -104,3 +106,17 @@ def test_the_scanner_finds_a_runs_task_in_a_job() -> None:
         report = scan_audit_log(audit)
     assert report.private_texts == 2
     assert report.texts_in_pods == ["create jobs/ ns/r-exec-1 holds 'Rotate the ledger keys b'"]
+
+
+def test_the_scanner_reads_the_logs_the_api_server_rotated_and_refuses_a_missing_one() -> None:
+    leaky = {"containers": [{"name": "agent", "env": [{"name": "KEY", "value": MODEL_KEY}]}]}
+    with tempfile.TemporaryDirectory() as tmp:
+        audit = Path(tmp) / "audit.log"
+        (Path(tmp) / "audit-2026-12-07T04-50-00.000.log").write_text(pod_created("early", leaky) + "\n")
+        audit.write_text(pod_created("late", {}) + "\n")
+        report = scan_audit_log(audit)
+        assert report.scanned == 2
+        assert len(report.leaks) == 1 and "ns/early" in report.leaks[0], "the rotated log's write is scanned"
+        audit.unlink()
+        with pytest.raises(FileNotFoundError, match="proves nothing"):
+            scan_audit_log(audit)

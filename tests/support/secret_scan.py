@@ -58,10 +58,13 @@ def _private_texts(events: list[dict[str, Any]]) -> set[str]:
 
 
 def scan_audit_log(path: Path) -> ScanReport:
+    """Every write the audit log at `path` recorded, the files the API server rotated it into (`audit-<time>.log`
+    beside it) first: a long session's early writes are there."""
     report = ScanReport()
     if not path.is_file():
-        return report
-    events = [json.loads(line) for line in path.read_text().splitlines()]
+        raise FileNotFoundError(f"no audit log at {path}: nothing to scan, which proves nothing")
+    logs = [*sorted(path.parent.glob(f"{path.stem}-*{path.suffix}")), path]
+    events = [json.loads(line) for log in logs for line in log.read_text().splitlines() if line.strip()]
     private = _private_texts(events)
     report.private_texts = len(private)
     for event in events:
