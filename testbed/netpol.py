@@ -23,12 +23,9 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from testbed.isolate import LOOPBACK, POD_SUBNET, free_port
-
-if TYPE_CHECKING:
-    from testbed.controlplane import ControlPlane
+from testbed.plane import Plane
 
 BUILD_SCRIPT = Path(__file__).with_name("build-network-policies.sh")
 QUEUE = 100  # its default --nfqueue-id
@@ -94,7 +91,7 @@ def see_bridged_packets() -> None:
 
 
 class NetworkPolicies:
-    def __init__(self, plane: "ControlPlane", root: Path, node_name: str) -> None:
+    def __init__(self, plane: Plane, root: Path, node_name: str) -> None:
         self.plane = plane
         self.root = root
         self.node_name = node_name

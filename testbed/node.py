@@ -40,16 +40,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
 from testbed import images
 from testbed.isolate import BRIDGE, LOOPBACK, NODE_ADDRESS, POD_RANGE, POD_SUBNET, free_port, isolated
 from testbed.netpol import NetworkPolicies, remove_queue_rules
-
-if TYPE_CHECKING:
-    from testbed.controlplane import ControlPlane
+from testbed.plane import Plane
 
 log = logging.getLogger(__name__)
 NODE_NAME = "ksquad-node"
@@ -139,7 +136,7 @@ def cni_config(root: Path) -> dict[str, object]:
 
 
 def kubelet_config(
-    plane: "ControlPlane", root: Path, serving: tuple[Path, Path], healthz_port: int
+    plane: Plane, root: Path, serving: tuple[Path, Path], healthz_port: int
 ) -> dict[str, object]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -191,7 +188,7 @@ def kubelet_config(
 class Node:
     """containerd, the kubelet and kube-proxy of one node, started against a running control plane."""
 
-    def __init__(self, plane: "ControlPlane") -> None:
+    def __init__(self, plane: Plane) -> None:
         self.plane = plane
         self.root = plane.root / "node"
         self.containerd_root = self.root / "containerd"
