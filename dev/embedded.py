@@ -23,7 +23,6 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from crd_bridge.activities import recorded_chain, status_body
 from crd_bridge.envelopes import Execution, check_chain, check_envelope, counted, execution_chain, refusal
 from crd_bridge.events import phase_records
 from crd_bridge.resolve import (
@@ -34,6 +33,7 @@ from crd_bridge.resolve import (
     resolve,
     stored_spec,
 )
+from crd_bridge.status import recorded_chain, status_body
 from store import StoreError
 from store.objects import Applied, ObjectStore, StoredObject
 from temporal_client.chains import Chains

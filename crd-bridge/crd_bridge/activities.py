@@ -2,30 +2,25 @@
 objects on behalf of a workflow.
 
 - `resolve_references`: the Run's references, read from the API server in the Run's namespace.
-- `mirror_status`: the workflow's status onto the Run's status subresource. Writes are guarded twice: a
-  snapshot with a revision at or below the stored one is dropped (a late or retried write never rolls the
-  status back), and the write carries the resourceVersion it read (a concurrent writer makes it retry).
-  Each phase change becomes an Event and, with a store, an entry of the run's event log (the cluster API's
-  event streams), once per revision.
+- `mirror_status`: the workflow's status onto the Run's status subresource, from the execution the bridge
+  started and no other; crd_bridge.status writes it (guarded by revision and resourceVersion), as it writes
+  every status the bridge writes.
 """
 
 import contextlib
 import logging
-import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from crd_bridge.envelopes import Execution, check_chain, check_envelope, counted, execution_chain, refusal
-from crd_bridge.events import RUN_API, EventRecorder, phase_records
-from crd_bridge.metrics import APPLY_TO_STATUS_SECONDS, MIRROR_LAG_SECONDS, RUNS_BY_PHASE, STATUS_WRITES
+from crd_bridge.events import RUN_API
 from crd_bridge.resolve import ANYTHING, KINDS, AllowLists, not_this_run, resolve, stored_spec
 from crd_bridge.resources import PLURALS, TRIGGERED_BY_ANNOTATION, TRIGGERED_BY_GROUPS_ANNOTATION
+from crd_bridge.status import RunStatusWriter, recorded_chain, run_path
 from kube import ApiError, Kube, Unreachable, path
-from store import Store, StoreError
+from store import StoreError
 from temporal_client.chains import Chains
 from temporal_client.seal import Copied, Sealer, Unsealed
 from workflows.activity_types import Activity, ResolveRequest, RunRef
@@ -36,71 +31,25 @@ from workflows.status import StatusSnapshot
 log = logging.getLogger(__name__)
 
 
-def run_path(namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
-    return path(RUN_API, "runs", namespace, name, subresource)
-
-
-def status_body(snapshot: StatusSnapshot) -> dict[str, Any]:
-    """The status as the CRD stores it (camelCase; None clears a field under a merge patch)."""
-    body: dict[str, Any] = snapshot.status.model_dump(mode="json", by_alias=True)
-    return body
-
-
-@dataclass(frozen=True)
-class SeenRun:
-    """What a status write needs of a Run: which Run it is, its version, the revision its status has, and the
-    execution of its workflow the bridge started (crd_bridge.envelopes)."""
-
-    uid: str
-    resource_version: str
-    revision: int
-    phase: str | None = None
-    chain: str | None = None
-
-
 class BridgeActivities:
     def __init__(
         self,
         kube: Kube,
-        instance: str,
+        status: RunStatusWriter,
         namespace_limit: int | None = None,
         allow: AllowLists = ANYTHING,
-        store: Store | None = None,
         sealer: Sealer | None = None,
         chains: Chains | None = None,
     ) -> None:
         self.kube = kube
+        # Writes every status the bridge writes (crd_bridge.status), shared with the reconciler.
+        self.status = status
         # Which execution each activity runs for, as the Temporal server says (None: tests of the activities alone).
         self.chains = chains
         # Seals every resolution for the worker (temporal_client.seal); None: unsealed, which a worker refuses.
         self.sealer = sealer
-        # Where phase changes are logged for the event streams of the cluster API (None: Events only).
-        self.store = store
-        self.events = EventRecorder(kube, instance)
         self.namespace_limit = namespace_limit
         self.allow = allow
-        # The newest version of each Run this replica has seen (the leader's watch, and its own writes): a status
-        # write starts from it instead of reading the Run. A stale entry costs a conflict, then a read.
-        self.seen: dict[tuple[str, str], SeenRun] = {}
-        self.watching = False  # the leader's watch feeds `seen` with every Run
-        self.arrived: dict[str, float] = {}  # uid -> when a Run without status was first seen
-        RUNS_BY_PHASE.phases = self._phases
-
-    def _phases(self) -> list[str] | None:
-        return [s.phase or "" for s in self.seen.values()] if self.watching else None
-
-    def saw(self, run: dict[str, Any], deleted: bool = False) -> None:
-        key = (run["metadata"]["namespace"], run["metadata"]["name"])
-        if deleted:
-            gone = self.seen.pop(key, None)
-            if gone is not None:
-                self.arrived.pop(gone.uid, None)
-            return
-        seen = self.seen[key] = _seen(run)
-        if seen.phase is None:
-            self.arrived.setdefault(seen.uid, time.monotonic())
-        elif (since := self.arrived.pop(seen.uid, None)) is not None:
-            APPLY_TO_STATUS_SECONDS.observe(time.monotonic() - since)
 
     @activity.defn(name=Activity.RESOLVE_REFERENCES)
     async def resolve_references(self, req: ResolveRequest) -> Resolution:
@@ -205,18 +154,8 @@ class BridgeActivities:
             check_chain(key, recorded, chain, execution)
             if recorded is not None:
                 return chain
-            body = {
-                "metadata": {"resourceVersion": meta["resourceVersion"]},
-                "status": {"workflow": {"id": execution.workflow_id, "firstRunId": chain}},
-            }
-            try:
-                self.saw(await self.kube.patch(run_path(meta["namespace"], meta["name"], "status"), body))
+            if await self.status.record_execution(run, execution.workflow_id, chain):
                 return chain
-            except ApiError as err:
-                if err.status != 409:
-                    raise ApplicationError(
-                        f"recording {key}'s execution: {err}", type="KubernetesError"
-                    ) from None
             fresh = await self._read_run(meta["namespace"], meta["name"])
             if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
                 raise ApplicationError(f"Run {key} is gone", type="RunGone", non_retryable=True)
@@ -228,12 +167,14 @@ class BridgeActivities:
         counted(activity_name, err, execution)
         if not isinstance(err, Copied):
             return
-        await self.events.refusal(
+        await self.status.events.refusal(
             run.namespace, run.name, run.uid, execution.workflow_id, execution.run_id, err
         )
-        if self.store is not None:
+        if self.status.store is not None:
             with contextlib.suppress(StoreError):
-                await self.store.append_notice(run.uid, f"{run.namespace}/{run.name}", "refusal", str(err))
+                await self.status.store.append_notice(
+                    run.uid, f"{run.namespace}/{run.name}", "refusal", str(err)
+                )
 
     async def _resolve(self, namespace: str, run: dict[str, Any]) -> Resolution:
         spec = stored_spec(run.get("spec"))
@@ -284,98 +225,10 @@ class BridgeActivities:
                 raise Copied(
                     f"workflow {execution.workflow_id} run {execution.run_id} claimed execution {claimed}"
                 )
-            await self.mirror(snapshot, chain)
+            await self.status.mirror(snapshot, chain)
         except Copied as err:
             await self.refused(Activity.MIRROR_STATUS, run, err, execution)
             raise refusal(err) from None
 
-    async def mirror(self, snapshot: StatusSnapshot, chain: str | None = None) -> None:
-        """Write the snapshot and its events; with `chain`, only onto a Run whose workflow is that execution (or
-        has none recorded yet: then it is recorded)."""
-        try:
-            written = await self.write_status(snapshot, chain)
-        except Unreachable as err:  # retried by Temporal; the run goes on meanwhile
-            STATUS_WRITES.labels("failed").inc()
-            raise ApplicationError(str(err), type="KubernetesUnreachable") from None
-        except ApplicationError:
-            STATUS_WRITES.labels("failed").inc()
-            raise
-        if written:
-            changed = snapshot.status.last_transition_time
-            if changed is not None:
-                MIRROR_LAG_SECONDS.observe(max(0.0, (datetime.now(UTC) - changed).total_seconds()))
-            for event in snapshot.events:
-                await self.events.record(snapshot.namespace, snapshot.name, snapshot.uid, event)
-        if self.store is not None and snapshot.events:
-            try:
-                await self.store.append_phase_events(
-                    snapshot.uid, f"{snapshot.namespace}/{snapshot.name}", phase_records(snapshot)
-                )
-            except StoreError as err:  # the mirror sends these events again with its next status
-                raise ApplicationError(str(err), type="StoreUnavailable") from None
-
-    async def write_status(self, snapshot: StatusSnapshot, chain: str | None = None) -> bool:
-        """Write the snapshot unless the Run has a newer one, or is gone, or is another Run of that name. With
-        `chain`, the Run's recorded execution must be that one (raises Copied)."""
-        url = run_path(snapshot.namespace, snapshot.name)
-        for attempt in range(10):
-            seen = self.seen.get((snapshot.namespace, snapshot.name)) if attempt == 0 else None
-            if seen is None or seen.uid != snapshot.uid:
-                try:
-                    seen = _seen(await self.kube.get(url))
-                except ApiError as err:
-                    if err.status == 404:
-                        return False  # deleted: nothing to show the status on
-                    raise
-                if seen.uid != snapshot.uid:
-                    return False
-            if chain is not None:
-                check_chain(f"{snapshot.namespace}/{snapshot.name}", seen.chain, chain, Execution.current())
-            if snapshot.status.revision <= seen.revision:
-                STATUS_WRITES.labels("stale").inc()
-                log.debug(
-                    "%s/%s: dropped r%d (have r%d)",
-                    snapshot.namespace,
-                    snapshot.name,
-                    snapshot.status.revision,
-                    seen.revision,
-                )
-                return False
-            body = {"metadata": {"resourceVersion": seen.resource_version}, "status": status_body(snapshot)}
-            try:
-                self.saw(await self.kube.patch(run_path(snapshot.namespace, snapshot.name, "status"), body))
-                STATUS_WRITES.labels("written").inc()
-                return True
-            except ApiError as err:
-                if err.status == 409:
-                    continue  # someone wrote meanwhile: read again
-                if err.status == 404:
-                    return False
-                raise ApplicationError(
-                    f"writing status of {snapshot.namespace}/{snapshot.name}: {err}", type="KubernetesError"
-                ) from None
-        raise ApplicationError(
-            f"status of {snapshot.namespace}/{snapshot.name}: too many conflicts", type="Conflict"
-        )
-
     def all(self) -> list[Any]:
         return [self.resolve_references, self.mirror_status]
-
-
-def recorded_chain(status: dict[str, Any] | None) -> str | None:
-    """The execution of the Run's workflow the bridge started (crd_bridge.envelopes), if recorded yet, from the
-    Run's status (as the API server or the embedded store keeps it)."""
-    chain = ((status or {}).get("workflow") or {}).get("firstRunId")
-    return str(chain) if chain else None
-
-
-def _seen(run: dict[str, Any]) -> SeenRun:
-    meta = run["metadata"]
-    status = run.get("status") or {}
-    return SeenRun(
-        meta["uid"],
-        meta["resourceVersion"],
-        int(status.get("revision") or 0),
-        status.get("phase"),
-        recorded_chain(status),
-    )

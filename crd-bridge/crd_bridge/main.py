@@ -48,6 +48,7 @@ from crd_bridge.credentials import CredentialWatcher
 from crd_bridge.leader import LeaderElector, LostLeadership
 from crd_bridge.runs import RunReconciler
 from crd_bridge.settings import BridgeSettings
+from crd_bridge.status import RunStatusWriter
 from kube import Config, Kube
 from kube.probes import Probes, Readiness
 from store import Store
@@ -107,14 +108,9 @@ async def serve(settings: BridgeSettings) -> int:
             telemetry.exposition,
         )
         await resources.enter_async_context(probes)
+        status = RunStatusWriter(kube, settings.identity, store)
         bridge = BridgeActivities(
-            kube,
-            settings.identity,
-            settings.namespace_max_concurrent_runs,
-            settings.allow,
-            store,
-            sealer,
-            Chains(temporal),
+            kube, status, settings.namespace_max_concurrent_runs, settings.allow, sealer, Chains(temporal)
         )
         worker = Worker(temporal, task_queue=BRIDGE_TASK_QUEUE, activities=bridge.all())
         code = 0
@@ -126,8 +122,8 @@ async def serve(settings: BridgeSettings) -> int:
             acquiring = asyncio.create_task(elector.acquire())
             await asyncio.wait([stopping, acquiring], return_when=asyncio.FIRST_COMPLETED)
             if acquiring.done():
-                state["leader"] = bridge.watching = True
-                reconciler = RunReconciler(kube, temporal, settings, bridge)
+                state["leader"] = status.watching = True
+                reconciler = RunReconciler(kube, temporal, settings, status, sealer)
                 tasks: list[asyncio.Task[Any]] = [
                     asyncio.create_task(reconciler.run()),
                     asyncio.create_task(CredentialWatcher(kube, temporal, settings.watch_namespaces).run()),
@@ -139,7 +135,7 @@ async def serve(settings: BridgeSettings) -> int:
                 await asyncio.wait(
                     tasks, timeout=SHUTDOWN_SECONDS
                 )  # each has stopped acting, or ended itself
-                state["leader"] = bridge.watching = False
+                state["leader"] = status.watching = False
                 for task in done:
                     if task is not stopping and task.exception() is not None:
                         error = task.exception()

@@ -16,14 +16,12 @@ Run to a reconciler, one at a time per Run:
 import asyncio
 import contextlib
 import logging
-from datetime import UTC, datetime
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
 import tracing
-from crd_bridge.activities import BridgeActivities, recorded_chain, run_path, status_body
 from crd_bridge.metrics import RECONCILES
 from crd_bridge.resources import (
     CANCEL_ANNOTATION,
@@ -32,15 +30,17 @@ from crd_bridge.resources import (
     TRIGGERED_BY_ANNOTATION,
 )
 from crd_bridge.settings import BridgeSettings
+from crd_bridge.status import RunStatusWriter, recorded_chain, run_path
 from kube import ApiError, Kube, reflect
 from temporal_client.proofs import Signing, signing_as
 from temporal_client.runs import EarlierRunStillRunning, RunWorkflows
+from temporal_client.seal import Sealer
 from workflows.inbox import Sender
 from workflows.model import InvalidObject
 from workflows.run import RunInput, RunWorkflow
 from workflows.signals import RunSignal
 from workflows.spec import parse_run_spec, run_workflow_id
-from workflows.status import PauseReason, Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
+from workflows.status import PauseReason, Phase, RunStatus, WorkflowRef
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +65,17 @@ def for_the_run(run: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
 
 class RunReconciler:
     def __init__(
-        self, kube: Kube, temporal: Client, settings: BridgeSettings, bridge: BridgeActivities
+        self,
+        kube: Kube,
+        temporal: Client,
+        settings: BridgeSettings,
+        status: RunStatusWriter,
+        sealer: Sealer | None = None,
     ) -> None:
         self.kube = kube
-        self.workflows = RunWorkflows(temporal, settings.worker_task_queue, bridge.sealer)
+        self.workflows = RunWorkflows(temporal, settings.worker_task_queue, sealer)
         self.settings = settings
-        self.bridge = bridge
+        self.status = status  # writes every status the bridge writes (crd_bridge.status)
         self.started: set[str] = set()  # uids whose workflow exists (a cache; Temporal is the truth)
         self.cancel_sent: set[str] = set()
         self.paused: dict[str, bool] = {}  # uid -> the pause annotation's state last forwarded
@@ -97,11 +102,11 @@ class RunReconciler:
     async def _watch(self, url: str) -> None:
         def listed(runs: list[dict[str, Any]]) -> None:
             for run in runs:
-                self.bridge.saw(run)
+                self.status.saw(run)
                 self.enqueue(run)
 
         def changed(kind: str, run: dict[str, Any]) -> None:
-            self.bridge.saw(run, deleted=kind == "DELETED")
+            self.status.saw(run, deleted=kind == "DELETED")
             self.enqueue(run)
 
         await reflect(self.kube, url, listed, changed)
@@ -238,7 +243,7 @@ class RunReconciler:
         try:
             spec = parse_run_spec(run.get("spec"))
         except InvalidObject as err:
-            await self.reject(run, err)
+            await self.status.refused(run, err)
             self.started.add(uid)
             return False
         triggered_by = meta.get("annotations", {}).get(TRIGGERED_BY_ANNOTATION)
@@ -262,70 +267,18 @@ class RunReconciler:
                 workflow = WorkflowRef(
                     id=handle.id, run_id=handle.result_run_id, first_run_id=handle.first_execution_run_id
                 )
-                await self.acknowledge(run, workflow)
+                await self.status.taken(run, workflow)
         return False
-
-    async def acknowledge(self, run: dict[str, Any], workflow: WorkflowRef) -> None:
-        """Show at once that the Run was taken: Pending, with its workflow, at revision 0, so that the workflow's
-        own first status (revision 1) replaces it. Written only over the version just seen without a status;
-        if anything changed meanwhile, the workflow's status is on its way and this one is not needed."""
-        meta = run["metadata"]
-        status = RunStatus(
-            phase=Phase.PENDING,
-            reason="WorkflowStarted",
-            message=f"workflow {workflow.id} started",
-            workflow=workflow,
-            observed_generation=meta.get("generation"),
-        )
-        snapshot = StatusSnapshot(
-            namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status
-        )
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status_body(snapshot)}
-        try:
-            self.bridge.saw(await self.kube.patch(run_path(meta["namespace"], meta["name"], "status"), body))
-        except ApiError as err:
-            if err.status not in (404, 409):
-                log.warning("acknowledging %s/%s: %s", meta["namespace"], meta["name"], err)
-
-    async def reject(self, run: dict[str, Any], err: InvalidObject) -> None:
-        """A spec the API server let through but the workflow cannot take: Failed at once, with the fields."""
-        meta = run["metadata"]
-        status = RunStatus(
-            phase=Phase.FAILED,
-            reason="InvalidSpec",
-            message=str(err),
-            revision=1,
-            observed_generation=meta.get("generation"),
-        )
-        await self.bridge.write_status(
-            StatusSnapshot(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], status=status)
-        )
 
     async def reconcile_closed(self, run: dict[str, Any], handle: WorkflowHandle[Any, Any]) -> None:
         """The workflow ended but its last status did not reach the Run: write it now."""
-        meta = run["metadata"]
         try:
             status: RunStatus = await handle.query(RunWorkflow.state)
         except RPCError as err:
             log.warning("cannot read the final state of %s: %s", handle.id, err)
             return
         status.workflow = status.workflow or WorkflowRef(id=handle.id)
-        snapshot = StatusSnapshot(
-            namespace=meta["namespace"],
-            name=meta["name"],
-            uid=meta["uid"],
-            status=status,
-            events=[
-                PhaseEvent(
-                    revision=status.revision,
-                    phase=status.phase,
-                    reason=status.reason,
-                    message=status.message,
-                    at=datetime.now(UTC),
-                )
-            ],
-        )
-        await self.bridge.mirror(snapshot)
+        await self.status.ended(run, status)
 
     async def finalize(self, run: dict[str, Any]) -> bool:
         """Deletion: cancel the workflow, wait (bounded) for it to end, then let the Run go."""

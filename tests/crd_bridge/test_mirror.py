@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from crd_bridge.activities import BridgeActivities
+from crd_bridge.status import RunStatusWriter
 from kube import Config, Kube, path
 from testbed.controlplane import ControlPlane
 from workflows.status import Phase, PhaseEvent, RunStatus, StatusSnapshot, WorkflowRef
@@ -23,7 +24,7 @@ RUN_API = "ksquad.io/v1alpha1"
 @pytest.fixture
 async def bridge(ksquad_cluster: ControlPlane) -> AsyncIterator[BridgeActivities]:
     async with Kube(Config.from_kubeconfig(ksquad_cluster.admin_kubeconfig)) as kube:
-        yield BridgeActivities(kube, "test-bridge")
+        yield BridgeActivities(kube, RunStatusWriter(kube, "test-bridge"))
 
 
 def make_run(cluster: ControlPlane, namespace: str, name: str) -> str:
@@ -67,11 +68,11 @@ async def test_a_lower_revision_never_overwrites_a_higher_one(
     bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
 ) -> None:
     uid = make_run(ksquad_cluster, namespace, "mirror")
-    await bridge.mirror(snapshot(namespace, "mirror", uid, 5, Phase.RUNNING))
-    await bridge.mirror(snapshot(namespace, "mirror", uid, 3, Phase.CLAIMING))  # late, retried
+    await bridge.status.mirror(snapshot(namespace, "mirror", uid, 5, Phase.RUNNING))
+    await bridge.status.mirror(snapshot(namespace, "mirror", uid, 3, Phase.CLAIMING))  # late, retried
     status = (await bridge.kube.get(path(RUN_API, "runs", namespace, "mirror")))["status"]
     assert (status["phase"], status["revision"], status["observedGeneration"]) == ("Running", 5, 1)
-    await bridge.mirror(snapshot(namespace, "mirror", uid, 6, Phase.SUCCEEDED))
+    await bridge.status.mirror(snapshot(namespace, "mirror", uid, 6, Phase.SUCCEEDED))
     status = (await bridge.kube.get(path(RUN_API, "runs", namespace, "mirror")))["status"]
     assert (status["phase"], status["revision"]) == ("Succeeded", 6)
 
@@ -80,7 +81,7 @@ async def test_a_snapshot_of_another_run_with_the_same_name_is_dropped(
     bridge: BridgeActivities, ksquad_cluster: ControlPlane, namespace: str
 ) -> None:
     make_run(ksquad_cluster, namespace, "reborn")
-    await bridge.mirror(snapshot(namespace, "reborn", str(uuid.uuid4()), 9, Phase.FAILED))
+    await bridge.status.mirror(snapshot(namespace, "reborn", str(uuid.uuid4()), 9, Phase.FAILED))
     assert "status" not in await bridge.kube.get(path(RUN_API, "runs", namespace, "reborn"))
 
 
@@ -89,7 +90,7 @@ async def test_events_aggregate_and_a_retried_snapshot_is_not_counted_twice(
 ) -> None:
     uid = make_run(ksquad_cluster, namespace, "story")
     for revision in (1, 2, 2, 3):  # the third is a retry of the second
-        await bridge.mirror(
+        await bridge.status.mirror(
             snapshot(
                 namespace, "story", uid, revision, Phase.PAUSED, RateLimited="rate limited; resuming soon"
             )
@@ -114,7 +115,7 @@ async def test_events_of_one_second_keep_their_order(
         at = start.replace(microsecond=(3 - i) * 1000 + i * 300_000)  # all in one second, out of name order
         event = PhaseEvent(revision=i + 1, phase=phase, reason=reason, message=reason, at=at)
         status = RunStatus(phase=phase, revision=i + 1, observed_generation=1)
-        await bridge.mirror(
+        await bridge.status.mirror(
             StatusSnapshot(namespace=namespace, name="quick", uid=uid, status=status, events=[event])
         )
     table = ksquad_cluster.kubectl("events", "-n", namespace, "--for", "run/quick").stdout.splitlines()
@@ -135,7 +136,7 @@ async def test_events_carry_no_answer_question_or_agent_failure_which_only_the_r
         (3, Phase.FAILED, "AgentFailed"),
         (4, Phase.SUCCEEDED, "Succeeded"),  # the answer
     ):
-        await bridge.mirror(
+        await bridge.status.mirror(
             snapshot(namespace, "secretive", uid, revision, phase, **{reason: f"{marker}: {reason}"})
         )
     ksquad_cluster.kubectl("create", "serviceaccount", "viewer", "-n", namespace)

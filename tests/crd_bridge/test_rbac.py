@@ -22,6 +22,7 @@ from activities.sandboxes import KubernetesSandboxes, PoolRef, SandboxSettings, 
 from activities.sandboxes.manifests import SANDBOX_FAILED
 from crd_bridge.activities import BridgeActivities
 from crd_bridge.leader import LeaderElector
+from crd_bridge.status import RunStatusWriter
 from kube import ApiError, Config, Kube, path
 from testbed import agent_sandbox, chart
 from testbed.controlplane import ControlPlane
@@ -100,7 +101,7 @@ SUBJECT_SPEC = {
 async def resolve_references(kube: Kube, f: Fixture) -> Any:
     spec = parse_run_spec(SUBJECT_SPEC)
     envelope = RunEnvelope(namespace=f.ns, name="subject", uid=f.run_uid, spec=spec)
-    resolve = BridgeActivities(kube, "rbac").resolve_references
+    resolve = BridgeActivities(kube, RunStatusWriter(kube, "rbac")).resolve_references
     resolution = await ActivityEnvironment().run(resolve, ResolveRequest(envelope=envelope))
     assert resolution.outcome == "resolved", resolution  # every kind was read, none was skipped
     return resolution
@@ -115,7 +116,7 @@ async def elect(kube: Kube, f: Fixture, lease: str = "rbac-subject") -> Any:
 async def write_status(kube: Kube, f: Fixture) -> Any:
     status = RunStatus(phase=Phase.RUNNING, revision=int(time.time() * 1000))
     snapshot = StatusSnapshot(namespace=f.ns, name="subject", uid=f.run_uid, status=status)
-    return await BridgeActivities(kube, "rbac").write_status(snapshot)
+    return await RunStatusWriter(kube, "rbac").write(snapshot)
 
 
 # The worker's own calls (activities.sandboxes): the Job start_cold creates, the release of a cold and of a warm
