@@ -5,7 +5,9 @@
 Durable timers implement rate-limit resume, retry backoff and every phase's timeout; activities (typed stubs,
 `workflows.activity_types`) do the side effects. The parts, each owning its state (`workflows.run.state`):
 the status mirror (status, revision, events, search attributes), the throttles (credential limits and the
-resume ramp), the holdings (claim and sandbox, fence-then-release), the interrupt slot. The flow, in `_lifecycle`:
+resume ramp), the holdings (claim and sandbox, fence-then-release), the interrupt slot, the agent call (the
+agent's task in turns, the Run's model usage), the backoffs (Paused(RateLimited), the retry backoff). The flow,
+in `_lifecycle`:
 
 1. Pending: resolve references (bridge activity); missing ones are named in a condition and waited for.
 2. Queued: take a slot of every concurrency scope (namespace, Team, Project) from its gate workflow.
@@ -18,67 +20,40 @@ resume ramp), the holdings (claim and sandbox, fence-then-release), the interrup
 """
 
 import asyncio
-import functools
 from collections.abc import Sequence
-from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
-from temporalio.workflow import ActivityCancellationType
+from temporalio.common import RawValue
+from temporalio.exceptions import FailureError
 
-from workflows import metrics
 from workflows.activity_types import (
-    USAGE_DETAIL,
-    AgentError,
-    AgentInvocation,
-    AgentResult,
-    ContinueTask,
-    FailureDetails,
     OutputsRequest,
-    RateLimitDetails,
     RunEnding,
     Sandbox,
     SandboxRequest,
-    TaskPause,
-    invoke_agent,
     publish_outputs,
     record_run_ending,
 )
-from workflows.entity_types import (
-    DEFAULT_RESUME_PER_SECOND,
-    SlotNotice,
-    ThrottleNotice,
-    gate_workflow_id,
-)
+from workflows.entity_types import SlotNotice, ThrottleNotice, gate_workflow_id
 from workflows.envelope import Warrant, continued_by_itself
 from workflows.inbox import Accepts, Handler, Inbox, Proof, Refused, Sender, printable, refused
 from workflows.patches import Patches
-from workflows.policies import (
-    equal_jitter_backoff,
-)
+from workflows.run.agent_call import AgentCall
+from workflows.run.backoff import Backoff
 from workflows.run.gates import Gates
 from workflows.run.holdings import Holdings
-from workflows.run.interrupts import (
-    ANY_INTERRUPT,
-    CANCEL_OR_PAUSE,
-    Interrupt,
-    Interrupted,
-    Interrupts,
-    PhaseTimeout,
-)
+from workflows.run.interrupts import Interrupt, Interrupted, Interrupts
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, call, call_local, later, tenant_priority
-from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, cause, refusal
+from workflows.run.options import call, call_local, later
+from workflows.run.outcomes import AttemptFailed, RateLimitPause, Reroute, RunFailed, refusal
 from workflows.run.pauses import Pauses
 from workflows.run.references import References
 from workflows.run.route import Router
 from workflows.run.state import RunCarry, RunInput
 from workflows.run.throttles import Throttles
 from workflows.signals import STATE_QUERY, RunSignal
-from workflows.status import PauseReason, Phase, RunStatus, UsageStatus, WorkflowRef
+from workflows.status import Phase, RunStatus, WorkflowRef
 
-_AGENT_ERRORS = [e.value for e in AgentError]  # in the enum's order: a set's would be the hash seed's
 # Outputs are published by a local activity (one short write: a ConfigMap, or nothing embedded); runs that
 # scheduled it as an activity before replay as they ran.
 LOCAL_PUBLISH_PATCH = "publish-outputs-local"
@@ -90,10 +65,6 @@ RUN_ENDING_PATCH = "run-ending-recorded"
 # missing, a queue) is a change of its own that sends it. One status write, one activity and one workflow task
 # less a Run (workflow.patched: runs that sent it alone replay as they ran).
 FIRST_STATUS_WITH_NEXT_PATCH = "first-status-with-next"
-# The agent call outlives the attempt's deadline by this much: the deadline cancels it and the workflow waits for
-# the cancellation to reach the agent, instead of finding the call timed out by itself and starting the next
-# attempt beside an agent still at work.
-AGENT_CANCEL_GRACE_SECONDS = 60.0
 
 
 @workflow.defn(name="RunWorkflow")
@@ -133,10 +104,19 @@ class RunWorkflow:
         self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
         self.inbox = self._inbox(carry.nonces)
-        # Model usage: what earlier workflows of this Run counted (continued as new only between attempts), and
-        # each attempt's running total since.
-        self.usage_carried = carry.status.usage or UsageStatus()
-        self.usage_by_attempt: dict[int, UsageStatus] = {}
+        self.agent_call = AgentCall(
+            self.run_ref,
+            self.spec,
+            carry.status.usage,
+            self.mirror,
+            self.interrupts,
+            self.route,
+            self.pauses,
+            self.warrant,
+        )
+        self.backoff = Backoff(
+            self.spec, self.mirror, self.interrupts, self.route, self.throttles, self.pauses
+        )
 
     @property
     def status(self) -> RunStatus:
@@ -329,10 +309,10 @@ class RunWorkflow:
                     )
             except AttemptFailed as failed:
                 await self.held.teardown()
-                await self._retry_or_fail(failed)
+                await self.backoff.retry_or_fail(failed)
 
     async def _attempt(self) -> None:
-        await self._wait_while_throttled()
+        await self.backoff.while_throttled()
         self.status.attempt += 1
         attempt = self.status.attempt
         agent = self.route.agent()
@@ -356,7 +336,7 @@ class RunWorkflow:
         self.mirror.move(
             Phase.RUNNING, reason="Running", message=f"attempt {attempt}: {agent.name} on {sandbox.name}"
         )
-        result = await self._invoke(attempt, fence, sandbox)
+        result = await self.agent_call.invoke(attempt, fence, sandbox)
         outputs = OutputsRequest(
             warrant=self.warrant(),
             attempt=attempt,
@@ -397,196 +377,6 @@ class RunWorkflow:
                     await self.gates.request(scope, self.route.share())
                 except Interrupted as interrupted:
                     await self.pauses.hold_or_raise(interrupted, Phase.QUEUED)
-
-    # --- Running ------------------------------------------------------------------------------------------
-
-    async def _invoke(self, attempt: int, fence: int, sandbox: Sandbox) -> AgentResult:
-        """The agent's task, in turns: a fallback model, input or a refreshed credential continue it."""
-        run_deadline = later(self.spec.timeouts.run_seconds)
-        turn = 0
-        follow_up: ContinueTask | None = None
-        while True:
-            refreshes_before_call = self.pauses.credential_refreshes
-            budget_left = self._token_budget_left()
-            invocation = AgentInvocation(
-                warrant=self.warrant(),
-                route=self.route.choice(),
-                attempt=attempt,
-                fence=fence,
-                sandbox=sandbox,
-                turn=turn,
-                continue_task=follow_up,
-                token_budget_left=budget_left,
-            )
-            message_id = invocation.message_id
-            remaining = (run_deadline - workflow.now()).total_seconds()
-            agent_call = call(
-                invoke_agent,
-                invocation,
-                start_to_close=max(1.0, remaining) + AGENT_CANCEL_GRACE_SECONDS,
-                heartbeat=AGENT_HEARTBEAT_TIMEOUT,
-                retry=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    maximum_attempts=5,
-                    non_retryable_error_types=_AGENT_ERRORS,
-                ),
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"{self.route.agent().name}: {self.route.model().name}, message {message_id}",
-                priority=tenant_priority(self.run_ref.namespace),
-            )
-            try:
-                result = await self.interrupts.interruptible(
-                    agent_call,
-                    ANY_INTERRUPT,
-                    timeout=max(0.001, remaining),
-                    deadline_summary=f"attempt {attempt}: timeouts.runSeconds",
-                )
-                self.route.answered()
-                self._count_usage(attempt, result.usage)
-                return result
-            except PhaseTimeout as err:
-                raise AttemptFailed(
-                    "RunTimeout",
-                    f"attempt {attempt} ran past timeouts.runSeconds ({self.spec.timeouts.run_seconds}s)",
-                ) from err
-            except ActivityError as err:
-                app = err.cause if isinstance(err.cause, ApplicationError) else None
-                kind = app.type if app is not None else None
-                details = app.details[0] if app is not None and app.details else {}
-                if app is not None and len(app.details) > USAGE_DETAIL:
-                    self._count_usage(attempt, UsageStatus.model_validate(app.details[USAGE_DETAIL]))
-                if refused := refusal(err):
-                    raise RunFailed(refused, cause(err)) from err
-                if kind == AgentError.TOKEN_BUDGET_SPENT:
-                    raise RunFailed(kind, app.message if app is not None else cause(err)) from err
-                if kind == AgentError.RATE_LIMITED:
-                    await self.route.on_rate_limit(RateLimitDetails.model_validate(details))
-                    turn, follow_up = turn + 1, None  # the fallback model answers a fresh message
-                    continue
-                if kind not in (AgentError.INPUT_REQUIRED, AgentError.CREDENTIAL_EXPIRED):
-                    if app is not None and kind in _AGENT_ERRORS:
-                        message = FailureDetails.model_validate(details).message if details else app.message
-                        raise AttemptFailed(str(kind), message) from err
-                    raise AttemptFailed("AgentUnavailable", cause(err)) from err
-                # The agent's task waits: pause (the running time stops), then continue the same task.
-                task = TaskPause.model_validate(details)
-                paused_since = workflow.now()
-                text = ""
-                if kind == AgentError.INPUT_REQUIRED:
-                    text = await self.pauses.for_input(task)
-                else:
-                    await self.pauses.for_credential(task, refreshes_before_call, self.route.model().name)
-                run_deadline += workflow.now() - paused_since
-                turn += 1
-                follow_up = ContinueTask(task_id=task.task_id, context_id=task.context_id, text=text)
-                message = f"attempt {attempt}: {self.route.agent().name} continues its task"
-                self.mirror.move(Phase.RUNNING, reason="Resumed", message=message)
-
-    def _token_budget_left(self) -> int | None:
-        """Tokens the Run may still use, or None without a budget; a Run that has used it all ends here, before
-        another call (an attempt that ended on the very call that reached it, then a retry)."""
-        assert self.route.resolution is not None
-        budget = self.spec.token_budget or self.route.resolution.token_budget
-        if budget is None:
-            return None
-        used = self.status.usage or UsageStatus()
-        left = budget - used.input_tokens - used.output_tokens
-        if left <= 0:
-            raise RunFailed(
-                AgentError.TOKEN_BUDGET_SPENT.value,
-                f"the Run used {budget - left} of its {budget} token budget: no further model call is made",
-            )
-        return left
-
-    def _count_usage(self, attempt: int, usage: UsageStatus | None) -> None:
-        """The attempt's usage so far (each report is its running total), into the Run's over all attempts."""
-        if usage is None:
-            return
-        self.usage_by_attempt[attempt] = usage
-        total = self.usage_carried
-        for each in self.usage_by_attempt.values():
-            total = total.plus(each)
-        self.status.usage = total
-
-    # --- Paused -------------------------------------------------------------------------------------------
-
-    async def _wait_while_throttled(self) -> None:
-        """Paused(RateLimited) until the credential's resumeAt: one durable timer, no calls meanwhile."""
-        while True:
-            key = self.route.credential_key()
-            await self.throttles.take_place(
-                key,
-                self.route.model().resume_per_second or DEFAULT_RESUME_PER_SECOND,
-                self.route.share(),
-            )
-            until = self.throttles.until(key)
-            now = workflow.now()
-            if until is None or until <= now:
-                # A notice that came while no attempt was in flight (a continued-as-new run's status still says
-                # Running when it subscribes again) has been waited out here: it must not end the next attempt.
-                if self.interrupts.pending == Interrupt.THROTTLED:
-                    self.interrupts.pending = None
-                return
-            bound = self.spec.timeouts.rate_limited_seconds
-            budget = bound - self.throttles.state.waited_seconds
-            if budget <= 0:
-                raise RunFailed(
-                    "RateLimitedTimeout",
-                    f"{key} kept answering 429: rate limited for timeouts.rateLimitedSeconds ({bound}s) in all",
-                )
-            if self.status.phase != Phase.PAUSED or self.status.resume_at != until:
-                if self.status.pause_reason != PauseReason.RATE_LIMITED:
-                    metrics.rate_limit_paused(key)
-                self.mirror.move(
-                    Phase.PAUSED,
-                    pause_reason=PauseReason.RATE_LIMITED,
-                    reason="RateLimited",
-                    resume_at=until,
-                    message=f"{key} is rate limited; resuming at {until.isoformat()}",
-                )
-            try:
-                await self.interrupts.interruptible(
-                    workflow.wait_condition(
-                        functools.partial(self.throttles.moved, key, until),
-                        timeout=min((until - now).total_seconds(), budget),
-                        timeout_summary=f"rate limited: resume at {until.isoformat()}",
-                    ),
-                    CANCEL_OR_PAUSE,
-                )
-            except TimeoutError:
-                if workflow.now() >= until:
-                    metrics.resumed_late(key, workflow.now() - until)
-            except Interrupted as interrupted:
-                self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
-                await self.pauses.hold_or_raise(interrupted)
-                continue
-            self.throttles.state.waited_seconds += (workflow.now() - now).total_seconds()
-
-    # --- retries ------------------------------------------------------------------------------------------
-
-    async def _retry_or_fail(self, failed: AttemptFailed) -> None:
-        policy = self.spec.retry_policy
-        self.status.retries += 1
-        retry = self.status.retries
-        if retry > policy.max_retries:
-            raise RunFailed(failed.reason, f"{failed.message} (after {policy.max_retries} retries)")
-        delay = equal_jitter_backoff(
-            retry, policy.backoff_seconds, policy.max_backoff_seconds, workflow.random().random()
-        )
-        resume_at = later(delay)
-        self.mirror.move(
-            Phase.PENDING,
-            reason="RetryBackoff",
-            resume_at=resume_at,
-            message=f"attempt {self.status.attempt} failed ({failed.reason}: {failed.message}); "
-            f"retry {retry} of {policy.max_retries} at {resume_at.isoformat()}",
-        )
-        try:
-            await self.interrupts.interruptible(
-                workflow.sleep(delay, summary=f"backoff before retry {retry}"), CANCEL_OR_PAUSE
-            )
-        except Interrupted as interrupted:
-            await self.pauses.hold_or_raise(interrupted)
 
     # --- the end ------------------------------------------------------------------------------------------
 
