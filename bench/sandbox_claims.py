@@ -152,7 +152,7 @@ def ready_per_pool(sandboxes: KubernetesSandboxes, seen: set[str] | None = None)
     would cost this process more than its claims); adds their names to `seen`."""
     counts: dict[str, int] = {}
     for i in range(POOLS):
-        pods = [p for p in sandboxes.warm_pods.of_pool(NAMESPACE, f"p{i}") or [] if pod_ready(p)]
+        pods = [p for p in sandboxes.pools.warm_pods.of_pool(NAMESPACE, f"p{i}") or [] if pod_ready(p)]
         counts[f"p{i}"] = len(pods)
         if seen is not None:
             seen.update(p["metadata"]["name"] for p in pods)
@@ -160,7 +160,7 @@ def ready_per_pool(sandboxes: KubernetesSandboxes, seen: set[str] | None = None)
 
 
 async def pools_full(sandboxes: KubernetesSandboxes, admin: Kube, replicas: int, within: float = 180) -> None:
-    sandboxes.warm_pods.start()
+    sandboxes.pools.warm_pods.start()
     deadline = time.monotonic() + within
     while True:
         ready = ready_per_pool(sandboxes)

@@ -61,11 +61,11 @@ async def main(runs: int) -> None:
                     await wait_warm(admin, 3)
                     warm_owner, cold_owner = owners[2 * i], owners[2 * i + 1]
                     t0 = time.perf_counter()
-                    bound = await sandboxes.bind_warm(contract(warm_owner), SandboxPolicy())
+                    bound = await sandboxes.pools.bind_warm(contract(warm_owner), SandboxPolicy())
                     warm.append((time.perf_counter() - t0) * 1000)
                     assert bound is not None, f"no warm pod bound for claim {i}"
                     t0 = time.perf_counter()
-                    made = await sandboxes.start_cold(
+                    made = await sandboxes.jobs.start_cold(
                         warrants.sandbox_request(
                             contract(cold_owner), 60, policy=SandboxPolicy(class_="batch")
                         )

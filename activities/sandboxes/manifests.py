@@ -40,15 +40,6 @@ POD_INFO_VOLUME: Obj = {
 POD_INFO_ENV: Obj = {"name": POD_ANNOTATIONS_ENV, "value": f"{POD_INFO_DIR}/annotations"}
 POOL_PREFIX = "ksquad-pool-"  # a pool's ReplicaSet is ksquad-pool-<name> (charts/ksquad/templates/pools.yaml)
 SANDBOX_FAILED = "SandboxFailed"
-FATAL_WAITING = {
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "CrashLoopBackOff",
-    "RunContainerError",
-}
 MAX_OUTPUTS_BYTES = 512 * 1024  # the outputs ConfigMap (Kubernetes allows 1 MiB per object)
 STATUS_OUTPUT_KEYS = 16
 STATUS_OUTPUT_CHARS = 256
@@ -129,20 +120,6 @@ class SandboxSettings(BaseModel):
 
 def sandbox_failed(message: str) -> ApplicationError:
     return ApplicationError(message[:2000], type=SANDBOX_FAILED, non_retryable=True)
-
-
-def missing_runtime_class(policy: SandboxPolicy, refused: str) -> str | None:
-    """The reason to give when a sandbox pod was refused for want of its RuntimeClass, else None."""
-    found = re.search(r'RuntimeClass "([^"]+)" not found', refused)
-    if not found:
-        return None
-    name = found.group(1)
-    return (
-        f'RuntimeClass "{name}" does not exist in this cluster (Run spec.sandboxPolicy.runtimeClass '
-        f"{policy.runtime_class} -> chart value sandbox.runtimeClasses.{policy.runtime_class}): install it "
-        f'(docs/operating.md, "Sandbox runtimes"), or set sandbox.runtimeClasses.{policy.runtime_class} to a '
-        f"RuntimeClass the cluster has (null: the nodes' default runtime)"
-    )
 
 
 def job_name(run: str, attempt: int) -> str:

@@ -266,7 +266,7 @@ async def test_a_warm_pod_touched_between_the_list_and_the_claim_is_still_claime
     c = contract(
         model, namespace=run_ns, name=name, uid=create_run(ksquad_cluster, run_ns, name), work_item_ref=None
     )
-    bound = await backend.bind_warm(c, SandboxPolicy())
+    bound = await backend.pools.bind_warm(c, SandboxPolicy())
     backend.kube.list = listed  # type: ignore[method-assign]
     assert bound is not None and bound.name == warm["metadata"]["name"], (
         "the free pod is claimed, not skipped"
@@ -304,18 +304,20 @@ async def test_claims_take_their_pod_from_the_watch_and_skip_one_another_worker_
         return contract(model, namespace=run_ns, name=name, uid=uid, work_item_ref=None)
 
     try:
-        mine.warm_pods.start()
+        mine.pools.warm_pods.start()
         for _ in range(100):
-            if mine.warm_pods.of_pool(run_ns, "p1") is not None:
+            if mine.pools.warm_pods.of_pool(run_ns, "p1") is not None:
                 break
             await asyncio.sleep(0.1)
-        copy = mine.warm_pods.of_pool(run_ns, "p1")
+        copy = mine.pools.warm_pods.of_pool(run_ns, "p1")
         assert copy is not None and len(copy) == 3, "the watch listed the pool's pods"
 
-        taken = await other.bind_warm(claim_contract("elsewhere"), SandboxPolicy(runtime_class=RUNC))
+        taken = await other.pools.bind_warm(claim_contract("elsewhere"), SandboxPolicy(runtime_class=RUNC))
         assert taken is not None
         for _ in range(100):
-            if taken.name not in {p["metadata"]["name"] for p in mine.warm_pods.of_pool(run_ns, "p1") or []}:
+            if taken.name not in {
+                p["metadata"]["name"] for p in mine.pools.warm_pods.of_pool(run_ns, "p1") or []
+            }:
                 break
             await asyncio.sleep(0.05)
         else:
@@ -323,7 +325,7 @@ async def test_claims_take_their_pod_from_the_watch_and_skip_one_another_worker_
 
         mine.kube.list = counted  # type: ignore[method-assign, assignment]
         for name in ("here-1", "here-2"):
-            bound = await mine.bind_warm(claim_contract(name), SandboxPolicy(runtime_class=RUNC))
+            bound = await mine.pools.bind_warm(claim_contract(name), SandboxPolicy(runtime_class=RUNC))
             assert bound is not None and bound.name != taken.name
             pod = await kube.get(path("v1", "pods", run_ns, bound.name))
             assert pod["metadata"]["labels"]["ksquad.io/run"] == name
@@ -690,15 +692,15 @@ async def test_a_pod_labelled_warm_is_claimed_only_when_the_pools_replicaset_mad
     backend = KubernetesSandboxes(kube, settings(pools=pools))
     uid = create_run(ksquad_cluster, run_ns, "warmly")
     c = contract(model, namespace=run_ns, name="warmly", uid=uid, work_item_ref=None)
-    assert await backend.bind_warm(c, SandboxPolicy()) is None, "neither decoy is claimed"
+    assert await backend.pools.bind_warm(c, SandboxPolicy()) is None, "neither decoy is claimed"
     assert await gone(kube, path("v1", "pods", run_ns, "decoy-adopted"), within=30), (
         "the adopted decoy, not the pool's template, was deleted: the ReplicaSet replaces it"
     )
     (made,) = await ready_warm(kube, run_ns, 1)  # the pool's: the loose decoy is in none
-    assert await backend.bind_warm(c, SandboxPolicy(runtime_class="runc")) is None, (
+    assert await backend.pools.bind_warm(c, SandboxPolicy(runtime_class="runc")) is None, (
         "a runc Run: not a gvisor pool"
     )
-    bound = await backend.bind_warm(c, SandboxPolicy())
+    bound = await backend.pools.bind_warm(c, SandboxPolicy())
     assert bound is not None and bound.name == made["metadata"]["name"]
     store = await Store.open(f"sqlite:///{tmp_path / 'ksquad.db'}")
     try:

@@ -177,7 +177,7 @@ async def test_a_warm_pool_pod_meets_restricted_and_the_workers_claim_of_it_is_a
         "template": warm_pool["spec"]["template"],
     }  # as the chart renders it
     pools = SandboxSettings.model_validate({**settings.model_dump(), "pools": [pool]})
-    bound = await KubernetesSandboxes(worker, pools).bind_warm(contract, SandboxPolicy())
+    bound = await KubernetesSandboxes(worker, pools).pools.bind_warm(contract, SandboxPolicy())
     assert bound is not None and bound.name == name, "the claim went through admission"
 
 

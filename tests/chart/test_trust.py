@@ -264,7 +264,9 @@ async def test_a_pool_changed_past_admission_is_not_claimed_from(
         async with Kube(Config.from_kubeconfig(as_worker)) as kube:
             run = RunIdentity(namespace=NS, name="pinned", uid=str(uuid.uuid4()), attempt=1, fence=1)
             contract = ExecutionContract(run=run, agent=placed, model=model)
-            assert await KubernetesSandboxes(kube, settings).bind_warm(contract, SandboxPolicy()) is None
+            assert (
+                await KubernetesSandboxes(kube, settings).pools.bind_warm(contract, SandboxPolicy()) is None
+            )
             assert release.get("pod", name, "-n", NS)["metadata"]["labels"]["ksquad.io/state"] == "warm", (
                 "unclaimed"
             )
@@ -273,7 +275,7 @@ async def test_a_pool_changed_past_admission_is_not_claimed_from(
         release.kubectl("replace", "-f", "-", input=yaml.safe_dump(pool))
     async with Kube(Config.from_kubeconfig(as_worker)) as kube:
         run = RunIdentity(namespace=NS, name="pinned-again", uid=str(uuid.uuid4()), attempt=1, fence=1)
-        bound = await KubernetesSandboxes(kube, settings).bind_warm(
+        bound = await KubernetesSandboxes(kube, settings).pools.bind_warm(
             ExecutionContract(run=run, agent=placed, model=model), SandboxPolicy()
         )
         assert bound is not None and bound.name == name, "the chart's template again: its pod is claimed"

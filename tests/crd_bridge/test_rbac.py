@@ -142,7 +142,7 @@ async def claim_warm(kube: Kube, f: Fixture) -> Any:
     # Placed as the pool is (its node selector keeps its pod off the node): a pool serves runs placed so.
     placed = contract(f, placement=Placement(node_selector={"never": "true"}))
     pool = PoolRef(name="rbac", namespace=f.ns, template=pool_template())
-    bound = await sandboxes(kube, [pool]).bind_warm(placed, SandboxPolicy())
+    bound = await sandboxes(kube, [pool]).pools.bind_warm(placed, SandboxPolicy())
     assert bound is not None, "the warm pod was there to claim"
     return bound
 
@@ -152,7 +152,7 @@ async def claim_through_agent_sandbox(kube: Kube, f: Fixture) -> Any:
     until its sandbox is ready (never: the pool has no SandboxWarmPool), then deleted."""
     pool = PoolRef(name="rbac-as", namespace=f.ns, template=pool_template(), backend="agent-sandbox")
     try:
-        return await sandboxes(kube, [pool]).claims.bind(
+        return await sandboxes(kube, [pool]).pools.claims.bind(
             pool, pool_template(), contract(f, f.unique("as")), 0.5
         )
     except ApplicationError as err:
@@ -162,7 +162,7 @@ async def claim_through_agent_sandbox(kube: Kube, f: Fixture) -> Any:
 
 
 async def why_no_pod(kube: Kube, f: Fixture) -> Any:
-    return await sandboxes(kube)._job_failure(f.ns, "subject", 3600, SandboxPolicy())
+    return await sandboxes(kube).jobs._job_failure(f.ns, "subject", 3600, SandboxPolicy())
 
 
 async def publish_outputs(kube: Kube, f: Fixture) -> Any:
