@@ -26,234 +26,33 @@ import argparse
 import asyncio
 import contextlib
 import io
-import json
 import logging
 import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
-from urllib.parse import urlencode
+from typing import BinaryIO, TextIO
 
 import httpx
-import yaml
 
+from cli.items import items_command
+from cli.memory import memory_command
+from cli.runs import runs_command
 from cli.targets import CliError, ClusterTarget, EmbeddedTarget, Target
+from cli.usage import usage_command
 from workflows.signals import RunSignal
-from workflows.status import Phase
 
 STATE_DIR = Path(".ksquad")
 
 
-def age(timestamp: str | None) -> str:
-    if not timestamp:
-        return "-"
-    seconds = int(
-        (datetime.now(UTC) - datetime.fromisoformat(timestamp.replace("Z", "+00:00"))).total_seconds()
-    )
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
-
-
-RUN_COLUMNS = ["NAMESPACE", "NAME", "PHASE", "REASON", "ATTEMPT", "AGENT", "ITEM", "TOKENS", "AGE"]
-
-
-def tokens(usage: dict[str, Any] | None) -> str:
-    """A run's model tokens, in+out ("-" before any call)."""
-    if not usage:
-        return "-"
-    return f"{usage.get('inputTokens') or 0}+{usage.get('outputTokens') or 0}"
-
-
-def run_row(run: dict[str, Any]) -> list[str]:
-    meta, status = run["metadata"], run.get("status") or {}
-    return [
-        meta["namespace"],
-        meta["name"],
-        status.get("phase") or "-",
-        status.get("reason") or "-",
-        str(status.get("attempt") or 0),
-        status.get("agent") or "-",
-        (run.get("spec") or {}).get("workItemRef") or "-",
-        tokens(status.get("usage")),
-        age(meta.get("creationTimestamp")),
-    ]
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join(
-        "   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
-    )
-
-
-def describe(run: dict[str, Any]) -> str:
-    meta, status = run["metadata"], run.get("status") or {}
-    lines = [
-        f"Run {meta['namespace']}/{meta['name']} (uid {meta.get('uid')})",
-        f"  phase:    {status.get('phase') or 'Pending'}"
-        + (f" ({status['reason']})" if status.get("reason") else ""),
-    ]
-    for label, key in (
-        ("message", "message"),
-        ("attempt", "attempt"),
-        ("agent", "agent"),
-        ("model", "model"),
-        ("resumes", "resumeAt"),
-        ("by", "triggeredBy"),
-    ):
-        if status.get(key):
-            lines.append(f"  {label + ':':<10}{status[key]}")
-    ref, claimed = (run.get("spec") or {}).get("workItemRef"), status.get("workItem")
-    if ref:
-        what = ""  # not claimed yet: whether it names an item is not known
-        if claimed:
-            what = (
-                " (its record: ksquad items get)" if claimed.get("item") else " (names no work item: a lock)"
-            )
-        lines.append(f"  item:     {ref}{what}")
-    if status.get("usage"):
-        used = status["usage"]
-        lines.append(
-            f"  usage:    {used.get('calls') or 0} model calls, {used.get('inputTokens') or 0} tokens in, "
-            f"{used.get('outputTokens') or 0} out"
-        )
-    if status.get("workflow"):
-        lines.append(f"  workflow: {status['workflow'].get('id')} (run {status['workflow'].get('runId')})")
-    for key, value in (status.get("outputs") or {}).items():
-        lines.append(f"  output {key}: {value}")
-    for c in status.get("conditions") or []:
-        lines.append(
-            f"  condition {c['type']}={c['status']} ({c['reason']}) {c.get('message') or ''}".rstrip()
-        )
-    return "\n".join(lines)
-
-
-def split_name(name: str, namespace: str) -> tuple[str, str]:
-    return tuple(name.split("/", 1)) if "/" in name else (namespace, name)  # type: ignore[return-value]
-
-
-def read_manifests(files: list[str]) -> list[Any]:
-    docs = []
-    for file in files:
-        try:
-            text = sys.stdin.read() if file == "-" else Path(file).read_text()
-            docs += [d for d in yaml.safe_load_all(text) if d is not None]
-        except OSError as err:
-            raise CliError(f"cannot read {file}: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise CliError(f"{file} is not valid YAML: {err}") from None
-    return docs
-
-
-class Watcher:
-    """Prints a run's events; while it is paused with a resume time, counts down (on a terminal)."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-        self.resume_at: datetime | None = None
-        self.live = sys.stdout.isatty() and not as_json
-        self.countdown_shown = False
-
-    def show(self, event: dict[str, Any]) -> None:
-        if self.as_json:
-            print(json.dumps(event), flush=True)
-            return
-        self.clear_countdown()
-        data = event.get("data") or {}
-        at = (event.get("at") or datetime.now(UTC).isoformat())[11:19]
-        print(f"{at}  {event.get('kind', ''):<9} {event.get('message', '')}", flush=True)
-        if event.get("kind") == "phase":
-            resume = data.get("resumeAt")
-            self.resume_at = (
-                datetime.fromisoformat(resume) if resume and data.get("phase") == Phase.PAUSED else None
-            )
-            if self.resume_at and not self.live:
-                print(
-                    f"          resumes at {self.resume_at:%H:%M:%S} (in {self.seconds_left():.0f}s)",
-                    flush=True,
-                )
-
-    def seconds_left(self) -> float:
-        assert self.resume_at is not None
-        return max(0.0, (self.resume_at - datetime.now(UTC)).total_seconds())
-
-    def tick(self) -> None:
-        if self.live and self.resume_at is not None:
-            sys.stdout.write(f"\r          resuming in {self.seconds_left():4.0f}s ")
-            sys.stdout.flush()
-            self.countdown_shown = True
-
-    def clear_countdown(self) -> None:
-        if self.countdown_shown:
-            sys.stdout.write("\r" + " " * 40 + "\r")
-            self.countdown_shown = False
-
-
-async def artifacts(target: Target, namespace: str, name: str, artifact: str | None, as_json: bool) -> int:
-    """Without `artifact`: the Run's artifacts (from its status). With it: that artifact's content, raw."""
-    if artifact is not None:
-        content = await target.artifact(namespace, name, artifact)
-        if sys.stdout.isatty():  # shown: its control characters escaped (TerminalText)
-            print(content.decode("utf-8", errors="replace"), end="")
-        else:  # into a file or a pipe: the bytes as the agent wrote them
-            sys.stdout.buffer.write(content)
-        sys.stdout.buffer.flush()
-        return 0
-    listed = ((await target.get(namespace, name)).get("status") or {}).get("artifacts") or []
-    if as_json:
-        print(json.dumps({"items": listed}, indent=2))
-    elif not listed:
-        print(f"Run {namespace}/{name} has no artifacts.", file=sys.stderr)
-    else:
-        rows = [[a.get("name", ""), a.get("mediaType") or "", str(a.get("size") or "")] for a in listed]
-        print(table(["NAME", "TYPE", "SIZE"], rows))
-    return 0
-
-
-async def watch(target: Target, namespace: str, name: str, as_json: bool) -> int:
-    watcher = Watcher(as_json)
-    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-
-    async def read() -> None:
-        try:
-            async for event in target.events(namespace, name, 0):
-                await queue.put(event)
-        finally:
-            await queue.put(None)
-
-    reader = asyncio.create_task(read())
-    try:
-        while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), timeout=1.0)
-            except TimeoutError:
-                watcher.tick()
-                continue
-            if event is None:
-                break
-            watcher.show(event)
-        reader.result()  # an error of the stream surfaces here
-    finally:
-        reader.cancel()
-    watcher.clear_countdown()
-    run = await target.get(namespace, name)
-    phase = (run.get("status") or {}).get("phase")
-    if not as_json:
-        print(describe(run))
-    return 0 if phase != Phase.FAILED else 2
-
-
-async def runs_command(args: argparse.Namespace) -> int:
+async def target_command(args: argparse.Namespace) -> int:
+    """The verbs that act on the embedded stack or a cluster: the target the options name, handed to the verb's
+    family, and closed after."""
     target: Target = (
         ClusterTarget(args.kubeconfig, args.context, args.api or os.environ.get("KSQUAD_API"))
         if args.kubeconfig or args.context
         else EmbeddedTarget.from_state(args.state_dir, args.api or os.environ.get("KSQUAD_API"))
     )
-    as_json = args.output == "json"
     try:
         if args.command == "items":
             return await items_command(target, args)
@@ -261,232 +60,9 @@ async def runs_command(args: argparse.Namespace) -> int:
             return await usage_command(target, args)
         if args.command == "memory":
             return await memory_command(target, args)
-        if args.command == "run":
-            applied = await target.apply(read_manifests(args.filename))
-            if as_json:
-                print(json.dumps({"applied": applied}, indent=2))
-            else:
-                for a in applied:
-                    print(
-                        f"{a['kind'].lower()}.ksquad.io/{a['name']} {a['action']} (namespace {a['namespace']})"
-                    )
-            runs = [a for a in applied if a["kind"] == "Run"]
-            if args.watch and runs:
-                return await watch(target, runs[0]["namespace"], runs[0]["name"], as_json)
-            return 0
-        action = args.action
-        if action == "list":
-            items = await target.list(None if args.all_namespaces else args.namespace or target.namespace)
-            if as_json:
-                print(json.dumps({"items": items}, indent=2))
-            elif not items:
-                print("No runs found.", file=sys.stderr)
-            else:
-                print(
-                    table(
-                        RUN_COLUMNS,
-                        [run_row(r) for r in items],
-                    )
-                )
-            return 0
-        namespace, name = split_name(args.name, args.namespace or target.namespace)
-        if action == "get":
-            run = await target.get(namespace, name)
-            if as_json:
-                print(json.dumps(run, indent=2))
-            elif args.output == "yaml":
-                print(yaml.safe_dump(run, sort_keys=False), end="")
-            else:
-                print(table(RUN_COLUMNS, [run_row(run)]))
-            return 0
-        if action == "artifacts":
-            return await artifacts(target, namespace, name, args.artifact, as_json)
-        if action == "describe":
-            print(describe(await target.get(namespace, name)))
-            return 0
-        if action == "watch":
-            return await watch(target, namespace, name, as_json)
-        if action == "delete":
-            await target.delete(namespace, name)
-            result = {"run": f"{namespace}/{name}", "deleted": True}
-        else:
-            argument = args.text if action == RunSignal.INPUT else getattr(args, "reason", None)
-            await target.signal(namespace, name, RunSignal(action), argument)
-            result = {"run": f"{namespace}/{name}", "signal": action}
-        print(
-            json.dumps(result)
-            if as_json
-            else f"run {namespace}/{name}: {action} sent"
-            if action != "delete"
-            else f"run {namespace}/{name} deleted"
-        )
-        return 0
+        return await runs_command(target, args)
     finally:
         await target.close()
-
-
-def author(entry: dict[str, Any]) -> str:
-    """Who wrote an item's entry: a person, or an agent's Run and attempt for the person who started it."""
-    who = entry.get("author") or {}
-    if entry.get("kind") == "ended":  # ksquad's own record of a Run's ending
-        return "ksquad"
-    if who.get("run"):
-        return f"{who['run']} (attempt {who.get('attempt')}, for {who.get('user') or '-'})"
-    return str(who.get("user") or "-")
-
-
-def describe_item(item: dict[str, Any], entries: list[dict[str, Any]]) -> str:
-    lines = [
-        f"Work item {item['namespace']}/{item['item_id']}: {item['title']}",
-        f"  state:    {item['state']}",
-        f"  by:       {item['created_by']} ({age(item['created_at'])} ago)",
-    ]
-    if item["labels"]:
-        lines.append(f"  labels:   {', '.join(item['labels'])}")
-    if item["body"]:
-        lines += ["", *(f"  {line}" for line in item["body"].splitlines())]
-    lines.append("")
-    for e in entries:
-        what = {"state": f"-> {(e.get('data') or {}).get('state')}", "artifact": "artifact"}.get(
-            e["kind"], e["kind"]
-        )
-        detail = e["body"] if e["kind"] != "artifact" else (e.get("data") or {}).get("name", "")
-        lines.append(
-            f"  #{e['seq']} {age(e['at'])} ago, {author(e)}: {what}" + (f": {detail}" if detail else "")
-        )
-    return "\n".join(lines)
-
-
-async def items_command(target: Target, args: argparse.Namespace) -> int:
-    as_json = args.output == "json"
-    action = args.action
-    namespace = args.namespace or target.namespace
-    base = f"/items/{namespace}"
-    if action == "list":
-        query = f"?state={args.state}" if args.state else ""
-        found = (await target.items("GET", base + query))["items"]
-        if as_json:
-            print(json.dumps({"items": found}, indent=2))
-        elif not found:
-            print(f"No work items in namespace {namespace}.", file=sys.stderr)
-        else:
-            rows = [
-                [i["item_id"], i["state"], i["title"][:60], i["created_by"], age(i["updated_at"])]
-                for i in found
-            ]
-            print(table(["ID", "STATE", "TITLE", "BY", "UPDATED"], rows))
-        return 0
-    item_url = f"{base}/{args.id}"
-    if action == "create":
-        body = {"id": args.id, "title": args.title, "body": args.body or "", "labels": args.label or []}
-        created = await target.items("POST", base, body)
-        print(json.dumps(created) if as_json else f"work item {namespace}/{args.id} created")
-        return 0
-    if action == "get":
-        item = await target.items("GET", item_url)
-        entries: list[dict[str, Any]] = []
-        while True:  # a page at a time: an item's record can be long
-            after = entries[-1]["seq"] if entries else 0
-            page = (await target.items("GET", f"{item_url}/entries?after={after}"))["entries"]
-            entries += page
-            if not page or entries[-1]["seq"] >= item["last_seq"]:
-                break
-        print(json.dumps({**item, "entries": entries}, indent=2) if as_json else describe_item(item, entries))
-        return 0
-    if action == "comment":
-        entry = await target.items("POST", f"{item_url}/comments", {"body": args.text})
-        print(
-            json.dumps(entry)
-            if as_json
-            else f"work item {namespace}/{args.id}: comment #{entry['seq']} added"
-        )
-        return 0
-    state = {"close": "done", "reopen": "open"}[action]
-    entry = await target.items("POST", f"{item_url}/state", {"state": state, "note": args.note or ""})
-    print(json.dumps(entry) if as_json else f"work item {namespace}/{args.id}: {state}")
-    return 0
-
-
-MEMORY_EXPORT_LIMIT = 1000  # a memory's most entries, and the API's largest page (store.memory)
-
-
-def memory_url(memory: str, namespace: str) -> str:
-    """team/NAME or project/NAME as the API's path."""
-    scope, _, name = memory.partition("/")
-    plural = {"team": "teams", "teams": "teams", "project": "projects", "projects": "projects"}.get(scope)
-    if plural is None or not name:
-        raise CliError(f"{memory!r}: name a Team's memory as team/NAME, or a Project's as project/NAME")
-    return f"/memory/{namespace}/{plural}/{name}"
-
-
-async def memory_command(target: Target, args: argparse.Namespace) -> int:
-    as_json = args.output == "json"
-    namespace = args.namespace or target.namespace
-    base = memory_url(args.memory, namespace)
-    what = f"the memory of {args.memory} in {namespace}"
-    if args.action == "list":
-        query = urlencode({"q": args.search or "", "limit": args.limit})
-        found = await target.items("GET", f"{base}?{query}", what=what)
-        if as_json:
-            print(json.dumps(found, indent=2))
-        elif not found["entries"]:
-            print(f"Nothing in {what}{' matches' if args.search else ''}.", file=sys.stderr)
-        else:
-            rows = [
-                [str(e["id"]), e["kind"], e["text"][:70], memory_author(e), age(e["created_at"])]
-                for e in found["entries"]
-            ]
-            print(table(["ID", "KIND", "TEXT", "BY", "AGE"], rows))
-        return 0
-    if args.action == "export":
-        exported = await target.items("GET", f"{base}?limit={MEMORY_EXPORT_LIMIT}", what=what)
-        for entry in reversed(exported["entries"]):
-            print(json.dumps({"namespace": namespace, "memory": args.memory, **entry}))
-        return 0
-    if args.action == "add":
-        entry = await target.items("POST", base, {"kind": args.kind, "text": args.text}, what=what)
-        print(json.dumps(entry) if as_json else f"{what}: entry {entry['id']} added")
-        return 0
-    if args.action == "edit":
-        entry = await target.items(
-            "PUT", f"{base}/{args.id}", {"kind": args.kind, "text": args.text}, what=what
-        )
-        print(json.dumps(entry) if as_json else f"{what}: entry {args.id} changed")
-        return 0
-    await target.items("DELETE", f"{base}/{args.id}", what=what)
-    print(f"{what}: entry {args.id} deleted")
-    return 0
-
-
-def memory_author(entry: dict[str, Any]) -> str:
-    author = entry.get("author") or {}
-    if author.get("run"):
-        return f"{author['run']} #{author.get('attempt')} for {author.get('user') or '?'}"
-    return str(author.get("user") or "?")
-
-
-async def usage_command(target: Target, args: argparse.Namespace) -> int:
-    query = {"by": args.by, "since": args.since}
-    if args.until:
-        query["until"] = args.until
-    if not args.all_namespaces:
-        query["namespace"] = args.namespace or target.namespace
-    found = await target.usage(query)
-    if args.output == "json":
-        print(json.dumps(found, indent=2))
-        return 0
-    where = f"namespace {found['namespace']}" if found.get("namespace") else "all namespaces"
-    window = f"{found['since'][:19]}Z to {found['until'][:19]}Z"
-    if not found["items"]:
-        print(f"No model calls in {where} from {window}.", file=sys.stderr)
-        return 0
-    rows = [
-        [str(u[args.by]), str(u["calls"]), str(u["inputTokens"]), str(u["outputTokens"])]
-        for u in found["items"]
-    ]
-    print(f"Model usage in {where}, {window}, by {args.by}:")
-    print(table([args.by.upper(), "CALLS", "INPUT TOKENS", "OUTPUT TOKENS"], rows))
-    return 0
 
 
 def log_to_file(path: Path) -> None:
@@ -728,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "hello":
             code = asyncio.run(hello_command(args))
         else:
-            code = asyncio.run(runs_command(args))
+            code = asyncio.run(target_command(args))
     except CliError as err:
         print(f"Error: {err}", file=sys.stderr)
         for problem in err.problems:
