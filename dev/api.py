@@ -55,8 +55,9 @@ from agent.callers import ITEM_TOKEN_PREFIX
 from api.attempts import PREFIX as ATTEMPTS_PREFIX
 from api.attempts import attempt_routes
 from api.codec import codec_app
-from api.console.app import Session, console_routes, csrf_key_of
-from api.console.pages import signin_needed_page
+from api.console.app import console_routes
+from api.console.guard import Session, csrf_key_of
+from api.console.pages.bare import signin_needed_page
 from api.errors import ROUTING_ERRORS, error
 from api.items import Writer, item_routes, with_item_tokens
 from api.memory import PREFIX as MEMORY_PREFIX

@@ -16,7 +16,9 @@ import pytest
 import yaml
 
 from api.budgets import RequestLimits
-from api.cluster import CODEC_COOKIE, REFUSED_TOKENS, ApiSettings, cluster_api, serve
+from api.cluster import cluster_api, serve
+from api.cluster_codec import CODEC_COOKIE
+from api.cluster_settings import REFUSED_TOKENS, ApiSettings
 from api.kubernetes_auth import KubernetesAuth
 from api.streams import STREAM_LIMITS
 from kube import Config, Kube

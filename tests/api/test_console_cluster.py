@@ -20,8 +20,10 @@ import pytest
 import yaml
 
 from api.budgets import Limits
-from api.cluster import CONSOLE_COOKIE, CONSOLE_LIMITS, ApiSettings, cluster_api
-from api.console.app import csrf_key_of, csrf_token
+from api.cluster import cluster_api
+from api.cluster_console import CONSOLE_COOKIE
+from api.cluster_settings import CONSOLE_LIMITS, ApiSettings
+from api.console.guard import csrf_key_of, csrf_token
 from api.kubernetes_auth import KubernetesAuth
 from api.streams import STREAM_LIMITS
 from kube import Config, Kube

@@ -8,11 +8,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from api.console import pages
-from api.console.app import parse_inputs, run_refusals
 from api.console.backend import Refused
 from api.console.cluster import SessionSeal
 from api.console.html import Html, el, path, safe_url
+from api.console.pages.items import item_page, items_page
+from api.console.pages.run import run_page
+from api.console.pages.runs import runs_table
+from api.console.routes.run import run_refusals
+from api.console.routes.start import parse_inputs
 from store import Author, Event, ItemEvent, WorkItem
 
 HOSTILE = "<script>alert(1)</script>\"'><img src=x onerror=alert(2)>"
@@ -88,11 +91,11 @@ def test_every_field_of_a_run_is_shown_as_text() -> None:
     )
     progress = Event(2, "status", HOSTILE, {}, 1, 1, None, AT)
     for markup in (
-        pages.runs_table([run]),
-        pages.run_page(
+        runs_table([run]),
+        run_page(
             run, [event], [progress], dict.fromkeys(("cancel", "pause", "resume", "input")), "t", None, 2
         ),
-        pages.run_page(run, [event], [progress], {"cancel": HOSTILE}, HOSTILE, "javascript:alert(1)", 2),
+        run_page(run, [event], [progress], {"cancel": HOSTILE}, HOSTILE, "javascript:alert(1)", 2),
     ):
         assert "<script" not in markup and "<img" not in markup, markup
         assert "javascript:" not in markup
@@ -108,8 +111,8 @@ def test_every_field_of_a_work_item_and_its_thread_is_shown_as_text() -> None:
         ),
     ]
     for markup in (
-        pages.item_page(item, entries, [hostile_run()], "t", None),
-        pages.items_page("ns", [], [item]),
+        item_page(item, entries, [hostile_run()], "t", None),
+        items_page("ns", [], [item]),
     ):
         assert "<script" not in markup and "<img" not in markup, markup
 

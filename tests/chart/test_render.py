@@ -539,10 +539,10 @@ def test_the_uninstall_module_runs_last_of_the_packages_release() -> None:
 
 
 def test_api_budgets_reach_ksquad_api_as_the_settings_it_reads() -> None:
-    """api.budgets in the values are the bounds ksquad-api enforces (api.cluster.ApiSettings), and a malformed
+    """api.budgets in the values are the bounds ksquad-api enforces (api.cluster_settings.ApiSettings), and a malformed
     bound stops it at start naming the setting."""
     from api.budgets import Limits, RateLimits, RequestLimits
-    from api.cluster import budgets_from_env
+    from api.cluster_settings import budgets_from_env
 
     budgets = {
         "streams": {"perPerson": 4, "perNamespace": 40, "total": 400},

@@ -242,7 +242,7 @@ CALLS: dict[tuple[str, str, str, str], Call] = {
     ("ksquad-worker", "", "configmaps", "create"): publish_outputs,
     ("ksquad-worker", "", "configmaps", "update"): publish_outputs,
     ("ksquad-worker", "", "events", "list"): why_no_pod,
-    # ksquad-api (api/cluster.py, run_for): the Run whose events or artifacts a caller asks for, once RBAC said
+    # ksquad-api (api/cluster_runs.py, run_for): the Run whose events or artifacts a caller asks for, once RBAC said
     # the caller may get it; its uid keys the store's records.
     ("ksquad-api", "ksquad.io", "runs", "get"): lambda k, f: k.get(run_url(f)),
     # ksquad-api (api/console/cluster.py, RunChanges): one metadata-only list and watch of a namespace's Runs, which

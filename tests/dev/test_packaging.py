@@ -56,6 +56,21 @@ def test_each_lock_pins_every_dependency_within_what_pyproject_asks(
     assert not outside, f"run `make lock`: {lock} pins versions pyproject.toml does not allow: {outside}"
 
 
+def test_every_package_of_the_product_is_in_the_wheel() -> None:
+    """setuptools installs the packages pyproject.toml lists, not the folders it finds: a package left out is
+    missing from the wheel and the images (the cluster's test of the images says so much later)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    roots = {p.split(".")[0] for p in listed} - {"crd_bridge"}
+    found = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for root in roots
+        for init in (ROOT / root).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    } | {"crd_bridge"}
+    assert len(found) > 15, found
+    assert found <= listed, f"pyproject.toml's packages lack {sorted(found - listed)}"
+
+
 def test_the_test_lock_agrees_with_the_images_lock() -> None:
     """The tests run the versions the images ship."""
     images, tests = (

@@ -13,7 +13,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import tracing
 from activities.sandboxes import LocalSandboxes, SandboxSettings
-from api.console.app import trace_page_template
+from api.console.routes.run import trace_page_template
 from testbed.agents import ModelEndpoint, contract
 from testbed.asgi import serving
 
