@@ -21,7 +21,7 @@ from workflows.contract import RunIdentity
 from workflows.status import Artifact
 
 log = logging.getLogger(__name__)
-USAGE_KEY = "ksquad.io/usage"  # a status update's metadata: one model call's cost (agent.executor.USAGE_KEY)
+USAGE_KEY = "ksquad.io/usage"  # a status update's metadata: one model call's cost (agent.reports.USAGE_KEY)
 OTHER_MODEL = "other"  # the metrics' model label for a reported model the contract does not name
 MAX_TOKENS_PER_CALL = 1 << 32  # a report above it is not a call's usage: dropped, with a warning
 MAX_ARTIFACT_BYTES = 1 << 20  # stored inline; larger artifacts are refused as invalid responses

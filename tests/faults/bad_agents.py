@@ -33,7 +33,7 @@ MANY_CALLS = MAX_MODEL_CALLS + 1  # a new call id in every report, one past the 
 
 
 def usage_report(call_id: str) -> dict[str, dict[str, object]]:
-    """A status update's metadata saying one model call cost 100 tokens in and 10 out (agent.executor's shape)."""
+    """A status update's metadata saying one model call cost 100 tokens in and 10 out (agent.reports.usage_report's shape)."""
     report = {"callId": call_id, "model": "scripted", "inputTokens": 100, "outputTokens": 10, "latencyMs": 1}
     return {USAGE_KEY: report}
 
