@@ -61,6 +61,35 @@ async def test_agent_failure_retries_after_backoff_then_succeeds(client: Client,
     assert backoff_status.resume_at is not None
 
 
+async def test_the_retry_backoff_is_spread_at_random_over_half_to_all_of_its_delay(
+    client: Client, world: World
+) -> None:
+    """Equal jitter is random per Run (the workflow's seeded random, so a replay repeats it): the first retries of
+    many Runs that failed at once spread over [d/2, d] instead of all waiting the same (a thundering herd), and
+    cover it: its lower and upper quarters both get some, and no two wait the same."""
+    runs = [f"j{i}" for i in range(40)]
+    for name in runs:
+        world.scripts[name] = [failed("once"), ok()]
+    handles = [await start_run(client, run_input(name)) for name in runs]
+    delays = []
+    for handle in handles:
+        assert (await handle.result()).phase == Phase.SUCCEEDED
+        timers = [
+            e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
+            async for e in handle.fetch_history_events()
+            if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+            and e.user_metadata.summary.data.decode().strip('"') == "backoff before retry 1"
+        ]
+        assert len(timers) == 1, timers
+        delays.append(timers[0])
+    d = 10.0  # the default backoffSeconds: the first retry's d
+    spread = [(delay - d / 2) / (d / 2) for delay in delays]  # where in [d/2, d] each fell, 0..1
+    assert all(0.0 <= x <= 1.0 for x in spread), delays
+    assert len(set(delays)) == len(delays), f"two Runs waited the same: {sorted(delays)}"
+    assert sum(x < 0.25 for x in spread) >= 2 and sum(x > 0.75 for x in spread) >= 2, sorted(spread)
+    assert 0.3 < sum(spread) / len(spread) < 0.7, f"mean {sum(spread) / len(spread):.2f}: not uniform"
+
+
 async def test_max_retries_exhausted_fails_the_run_after_two_retries_by_default(
     client: Client, world: World
 ) -> None:
