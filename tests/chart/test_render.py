@@ -566,3 +566,31 @@ def test_api_budgets_reach_ksquad_api_as_the_settings_it_reads() -> None:
     ):
         with pytest.raises(SystemExit, match=setting):
             budgets_from_env({setting: bad})
+
+
+def test_a_service_monitor_scrapes_every_component_where_the_prometheus_operator_is_served() -> None:
+    operator = [*chart.SERVED, "monitoring.coreos.com/v1/ServiceMonitor"]
+    values = {**VALUES, "metrics": {"serviceMonitor": {"interval": "15s", "labels": {"release": "prom"}}}}
+    rendered = chart.render(values, api_versions=operator)
+    (monitor,) = [d for d in rendered if d["kind"] == "ServiceMonitor"]
+    (service,) = [d for d in rendered if d["kind"] == "Service" and d["metadata"]["name"] == "ksquad-metrics"]
+    selected = monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= service["metadata"]["labels"].items(), "it selects the metrics Service"
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["metadata"]["labels"]["release"] == "prom", "the operator's selector labels, as given"
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["targetPort"]) == ("metrics", "health")
+    pods = [d for d in rendered if d["kind"] == "Deployment"]
+    assert len(pods) == 3
+    for deployment in pods:  # the Service's selector finds each component, on the port it names `health`
+        template = deployment["spec"]["template"]
+        assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items(), deployment[
+            "metadata"
+        ]
+        (container,) = template["spec"]["containers"]
+        assert "health" in {p["name"] for p in container["ports"]}, deployment["metadata"]["name"]
+    assert not [d for d in chart.render(VALUES) if d["kind"] == "ServiceMonitor"], (
+        "no operator, no ServiceMonitor"
+    )
+    disabled = {**VALUES, "metrics": {"serviceMonitor": {"enabled": False}}}
+    assert not [d for d in chart.render(disabled, api_versions=operator) if d["kind"] == "ServiceMonitor"]

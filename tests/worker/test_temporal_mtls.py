@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
 
 from dev.binaries import dying_with_parent
 from temporal_client.codec import ensure_key_file
@@ -34,6 +35,20 @@ async def test_the_worker_connects_by_certificate_and_restarts_when_it_is_rotate
             RuntimeError
         ):  # TLS, but no client certificate: the frontend refuses the handshake
             await refused.connect()
+        # An API key with the certificate, from the environment as the chart sets it: over TLS, the key carried.
+        keyed_pair = pki.issue("keyed", "ksquad-worker")
+        keyed = await TemporalSettings.from_env(
+            {
+                "KSQUAD_TEMPORAL_ADDRESS": server.target,
+                "KSQUAD_TEMPORAL_API_KEY": "cloud-key",
+                "KSQUAD_TEMPORAL_TLS_CERT_FILE": str(keyed_pair.cert),
+                "KSQUAD_TEMPORAL_TLS_KEY_FILE": str(keyed_pair.key),
+                "KSQUAD_TEMPORAL_TLS_CA_FILE": str(pki.ca),
+                "KSQUAD_TEMPORAL_TLS_SERVER_NAME": "localhost",
+            }
+        ).connect()
+        assert keyed.api_key == "cloud-key"
+        assert (await keyed.workflow_service.get_system_info(GetSystemInfoRequest())).server_version
 
         mounted = tmp_path / "temporal-tls"  # as the chart mounts the kubernetes.io/tls Secret
         mounted.mkdir()
