@@ -737,6 +737,146 @@ def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(relea
         release.kubectl("delete", "rolebinding,role,serviceaccount", editor_name, "-n", ns)
 
 
+def test_a_stamped_triggered_by_cannot_change_by_any_way_a_namespace_editor_has(release: Release) -> None:
+    """A Run stamped with its creator (by the MutatingAdmissionPolicy) keeps that name whatever its namespace's
+    editor (the aggregated `edit` role) tries: annotate, merge and JSON patches, update, server-side apply, the
+    status subresource, the groups annotation, a label of that name; and no one creates a Run naming another."""
+    ns, editor_name = NS, f"attribution-{uuid.uuid4().hex[:6]}"
+    release.kubectl("create", "serviceaccount", editor_name, "-n", ns)
+    release.kubectl(
+        "create",
+        "rolebinding",
+        editor_name,
+        "-n",
+        ns,
+        "--clusterrole=edit",
+        f"--serviceaccount={ns}:{editor_name}",
+    )
+    run: dict[str, Any] = {
+        "apiVersion": RUN_API,
+        "kind": "Run",
+        "metadata": {"name": "stamped", "namespace": ns},
+    }
+    run["spec"] = {"agents": ["no-such-agent"]}  # it fails its references at once: nothing runs
+    release.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(run))
+    try:
+        editor = kubeconfig_of(release, editor_name, ns)
+
+        def as_editor(*args: str, doc: dict[str, Any] | None = None) -> tuple[int, str]:
+            done = release.cluster.kubectl(
+                *args, input=yaml.safe_dump(doc) if doc else None, check=False, kubeconfig=editor
+            )
+            return done.returncode, done.stdout + done.stderr
+
+        def stored() -> dict[str, Any]:
+            got: dict[str, Any] = release.get("run", "stamped", "-n", ns)
+            return got
+
+        creator = stored()["metadata"]["annotations"]["ksquad.io/triggered-by"]
+        assert creator == "ksquad-test-admin"
+        wait_for_status = time.monotonic() + 60  # the bridge mirrors it into the status too
+        while (stored().get("status") or {}).get("triggeredBy") != creator:
+            assert time.monotonic() < wait_for_status, stored().get("status")
+            time.sleep(0.5)
+        me = f"system:serviceaccount:{ns}:{editor_name}"
+        changed = copy.deepcopy(stored())
+        changed["metadata"]["annotations"]["ksquad.io/triggered-by"] = me
+        applied = {**run, "metadata": {**run["metadata"], "annotations": {"ksquad.io/triggered-by": me}}}
+        attempts = {
+            "annotate": as_editor(
+                "annotate", "--overwrite", "run", "stamped", "-n", ns, f"ksquad.io/triggered-by={me}"
+            ),
+            "annotate away": as_editor("annotate", "run", "stamped", "-n", ns, "ksquad.io/triggered-by-"),
+            "merge patch": as_editor(
+                "patch",
+                "run",
+                "stamped",
+                "-n",
+                ns,
+                "--type=merge",
+                "-p",
+                json.dumps({"metadata": {"annotations": {"ksquad.io/triggered-by": me}}}),
+            ),
+            "JSON patch": as_editor(
+                "patch",
+                "run",
+                "stamped",
+                "-n",
+                ns,
+                "--type=json",
+                "-p",
+                json.dumps([{"op": "remove", "path": "/metadata/annotations/ksquad.io~1triggered-by"}]),
+            ),
+            "update": as_editor("replace", "-f", "-", doc=changed),
+            "server-side apply": as_editor(
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "--field-manager=editor",
+                "-f",
+                "-",
+                doc=applied,
+            ),
+            "groups": as_editor(
+                "annotate",
+                "--overwrite",
+                "run",
+                "stamped",
+                "-n",
+                ns,
+                "ksquad.io/triggered-by-groups=system:masters",
+            ),
+        }
+        for how, (code, message) in attempts.items():
+            assert code != 0, f"{how}: {message}"
+            assert "ksquad-triggered-by-immutable" in message, f"{how}: {message}"
+        code, message = as_editor(
+            "patch",
+            "run",
+            "stamped",
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"triggeredBy": me}}),
+        )
+        assert code != 0 and "forbidden" in message, f"the status is the bridge's: {message}"
+        code, message = as_editor(
+            "label", "run", "stamped", "-n", ns, f"ksquad.io/triggered-by={editor_name}"
+        )
+        assert code == 0, message  # a label is no attribution: nothing reads it
+        after = stored()
+        assert after["metadata"]["annotations"]["ksquad.io/triggered-by"] == creator
+        assert after["status"]["triggeredBy"] == creator, "the status still names the creator"
+        other = {
+            **run,
+            "metadata": {
+                "name": "forged",
+                "namespace": ns,
+                "annotations": {"ksquad.io/triggered-by": creator},
+            },
+        }
+        forged = release.cluster.kubectl(
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            "-",
+            input=yaml.safe_dump(other),
+            check=False,
+            kubeconfig=editor,
+        )
+        if forged.returncode == 0:  # the MutatingAdmissionPolicy stamped the creator over the name given
+            assert json.loads(forged.stdout)["metadata"]["annotations"]["ksquad.io/triggered-by"] == me
+        else:  # where it is absent, the validating policy refuses the other's name
+            assert "it cannot name anyone else" in forged.stderr, forged.stderr
+    finally:
+        release.kubectl("delete", "run", "stamped", "-n", ns, "--wait=false")
+        release.kubectl("delete", "rolebinding,serviceaccount", editor_name, "-n", ns)
+
+
 def test_a_run_in_a_namespace_ksquad_does_not_serve_is_refused_naming_the_chart_value(
     release: Release,
 ) -> None:
