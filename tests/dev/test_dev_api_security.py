@@ -29,6 +29,7 @@ from tests.support.dev import DevProcess
 
 CANARY = "sk-canary-5d1e0c6b"
 MARKER = "DECODE-MARKER-3b9e"  # an answer the UI shows near the top of a run's result, once decoded
+FAILURE_MARKER = "FAILURE-MARKER-7c41"  # in a model's error text: in a failure's message, never in clear
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -65,7 +66,17 @@ async def local_model() -> AsyncIterator[tuple[str, ScriptedModel]]:
     """The model the developer configured (OPENAI_BASE_URL), answering slowly so runs stay Running."""
     state = ScriptedModel()
     state.load(
-        {"slow": [{"delay": 600, "text": "never"}], "quick": [{"text": "ok"}], "marked": [{"text": MARKER}]}
+        {
+            "slow": [{"delay": 600, "text": "never"}],
+            "quick": [{"text": "ok"}],
+            "marked": [{"text": MARKER}],
+            # failures whose text carries a marker: the provider's error, a rate limit's
+            "fails-marked": [{"error": 500, "message": f"{FAILURE_MARKER} provider broke"}],
+            "limited-marked": [
+                {"error": 429, "retry_after": "1", "message": f"{FAILURE_MARKER} slow down"},
+                {"text": "ok after the limit"},
+            ],
+        }
     )
     async with serving(build_app(state)) as url:
         yield f"{url}/v1", state
@@ -310,6 +321,74 @@ def agent_environment(dev: DevProcess, run: str) -> str:
     """The environment of the local agent of `run`'s first attempt, as /proc shows it."""
     pid = int((dev.state / "sandboxes" / f"{run}-exec-1.pid").read_text())
     return (Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n")).decode()
+
+
+def failures_in(history: Any) -> list[Any]:
+    """Every failure the history records (an activity's, a workflow task's, the workflow's), causes too."""
+    found = []
+    for event in history.events:
+        for field in (
+            "activity_task_failed_event_attributes",
+            "workflow_task_failed_event_attributes",
+            "workflow_execution_failed_event_attributes",
+        ):
+            if event.HasField(field):
+                failure = getattr(event, field).failure
+                while failure.message or failure.encoded_attributes.data:
+                    found.append(failure)
+                    if not failure.HasField("cause"):
+                        break
+                    failure = failure.cause
+    return found
+
+
+async def test_failure_messages_are_ciphertext_in_the_raw_history_for_each_kind_of_failure(
+    dev: DevProcess, tmp_path: Path
+) -> None:
+    """A model's error text reaches the history in failures (the agent call's, the attempt's, a rate limit's), in
+    the Run's final status and in a cancel's reason: read by a client without the codec, every failure's message is
+    "Encoded failure" with its text in encoded attributes, and the text is nowhere in the raw history."""
+    failing = {
+        **run_doc("fails-marked", "fails-marked"),
+        "spec": {
+            **run_doc("x", "fails-marked")["spec"],
+            "retryPolicy": {"maxRetries": 1, "backoffSeconds": 1},
+        },
+    }
+    path = tmp_path / "failing.yaml"
+    path.write_text(
+        yaml.safe_dump_all(
+            [AGENT, failing, run_doc("limited-marked", "limited-marked"), run_doc("cancelled-marked", "slow")]
+        )
+    )
+    assert (await dev.cli("run", "-f", str(path))).code == 0
+    await dev.wait_phase("cancelled-marked", {"Running"})
+    reason = f"{FAILURE_MARKER} no longer needed"
+    cancelled = await dev.cli("runs", "cancel", "cancelled-marked", "--reason", reason)
+    assert cancelled.code == 0, cancelled.err
+    ended = {
+        name: (await dev.wait_phase(name, phases, within=120))["status"]
+        for name, phases in (
+            ("fails-marked", {"Failed"}),
+            ("limited-marked", {"Succeeded"}),
+            ("cancelled-marked", {"Cancelled"}),
+        )
+    }
+    assert FAILURE_MARKER in ended["fails-marked"]["message"], (
+        "the status, decoded, keeps the provider's text"
+    )
+    plain = await Client.connect(dev.info["temporal"])  # no codec
+    kinds: set[str] = set()
+    for name, status in ended.items():
+        workflow = status["workflow"]
+        history = await plain.get_workflow_handle(workflow["id"], run_id=workflow["runId"]).fetch_history()
+        raw = b"".join(event.SerializeToString() for event in history.events)
+        assert FAILURE_MARKER.encode() not in raw, f"{name}: the text is in clear in the history"
+        for failure in failures_in(history):
+            assert failure.message == "Encoded failure", f"{name}: {failure.message}"
+            assert failure.encoded_attributes.data and not failure.stack_trace, name
+            kinds.add(failure.application_failure_info.type or "cause")
+    assert {"AgentFailed", "RateLimited"} <= kinds, f"the failures looked at: {kinds}"
 
 
 async def test_another_local_process_cannot_decode_the_history_the_signed_in_browser_can(
