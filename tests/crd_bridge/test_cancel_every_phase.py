@@ -1,8 +1,9 @@
-"""Cancel a Run from every phase that waits, by each of the three ways users cancel, on the real stack (the API
-server, the bridge, the worker, the store, an A2A agent and the scripted model): `kubectl delete`, the
-`ksquad.io/cancel-requested` annotation, and `temporal workflow cancel`. Each run shows Cancelling, then ends
-Cancelled, and leaves nothing behind: no slot or place in its Project's queue, no claim on its work item, no Job.
-(Running and Paused are cancelled on the real stack in test_bridge_e2e.py and tests/dev/test_lifecycle.py.)"""
+"""Cancel a Run from every phase that waits, and mid-call, by each of the three ways users cancel, on the real stack
+(the API server, the bridge, the worker, the store, an A2A agent and the scripted model): `kubectl delete`, the
+`ksquad.io/cancel-requested` annotation, and `temporal workflow cancel`. Pending, Queued, Claiming, a retry's
+backoff, Running and Paused(Manual): each run shows Cancelling, then ends Cancelled, and leaves nothing behind: no
+slot or place in its Project's queue, no claim on its work item. (Paused(RateLimited) by the cancel signal:
+tests/faults/test_long_retry_after.py; a cancelled Run's sandbox deleted: test_bridge_e2e.py.)"""
 
 import asyncio
 import json
@@ -62,7 +63,18 @@ PHASES: dict[str, tuple[Callable[[str], dict[str, Any]], Callable[[dict[str, Any
         },
         lambda s: s.get("phase") == "Pending" and s.get("reason") == "RetryBackoff",
     ),
+    # mid-call: the agent's model call in flight (its task cancelled with the workflow's)
+    "running": (
+        lambda how: {"model": "slow-model", "workItemRef": f"wi-running-{how}"},
+        lambda s: s.get("phase") == "Running",
+    ),
+    # paused by its user (the pause annotation, set once it runs: PAUSED_BY_ANNOTATION)
+    "paused": (
+        lambda how: {"model": "slow-model", "workItemRef": f"wi-paused-{how}"},
+        lambda s: s.get("phase") == "Paused" and s.get("pauseReason") == "Manual",
+    ),
 }
+PAUSED_BY_ANNOTATION = "paused"
 
 
 async def cancel(stack: Stack, name: str, how: str) -> None:
@@ -146,6 +158,12 @@ async def test_a_run_cancelled_from_each_waiting_phase_each_way_shows_cancelling
     await stack.wait_phase("holder", {"Running"})
     names = {f"{phase}-{how}": (phase, how) for phase in PHASES for how in HOWS}
     stack.apply(*(run_doc(name, **PHASES[phase][0](how)) for name, (phase, how) in names.items()))
+    pausing = [name for name, (phase, _) in names.items() if phase == PAUSED_BY_ANNOTATION]
+    await asyncio.gather(
+        *(wait_until(stack, n, "ran", lambda s: s.get("phase") == "Running") for n in pausing)
+    )
+    for name in pausing:
+        stack.kubectl("annotate", "run", name, "-n", stack.namespace, "ksquad.io/pause-requested=hold on")
     await asyncio.gather(*(wait_until(stack, n, f"waited {p}", PHASES[p][1]) for n, (p, _) in names.items()))
     holder_uid = (await stack.run("holder"))["metadata"]["uid"]
 
@@ -166,10 +184,11 @@ async def test_a_run_cancelled_from_each_waiting_phase_each_way_shows_cancelling
             "the holder keeps its item"
         )
         for how in HOWS:
-            item = work_item_key(stack.namespace, f"wi-backoff-{how}")
-            assert (await store.holder_of(item))[0] is None, f"{item} is released"
-            actions = [h.action for h in await store.claim_history(item)]
-            assert actions[-1] == "released", (item, actions)
+            for phase in ("backoff", "running", "paused"):
+                item = work_item_key(stack.namespace, f"wi-{phase}-{how}")
+                assert (await store.holder_of(item))[0] is None, f"{item} is released"
+                actions = [h.action for h in await store.claim_history(item)]
+                assert actions[-1] == "released", (item, actions)
     finally:
         await store.close()
     # No Job to look for: these Runs' agent is a running A2A endpoint (no sandbox); a cancelled sandbox is
