@@ -594,3 +594,48 @@ def test_a_service_monitor_scrapes_every_component_where_the_prometheus_operator
     )
     disabled = {**VALUES, "metrics": {"serviceMonitor": {"enabled": False}}}
     assert not [d for d in chart.render(disabled, api_versions=operator) if d["kind"] == "ServiceMonitor"]
+
+
+def test_with_api_url_every_signed_in_user_may_read_the_locator_and_nothing_else_cluster_wide() -> None:
+    """With `api.url`, `ksquad` finds ksquad-api from a ClusterRole no tenant can write: it grants nothing, and
+    every signed-in user may get it and only it. The whole cluster-wide set, with the subject of each binding."""
+    docs = chart.render({**VALUES, "api": {"url": "https://ksquad-api.example.com"}})
+    cluster_wide = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].startswith("Cluster")}
+    assert cluster_wide == {
+        ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
+        ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
+        ("ClusterRole", f"ksquad-workitems-edit-{chart.RELEASE_NAMESPACE}"),
+        ("ClusterRole", f"ksquad-workitems-view-{chart.RELEASE_NAMESPACE}"),
+        ("ClusterRole", "ksquad-locator"),
+        ("ClusterRole", "ksquad-locator-reader"),
+        ("ClusterRoleBinding", "ksquad-locator-reader"),
+    }
+    subjects = {
+        d["metadata"]["name"]: (d["roleRef"]["name"], d["subjects"])
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding"
+    }
+    assert subjects == {
+        f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}": (
+            "system:auth-delegator",
+            [{"kind": "ServiceAccount", "name": "ksquad-api", "namespace": chart.RELEASE_NAMESPACE}],
+        ),
+        "ksquad-locator-reader": (
+            "ksquad-locator-reader",
+            [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:authenticated"}],
+        ),
+    }
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    assert roles["ksquad-locator"]["rules"] == [], "the locator grants nothing"
+    assert (
+        roles["ksquad-locator"]["metadata"]["annotations"]["ksquad.io/api-url"]
+        == "https://ksquad-api.example.com"
+    )
+    assert roles["ksquad-locator-reader"]["rules"] == [
+        {
+            "apiGroups": ["rbac.authorization.k8s.io"],
+            "resources": ["clusterroles"],
+            "resourceNames": ["ksquad-locator"],
+            "verbs": ["get"],
+        }
+    ]

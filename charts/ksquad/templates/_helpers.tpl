@@ -1,7 +1,7 @@
 {{- /* Values that cannot work are refused at install, with what to set. */ -}}
 {{- define "ksquad.validate" -}}
 {{- if not .Values.namespaces -}}
-{{- fail "\n\nnamespaces is empty: set the namespaces your Runs live in, for example\n  --set 'namespaces={ksquad-system,payments}'\nThe bridge watches Runs only there, and the bridge and the worker get Roles only there (nothing cluster-wide)." -}}
+{{- fail "\n\nnamespaces is empty: set the namespaces your Runs live in, for example\n  --set 'namespaces={ksquad-system,payments}'\nThe bridge watches Runs only there, and the bridge and the worker get Roles only there (no cluster-wide grant to either)." -}}
 {{- end -}}
 {{- if not .Values.temporal.address -}}
 {{- fail "\n\ntemporal.address is empty: set Temporal's frontend, for example --set temporal.address=temporal-frontend.temporal.svc:7233" -}}
