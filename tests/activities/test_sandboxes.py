@@ -24,6 +24,7 @@ from activities.sandboxes import (
     SandboxSettings,
     job_name,
 )
+from agent.scripted_model import fingerprint
 from kube import ApiError, Config, Kube, path
 from store import Store
 from testbed import chart, warrants
@@ -151,7 +152,9 @@ async def test_a_cold_run_runs_the_reference_agent_publishes_outputs_and_the_run
     finally:
         await store.close()
     assert result.outputs == {"answer": "The flaky test is fixed."}
-    assert model.state.calls[0].credential != "-", "the agent read its credential from the Secret"
+    assert model.state.calls[0].credential == fingerprint(f"Bearer {MODEL_KEY}"), (
+        "the agent read its credential from the Secret"
+    )
 
     published = await ActivityEnvironment().run(
         SandboxActivities(backend).publish_outputs,

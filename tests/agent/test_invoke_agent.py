@@ -21,6 +21,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.agents import AgentActivities, CallerKeys, Timing
 from activities.agents.callers import BearerToken, process_keys
 from agent.callers import TOKEN_SHA256_ANNOTATION
+from agent.scripted_model import fingerprint
 from agent.server import agent_card
 from store import Holder, StaleFence, Store, work_item_key
 from testbed import warrants
@@ -84,7 +85,9 @@ async def test_the_agent_calls_an_allowed_mcp_tool_then_answers_and_everything_i
     assert call["meta"]["ksquad.io/run"] == "payments/r"
     offered = {tuple(c.tools) for c in model.state.calls}
     assert offered == {("notes", "ksquad_request_input")}, "run_shell is not in allowedTools: never offered"
-    assert all(c.credential != "-" for c in model.state.calls), "the model got the agent's credential"
+    assert {c.credential for c in model.state.calls} == {fingerprint(f"Bearer {MODEL_KEY}")}, (
+        "the model got the agent's credential"
+    )
 
     events = await store.events("uid-r")
     assert [e.seq for e in events] == list(range(1, len(events) + 1))

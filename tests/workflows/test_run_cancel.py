@@ -86,6 +86,19 @@ async def retry_backoff(client: Client, world: World) -> WorkflowHandle[RunWorkf
     return handle
 
 
+# What a Run holds in each phase (its work item's claim, its sandbox) when it is cancelled: the teardown checks
+# below run for what it held, so a setup that lost either would skip them without saying so.
+HOLDS: dict[str, tuple[bool, bool]] = {
+    "Pending": (False, False),
+    "Queued": (False, False),
+    "Claiming": (False, False),  # the item is another Run's
+    "Running": (True, True),
+    "Paused(RateLimited)": (True, False),  # the item kept, the sandbox given back while the limit lasts
+    "Paused(InputRequired)": (True, True),  # the agent waits in its sandbox for the answer
+    "Paused(Manual)": (True, False),
+    "Pending(RetryBackoff)": (False, False),  # fenced and released before the backoff
+}
+
 PHASES: dict[str, Setup] = {
     "Pending": pending,
     "Queued": queued,
@@ -107,6 +120,7 @@ async def test_cancel_from_every_phase_tears_down_and_leaks_nothing(
     before = world.last("r")
     had_sandbox = bool(world.sandboxes - {"holder-exec-1"})
     had_claim = "wi-1" in world.claims
+    assert (had_claim, had_sandbox) == HOLDS[phase], "what the Run holds in this phase"
 
     if how == "temporal-cancel":
         await handle.cancel()
