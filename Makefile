@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # (tests/conftest.py); about 25 minutes of pytest here instead of 44 in one process. PYTEST_WORKERS= runs one.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench lint pytest venv testbins host-packages images lock clean
+.PHONY: demo test bench lint pytest venv testbins host-packages images wheelhouse lock clean
 
 venv: $(BIN)/.installed
 # The test bed's dependencies from tests/requirements.lock (hash-checked, like the images'), then the project itself.
@@ -83,8 +83,14 @@ lint: venv
 
 # In network, PID and mount namespaces of their own (testbed/isolate.py): the test cluster's pods, its
 # servers and everything they start live and die there.
-pytest: venv testbins host-packages images
-	$(BIN)/python -m testbed.isolate $(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+pytest: venv testbins host-packages images wheelhouse
+	KSQUAD_WHEELHOUSE=$(WHEELHOUSE) $(BIN)/python -m testbed.isolate $(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# The locked wheels, downloaded before the suite (whose namespaces reach no package index): a wheel of the repo is
+# built and installed from them in a clean venv, offline (tests/dev/test_packaging.py). Outside the clone, shared.
+WHEELHOUSE := $(HOME)/.cache/ksquad-wheelhouse
+wheelhouse: venv
+	$(BIN)/pip download --quiet --no-deps --require-hashes --dest $(WHEELHOUSE) -r tests/requirements.lock
 
 test: lint pytest
 

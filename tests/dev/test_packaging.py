@@ -92,12 +92,29 @@ def run(*args: str | Path, cwd: Path, timeout: float) -> subprocess.CompletedPro
 
 
 def test_a_wheel_of_the_repo_runs_the_demo_from_a_clean_venv(tmp_path: Path) -> None:
+    """Offline, as the test bed is: the clean venv takes setuptools, the wheel's dependencies and the dev extra from
+    the locked wheels `make wheelhouse` downloaded (KSQUAD_WHEELHOUSE), at the locked versions."""
+    wheelhouse = Path(os.environ.get("KSQUAD_WHEELHOUSE", Path.home() / ".cache" / "ksquad-wheelhouse"))
+    assert any(wheelhouse.glob("setuptools-*.whl")), (
+        f"no locked wheels in {wheelhouse}: run `make wheelhouse`"
+    )
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(
+        "".join(f"{n}=={v}\n" for n, v in pinned(ROOT / "tests" / "requirements.lock").items())
+    )
+    venv = tmp_path / "venv"
+    assert run(sys.executable, "-m", "venv", venv, cwd=tmp_path, timeout=120).returncode == 0
+    offline: list[str | Path] = ["--no-index", "--find-links", wheelhouse, "-c", constraints]
+    pip = venv / "bin" / "pip"
+    tools = run(pip, "install", "--quiet", *offline, "setuptools", cwd=tmp_path, timeout=300)
+    assert tools.returncode == 0, tools.stderr[-3000:]
+
     built = run(
-        sys.executable,
-        "-m",
-        "pip",
+        pip,
         "wheel",
+        "--no-build-isolation",
         "--no-deps",
+        "--no-index",
         "-w",
         tmp_path / "dist",
         ROOT,
@@ -107,24 +124,7 @@ def test_a_wheel_of_the_repo_runs_the_demo_from_a_clean_venv(tmp_path: Path) -> 
     assert built.returncode == 0, built.stderr[-3000:]
     assert "BuildBackendWarning" not in built.stderr, built.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("ksquad-*.whl")
-
-    # The runtime's versions as the test bed locks them (without hashes: the wheel itself has none).
-    constraints = tmp_path / "constraints.txt"
-    constraints.write_text(
-        "".join(f"{n}=={v}\n" for n, v in pinned(ROOT / "tests" / "requirements.lock").items())
-    )
-    venv = tmp_path / "venv"
-    assert run(sys.executable, "-m", "venv", venv, cwd=tmp_path, timeout=120).returncode == 0
-    installed = run(
-        venv / "bin" / "pip",
-        "install",
-        "--quiet",
-        f"{wheel}[dev]",
-        "-c",
-        constraints,
-        cwd=tmp_path,
-        timeout=600,
-    )
+    installed = run(pip, "install", "--quiet", *offline, f"{wheel}[dev]", cwd=tmp_path, timeout=600)
     assert installed.returncode == 0, installed.stderr[-3000:]
 
     where = run(
