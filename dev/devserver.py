@@ -42,11 +42,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def preferred_port(port: int, host: str = "127.0.0.1") -> int:
-    """`port` when it is free (a stable, documented address), else any free port (0: any)."""
+    """`port` when it is free (a stable, documented address), else any free port (0: any). Free as a server binds
+    it (SO_REUSEADDR): a port whose last connections wait out TIME_WAIT, as after the stack was killed with a
+    `ksquad runs watch` attached, is free to listen on again, and a client that kept the address finds it there."""
     if port == 0:
         return free_port(host)
     try:
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
         return port
     except OSError:

@@ -168,11 +168,21 @@ def ensure_token_file(path: Path) -> str:
     return path.read_text().strip()
 
 
+STREAMS_CUT_AFTER_SECONDS = 1
+
+
 @contextlib.asynccontextmanager
 async def http_server(app: Any, port: int) -> AsyncIterator[None]:
     server = uvicorn.Server(
         uvicorn.Config(
-            tracing.TracedHttp(app), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+            tracing.TracedHttp(app),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            # An open event stream (`ksquad runs watch`, the console) would hold Ctrl-C back until it ends, while
+            # the worker goes on: streams are cut after this long, and their clients resume with Last-Event-ID.
+            timeout_graceful_shutdown=STREAMS_CUT_AFTER_SECONDS,
         )
     )
     task = asyncio.create_task(server.serve())
@@ -203,6 +213,9 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
     # Held bound until the API serves on it: Temporal's dev server, started meanwhile, takes random free ports
     # of its own (HTTP, metrics, its services) and once took this one ("address already in use").
     api_reservation = socket.socket()
+    api_reservation.setsockopt(
+        socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+    )  # as the API's own listener binds it
     api_reservation.bind(("127.0.0.1", api_port))
     server = (
         ExternalTemporal(address=options.temporal_address)

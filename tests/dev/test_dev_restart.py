@@ -12,6 +12,7 @@ import yaml
 from temporalio.client import Client
 
 from testbed.agents import ModelEndpoint
+from testbed.isolate import free_port
 from tests.support.dev import DevProcess
 
 DOCS = [
@@ -35,11 +36,17 @@ async def test_dev_stopped_mid_run_and_restarted_finishes_the_run_and_nothing_ru
     model: ModelEndpoint, tmp_path: Path, stop: str
 ) -> None:
     model.script("thoughtful", {"delay": 6, "text": "answered once"})
-    dev = DevProcess(tmp_path, env={"OPENAI_BASE_URL": model.url, "OPENAI_API_KEY": "sk-test-dev"})
+    dev = DevProcess(
+        tmp_path,
+        env={"OPENAI_BASE_URL": model.url, "OPENAI_API_KEY": "sk-test-dev"},
+        api_port=free_port("127.0.0.1"),  # where the watch below finds the restarted stack
+    )
     (tmp_path / "run.yaml").write_text(yaml.safe_dump_all(DOCS))
     await dev.start()
     try:
         assert (await dev.cli("run", "-f", str(tmp_path / "run.yaml"))).code == 0
+        # A watch that outlives the stack: it resumes from its last event when the API is back (Last-Event-ID).
+        watching = asyncio.create_task(dev.cli("runs", "watch", "survivor", "-o", "json", timeout=240))
         await dev.wait_phase("survivor", {"Running"})
         for _ in range(100):  # until the agent is waiting on the model
             if model.state.in_flight:
@@ -63,6 +70,12 @@ async def test_dev_stopped_mid_run_and_restarted_finishes_the_run_and_nothing_ru
         assert status["attempt"] == 1, "the attempt in flight was resumed, not repeated"
         assert [c.model for c in model.state.calls] == ["thoughtful"], "the model was asked once"
 
+        resumed = await watching
+        assert resumed.code == 0, resumed.err
+        phases = [
+            e["data"]["phase"] for e in map(yaml.safe_load, resumed.out.splitlines()) if e["kind"] == "phase"
+        ]
+        assert phases == ["Pending", "Claiming", "Running", "Succeeded"], "each once, across the restart"
         watched = await dev.cli("runs", "watch", "survivor", "-o", "json")
         phases = [
             e["data"]["phase"] for e in map(yaml.safe_load, watched.out.splitlines()) if e["kind"] == "phase"

@@ -55,6 +55,9 @@ class DevProcess:
     process: asyncio.subprocess.Process | None = None
     info: dict[str, Any] = field(default_factory=dict)
     starts: int = 0
+    # The API's port across restarts (0: a free one each start): a client that keeps the URL, as `ksquad runs
+    # watch` does, finds the restarted stack where it was, as it does on the default ports.
+    api_port: int = 0
 
     @property
     def state(self) -> Path:
@@ -75,7 +78,7 @@ class DevProcess:
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts}\n".encode())
             self.process = await asyncio.create_subprocess_exec(
-                *dying_with_parent([KSQUAD, "dev", *FREE_PORTS]),
+                *dying_with_parent([KSQUAD, "dev", *FREE_PORTS, "--api-port", str(self.api_port)]),
                 cwd=self.root,
                 stdout=log,
                 stderr=subprocess.STDOUT,
