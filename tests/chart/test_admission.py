@@ -738,18 +738,21 @@ def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(relea
 
 
 def test_a_stamped_triggered_by_cannot_change_by_any_way_a_namespace_editor_has(release: Release) -> None:
-    """A Run stamped with its creator (by the MutatingAdmissionPolicy) keeps that name whatever its namespace's
-    editor (the aggregated `edit` role) tries: annotate, merge and JSON patches, update, server-side apply, the
+    """A Run stamped with its creator (by the MutatingAdmissionPolicy) keeps that name whatever an editor of its
+    namespace's Runs tries: annotate, merge and JSON patches, update, server-side apply, the
     status subresource, the groups annotation, a label of that name; and no one creates a Run naming another."""
     ns, editor_name = NS, f"attribution-{uuid.uuid4().hex[:6]}"
     release.kubectl("create", "serviceaccount", editor_name, "-n", ns)
+    # An editor of the namespace's Runs (the chart aggregates no Run rights into `edit`: a cluster grants them).
+    verbs = "--verb=get,list,create,update,patch"
+    release.kubectl("create", "role", editor_name, "-n", ns, verbs, "--resource=runs.ksquad.io")
     release.kubectl(
         "create",
         "rolebinding",
         editor_name,
         "-n",
         ns,
-        "--clusterrole=edit",
+        f"--role={editor_name}",
         f"--serviceaccount={ns}:{editor_name}",
     )
     run: dict[str, Any] = {
@@ -874,7 +877,7 @@ def test_a_stamped_triggered_by_cannot_change_by_any_way_a_namespace_editor_has(
             assert "it cannot name anyone else" in forged.stderr, forged.stderr
     finally:
         release.kubectl("delete", "run", "stamped", "-n", ns, "--wait=false")
-        release.kubectl("delete", "rolebinding,serviceaccount", editor_name, "-n", ns)
+        release.kubectl("delete", "rolebinding,role,serviceaccount", editor_name, "-n", ns)
 
 
 def test_a_run_in_a_namespace_ksquad_does_not_serve_is_refused_naming_the_chart_value(

@@ -120,3 +120,17 @@ def test_the_scanner_reads_the_logs_the_api_server_rotated_and_refuses_a_missing
         audit.unlink()
         with pytest.raises(FileNotFoundError, match="proves nothing"):
             scan_audit_log(audit)
+
+
+def test_a_json_patch_is_scanned_too() -> None:
+    """A JSON patch's body is a list of operations, not an object: scanned as it is, with no spec to read."""
+    patch = {
+        "verb": "patch",
+        "objectRef": {"resource": "runs", "namespace": "ns", "name": "r"},
+        "requestObject": [{"op": "add", "path": "/metadata/annotations/x", "value": MODEL_KEY}],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        audit = Path(tmp) / "audit.log"
+        audit.write_text(json.dumps(patch) + "\n")
+        report = scan_audit_log(audit)
+    assert report.scanned == 1 and len(report.leaks) == 1 and "ns/r" in report.leaks[0]

@@ -44,6 +44,8 @@ def _private_texts(events: list[dict[str, Any]]) -> set[str]:
     texts: set[str] = set()
     for event in events:
         obj, resource = event.get("requestObject") or {}, event.get("objectRef", {}).get("resource")
+        if not isinstance(obj, dict):  # a JSON patch's operations: no object to read a spec from
+            continue
         spec = obj.get("spec")
         if not isinstance(spec, dict):
             continue
@@ -68,7 +70,7 @@ def scan_audit_log(path: Path) -> ScanReport:
     private = _private_texts(events)
     report.private_texts = len(private)
     for event in events:
-        obj: dict[str, Any] | None = event.get("requestObject")
+        obj: dict[str, Any] | list[Any] | None = event.get("requestObject")  # a list: a JSON patch
         if not obj:
             continue
         ref = event.get("objectRef", {})
@@ -80,7 +82,12 @@ def scan_audit_log(path: Path) -> ScanReport:
             report.texts_in_pods += [
                 f"{where} holds {t[:24]!r}" for t in private if json.dumps(t)[1:-1] in text
             ]
-        if ref.get("resource") == "pods" and event.get("verb") == "create" and not ref.get("subresource"):
+        if (
+            isinstance(obj, dict)
+            and ref.get("resource") == "pods"
+            and event.get("verb") == "create"
+            and not ref.get("subresource")
+        ):
             labels = obj.get("metadata", {}).get("labels", {})
             if any(k.startswith("ksquad.io/") for k in labels):
                 report.sandbox_pods += 1
