@@ -38,6 +38,18 @@ VALUES = {
 }
 
 
+# What the chart makes cluster-wide without api.url.
+CLUSTER_WIDE = {
+    # ksquad-api asks the API server who a caller is and what they may do: the built-in delegator role
+    ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
+    # for people, not for ksquad: who may read decoded payloads with their own token
+    ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
+    # for people: work items and squad memory, aggregated into the built-in edit/admin and view roles (no ServiceAccount's)
+    ("ClusterRole", f"ksquad-workitems-edit-{chart.RELEASE_NAMESPACE}"),
+    ("ClusterRole", f"ksquad-workitems-view-{chart.RELEASE_NAMESPACE}"),
+}
+
+
 def test_helm_lint_is_clean() -> None:
     done = subprocess.run(
         [
@@ -92,15 +104,7 @@ def test_deployments_have_probes_resources_and_a_locked_down_security_context() 
         ("NetworkPolicy", "search"),
     }
     cluster_wide = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].startswith("Cluster")}
-    assert cluster_wide == {
-        # ksquad-api asks the API server who a caller is and what they may do: the built-in delegator role
-        ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
-        # for people, not for ksquad: who may read decoded payloads with their own token
-        ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
-        # for people: work items and squad memory, aggregated into the built-in edit/admin and view roles (no ServiceAccount's)
-        ("ClusterRole", f"ksquad-workitems-edit-{chart.RELEASE_NAMESPACE}"),
-        ("ClusterRole", f"ksquad-workitems-view-{chart.RELEASE_NAMESPACE}"),
-    }
+    assert cluster_wide == CLUSTER_WIDE
     aggregated = [
         (sorted(k for k in d["metadata"]["labels"] if k.startswith("rbac.authorization.k8s.io/")), d["rules"])
         for d in docs
@@ -601,11 +605,7 @@ def test_with_api_url_every_signed_in_user_may_read_the_locator_and_nothing_else
     every signed-in user may get it and only it. The whole cluster-wide set, with the subject of each binding."""
     docs = chart.render({**VALUES, "api": {"url": "https://ksquad-api.example.com"}})
     cluster_wide = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"].startswith("Cluster")}
-    assert cluster_wide == {
-        ("ClusterRoleBinding", f"ksquad-api-auth-delegator-{chart.RELEASE_NAMESPACE}"),
-        ("ClusterRole", f"ksquad-codec-decoder-{chart.RELEASE_NAMESPACE}"),
-        ("ClusterRole", f"ksquad-workitems-edit-{chart.RELEASE_NAMESPACE}"),
-        ("ClusterRole", f"ksquad-workitems-view-{chart.RELEASE_NAMESPACE}"),
+    assert cluster_wide == CLUSTER_WIDE | {
         ("ClusterRole", "ksquad-locator"),
         ("ClusterRole", "ksquad-locator-reader"),
         ("ClusterRoleBinding", "ksquad-locator-reader"),
