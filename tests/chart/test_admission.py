@@ -662,6 +662,16 @@ async def test_the_worker_writes_only_a_runs_outputs_config_map(
 # --- the triggered-by annotation ---------------------------------------------------------------------------------
 
 
+def runs_editor(release: Release, ns: str, name: str, verbs: str) -> None:
+    """A ServiceAccount that may `verbs` Runs in `ns`, and nothing else (the chart aggregates no Run rights into
+    `edit`: a cluster grants them); its Role and binding are named after it."""
+    release.kubectl("create", "serviceaccount", name, "-n", ns)
+    release.kubectl("create", "role", name, "-n", ns, f"--verb={verbs}", "--resource=runs.ksquad.io")
+    release.kubectl(
+        "create", "rolebinding", name, "-n", ns, f"--role={name}", f"--serviceaccount={ns}:{name}"
+    )
+
+
 def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(release: Release) -> None:
     """Where no MutatingAdmissionPolicy stamps Runs (before Kubernetes 1.36, or a Run made before the chart), a Run
     has no ksquad.io/triggered-by; its namespace's editor must not add one naming someone else (or anyone)."""
@@ -669,19 +679,7 @@ def test_triggered_by_cannot_be_added_to_a_run_that_was_created_without_it(relea
         NS,
         f"runs-editor-{uuid.uuid4().hex[:6]}",
     )  # a namespace ksquad serves (others refuse Runs)
-    release.kubectl("create", "serviceaccount", editor_name, "-n", ns)
-    release.kubectl(
-        "create", "role", editor_name, "-n", ns, "--verb=get,update,patch", "--resource=runs.ksquad.io"
-    )
-    release.kubectl(
-        "create",
-        "rolebinding",
-        editor_name,
-        "-n",
-        ns,
-        f"--role={editor_name}",
-        f"--serviceaccount={ns}:{editor_name}",
-    )
+    runs_editor(release, ns, editor_name, "get,update,patch")
     binding = release.get("mutatingadmissionpolicybinding", "ksquad-triggered-by")
     original = binding["spec"].get("matchResources")
     outside = {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}
@@ -742,26 +740,25 @@ def test_a_stamped_triggered_by_cannot_change_by_any_way_a_namespace_editor_has(
     namespace's Runs tries: annotate, merge and JSON patches, update, server-side apply, the
     status subresource, the groups annotation, a label of that name; and no one creates a Run naming another."""
     ns, editor_name = NS, f"attribution-{uuid.uuid4().hex[:6]}"
-    release.kubectl("create", "serviceaccount", editor_name, "-n", ns)
-    # An editor of the namespace's Runs (the chart aggregates no Run rights into `edit`: a cluster grants them).
-    verbs = "--verb=get,list,create,update,patch"
-    release.kubectl("create", "role", editor_name, "-n", ns, verbs, "--resource=runs.ksquad.io")
-    release.kubectl(
-        "create",
-        "rolebinding",
-        editor_name,
-        "-n",
-        ns,
-        f"--role={editor_name}",
-        f"--serviceaccount={ns}:{editor_name}",
-    )
+    runs_editor(release, ns, editor_name, "get,list,create,update,patch")
     run: dict[str, Any] = {
         "apiVersion": RUN_API,
         "kind": "Run",
         "metadata": {"name": "stamped", "namespace": ns},
     }
     run["spec"] = {"agents": ["no-such-agent"]}  # it fails its references at once: nothing runs
-    release.cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(run))
+    # Stamped at creation; a test before this one may have just given the MutatingAdmissionPolicy its binding
+    # back, which the API server sees within moments.
+    for _ in range(100):
+        created = json.loads(
+            release.cluster.kubectl("create", "-o", "json", "-f", "-", input=yaml.safe_dump(run)).stdout
+        )
+        if "ksquad.io/triggered-by" in created["metadata"].get("annotations", {}):
+            break
+        release.kubectl("delete", "run", "stamped", "-n", ns)
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the MutatingAdmissionPolicy stamped no Run")
     try:
         editor = kubeconfig_of(release, editor_name, ns)
 
