@@ -253,6 +253,9 @@ class AgentError(StrEnum):
     INVALID_AGENT_RESPONSE = "InvalidAgentResponse"
     SANDBOX_LOST = "SandboxLost"  # the agent stopped answering: its sandbox died
     TOKEN_BUDGET_SPENT = "TokenBudgetSpent"  # a call reached the Run's token budget: the run ends, no retry
+    # A cancelled call (the Run cancelled, its deadline, a pause): the agent did not report its task CANCELED
+    # within the wait, so the task may go on. Raised only after a cancel; the Run's AgentStopped condition says so.
+    CANCEL_UNCONFIRMED = "CancelUnconfirmed"
 
 
 # acquire_sandbox's ApplicationError type when the cluster cannot run the sandbox as configured (a RuntimeClass

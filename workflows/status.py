@@ -16,6 +16,9 @@ class Phase(StrEnum):
     CLAIMING = "Claiming"
     RUNNING = "Running"
     PAUSED = "Paused"
+    # False (CancelUnconfirmed) when a cancelled agent call's agent did not confirm within the wait that its task
+    # stopped, so it may still be at work; True (SandboxGone) once that agent's sandbox was deleted and seen gone.
+    AGENT_STOPPED = "AgentStopped"
     CANCELLING = "Cancelling"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -50,6 +53,9 @@ class ConditionType(StrEnum):
     WORK_ITEM_CLAIMED = "WorkItemClaimed"
     SANDBOX_READY = "SandboxReady"
     PAUSED = "Paused"
+    # False (CancelUnconfirmed) when a cancelled agent call's agent did not confirm within the wait that its task
+    # stopped, so it may still be at work; True (SandboxGone) once that agent's sandbox was deleted and seen gone.
+    AGENT_STOPPED = "AgentStopped"
     # As a Job's: Complete=True when the run Succeeded, Failed=True when it Failed or was Cancelled (reason
     # Cancelled), so `kubectl wait --for=condition=Complete` never returns on a failure.
     COMPLETE = "Complete"
@@ -60,7 +66,7 @@ class Condition(KsquadModel):
     """The standard metav1.Condition shape."""
 
     type: str
-    """ReferencesResolved, Admitted, WorkItemClaimed, SandboxReady, Paused, Complete or Failed."""
+    """ReferencesResolved, Admitted, WorkItemClaimed, SandboxReady, Paused, AgentStopped, Complete or Failed."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: str

@@ -186,8 +186,8 @@ class AgentActivities:
                         await cancel_and_wait(work)
                         # The worker stopping is not the run being cancelled: the agent's task goes on, and the
                         # activity's retry (on this worker restarted, or another) resubscribes to it.
-                        if not activity.is_worker_shutdown():
-                            await call.cancel_remote()
+                        if not activity.is_worker_shutdown() and not await call.cancel_remote():
+                            raise call.cancel_unconfirmed() from None
                         raise
                     finally:
                         lost.cancel()

@@ -31,6 +31,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.agents.a2a_compat import not_a2a
 from activities.agents.outcomes import DUPLICATE_OF, PAUSED, TERMINAL, agent_error, outcome, struct
@@ -318,29 +319,41 @@ class Invocation:
                 FailureDetails(message=err.message, task_id=self.progress.task_id),
             ) from None
 
-    async def cancel_remote(self) -> None:
-        """CancelTask, then wait (bounded) until the agent reports CANCELED."""
+    async def cancel_remote(self) -> bool:
+        """CancelTask, then wait (bounded) until the agent reports the task ended. False: it did not say so in
+        time (its task may go on); True also when there was no task to cancel."""
         if not self.progress.task_id:
-            return
+            return True
         with contextlib.suppress(A2AError, A2AClientError):
             answer = await self.client.cancel_task(
                 CancelTaskRequest(id=self.progress.task_id),
                 context=ClientCallContext(timeout=self.timing.probe_seconds),
             )
             if answer.status.state in TERMINAL:  # the agent stopped it before answering: no need to ask again
-                return
+                return True
         deadline = asyncio.get_running_loop().time() + self.timing.cancel_wait_seconds
         while asyncio.get_running_loop().time() < deadline:
             with contextlib.suppress(A2AError, A2AClientError):
                 task = await self._get(self.progress.task_id)
                 if task.status.state in TERMINAL:
-                    return
+                    return True
             await asyncio.sleep(0.2)
         log.warning(
             "%s: task %s not CANCELED after %.0fs",
             self.identity.name,
             self.progress.task_id,
             self.timing.cancel_wait_seconds,
+        )
+        return False
+
+    def cancel_unconfirmed(self) -> ApplicationError:
+        """What the cancelled activity ends with instead of its cancellation when the agent did not confirm it:
+        the workflow, which waits for the cancellation to complete, records it on the Run."""
+        return agent_error(
+            AgentError.CANCEL_UNCONFIRMED,
+            f"{self.inv.contract.agent.name} did not confirm the cancel of its task {self.progress.task_id} within "
+            f"{self.timing.cancel_wait_seconds:.0f}s: it may still be at work",
+            FailureDetails(message="cancel not confirmed", task_id=self.progress.task_id),
         )
 
 

@@ -8,7 +8,6 @@ asks the API before acting on the answer, is told 409 and stops (its stats count
 was killed before the claim was released, and a write with attempt 1's token is refused."""
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -20,18 +19,16 @@ from typing import Any
 import httpx
 import pytest
 from mcp.server.mcpserver import MCPServer
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from activities.sandboxes.manifests import job_name
 from agent.callers import ItemAccess, item_token, read_key
 from dev.stack import ITEM_KEY_FILE, TOKEN_FILE, DevStack, dev_stack
 from store import work_item_key
+from store.objects import StoredObject
 from testbed.asgi import serving
 from testbed.embedded import stack_options, start_agent, wait_terminal
 from testbed.isolate import service_address
+from tests.support.a2a_proxy import dropping_cancels
 
 NS = "bench"  # the test bed's instant agent serves this namespace
 API = "ksquad.io/v1alpha1"
@@ -67,35 +64,6 @@ async def notes() -> AsyncIterator[Notes]:
     ) as url:
         served.url = f"{url}/mcp"
         yield served
-
-
-def dropping_cancels(upstream: str) -> Starlette:
-    """A proxy to an A2A agent on which every CancelTask is lost (503, never forwarded); the card names the proxy,
-    so the worker, which follows a card only on its endpoint, talks to the agent through it."""
-    http = httpx.AsyncClient(base_url=upstream, timeout=None)
-    dropped: list[str] = []
-
-    async def forward(request: Request) -> Response:
-        body = await request.body()
-        if body and json.loads(body).get("method") == "CancelTask":
-            dropped.append(json.loads(body)["params"].get("id", ""))
-            return JSONResponse({"error": "lost on the way"}, status_code=503)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-        sent = await http.send(
-            http.build_request(request.method, request.url.path, content=body, headers=headers), stream=True
-        )
-        if request.url.path.endswith("agent-card.json"):
-            card = (
-                (await sent.aread()).decode().replace(upstream.rstrip("/"), str(request.base_url).rstrip("/"))
-            )
-            return Response(card, status_code=sent.status_code, media_type="application/json")
-        return StreamingResponse(
-            sent.aiter_raw(), status_code=sent.status_code, headers=dict(sent.headers), background=None
-        )
-
-    app = Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
-    app.state.dropped = dropped
-    return app
 
 
 def objects(dev: DevStack, notes: Notes, agent: dict[str, Any]) -> list[dict[str, Any]]:
@@ -195,6 +163,12 @@ async def test_an_endpoint_agent_whose_cancel_is_lost_makes_no_call_after_the_fe
                 await until("attempt 1's agent to stop, superseded", stopped_superseded, within=30)
                 assert dev.scripted.abandoned == 0, "the held call was answered: its agent was alive to act"
                 await check_nothing_spent_after_the_fence(dev, notes, fenced_at)
+                stopped = agent_stopped(await dev.runs.get(NS, "outlived"))
+                assert (stopped["status"], stopped["reason"]) == ("False", "CancelUnconfirmed"), stopped
+                assert (
+                    stopped["message"].startswith("attempt 1: ")
+                    and proxy.state.dropped[0] in stopped["message"]
+                )
         finally:
             agent.terminate()
             agent.wait(10)
@@ -223,6 +197,9 @@ async def test_a_local_agent_that_hears_no_cancel_is_killed_before_the_claim_is_
         await check_nothing_spent_after_the_fence(dev, notes, fenced_at)
 
         run = await dev.runs.get(NS, "outlived")
+        stopped = agent_stopped(run)  # it did not confirm the cancel; its sandbox's deletion settled it
+        assert (stopped["status"], stopped["reason"]) == ("True", "SandboxGone"), stopped
+        assert job_name("outlived", 1) in stopped["message"] and "attempt 1: " in stopped["message"]
         history = await dev.store.claim_history(work_item_key(NS, ITEM))
         first = ItemAccess(NS, ITEM, f"{NS}/outlived", run.uid, 1, history[0].fence, int(time.time()) + 600)
         token = item_token(read_key(dev.state_dir / ITEM_KEY_FILE), first)
@@ -243,3 +220,8 @@ def held_call_abandoned(dev: DevStack) -> Any:
         return dev.scripted.abandoned == 1
 
     return check
+
+
+def agent_stopped(run: StoredObject) -> dict[str, Any]:
+    (condition,) = [c for c in (run.status or {}).get("conditions", []) if c["type"] == "AgentStopped"]
+    return dict(condition)

@@ -4,6 +4,7 @@ result, or an error that moves the route (a 429), pauses the task (input, a refu
 continues in a new turn), fails the attempt or fails the Run. It owns the Run's model usage: what earlier
 workflows of the Run counted and each attempt's running total since."""
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -24,14 +25,14 @@ from workflows.activity_types import (
     TaskPause,
     invoke_agent,
 )
-from workflows.run.interrupts import ANY_INTERRUPT, Interrupts, PhaseTimeout
+from workflows.run.interrupts import ANY_INTERRUPT, Interrupted, Interrupts, PhaseTimeout
 from workflows.run.mirror import StatusMirror
-from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, WarrantOf, call, later, tenant_priority
+from workflows.run.options import AGENT_HEARTBEAT_TIMEOUT, WarrantOf, later, start, tenant_priority
 from workflows.run.outcomes import AttemptFailed, RunFailed, cause, refusal
 from workflows.run.pauses import Pauses
 from workflows.run.route import Router
 from workflows.spec import RunSpec
-from workflows.status import Phase, UsageStatus
+from workflows.status import ConditionType, Phase, UsageStatus
 
 _AGENT_ERRORS = [e.value for e in AgentError]  # in the enum's order: a set's would be the hash seed's
 # The agent call outlives the attempt's deadline by this much: the deadline cancels it and the workflow waits for
@@ -82,29 +83,19 @@ class AgentCall:
                 continue_task=follow_up,
                 token_budget_left=budget_left,
             )
-            message_id = invocation.message_id
             remaining = (run_deadline - workflow.now()).total_seconds()
-            agent_call = call(
-                invoke_agent,
-                invocation,
-                start_to_close=max(1.0, remaining) + AGENT_CANCEL_GRACE_SECONDS,
-                heartbeat=AGENT_HEARTBEAT_TIMEOUT,
-                retry=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
-                    maximum_attempts=5,
-                    non_retryable_error_types=_AGENT_ERRORS,
-                ),
-                cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-                summary=f"{self.route.agent().name}: {self.route.model().name}, message {message_id}",
-                priority=tenant_priority(self.run.namespace),
-            )
+            started: list[workflow.ActivityHandle[AgentResult]] = []
             try:
-                result = await self.interrupts.interruptible(
-                    agent_call,
-                    ANY_INTERRUPT,
-                    timeout=max(0.001, remaining),
-                    deadline_summary=f"attempt {attempt}: timeouts.runSeconds",
-                )
+                try:
+                    result = await self.interrupts.interruptible(
+                        self._call_agent(invocation, remaining, started),
+                        ANY_INTERRUPT,
+                        timeout=max(0.001, remaining),
+                        deadline_summary=f"attempt {attempt}: timeouts.runSeconds",
+                    )
+                except (Interrupted, PhaseTimeout, asyncio.CancelledError):
+                    self._note_an_unconfirmed_cancel(attempt, started)
+                    raise
                 self.route.answered()
                 self._count_usage(attempt, result.usage)
                 return result
@@ -145,6 +136,47 @@ class AgentCall:
                 follow_up = ContinueTask(task_id=task.task_id, context_id=task.context_id, text=text)
                 message = f"attempt {attempt}: {self.route.agent().name} continues its task"
                 self.mirror.move(Phase.RUNNING, reason="Resumed", message=message)
+
+    async def _call_agent(
+        self,
+        invocation: AgentInvocation,
+        remaining: float,
+        started: list[workflow.ActivityHandle[AgentResult]],
+    ) -> AgentResult:
+        """invoke_agent, outliving the attempt's deadline by the grace a cancel needs; its handle is kept in
+        `started`, so that how a cancelled call ended can be read once its cancellation has completed."""
+        handle = start(
+            invoke_agent,
+            invocation,
+            start_to_close=max(1.0, remaining) + AGENT_CANCEL_GRACE_SECONDS,
+            heartbeat=AGENT_HEARTBEAT_TIMEOUT,
+            retry=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                maximum_attempts=5,
+                non_retryable_error_types=_AGENT_ERRORS,
+            ),
+            cancellation_type=ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            summary=f"{self.route.agent().name}: {self.route.model().name}, message {invocation.message_id}",
+            priority=tenant_priority(self.run.namespace),
+        )
+        started.append(handle)
+        return await handle
+
+    def _note_an_unconfirmed_cancel(
+        self, attempt: int, started: list[workflow.ActivityHandle[AgentResult]]
+    ) -> None:
+        """The call was cancelled and its cancellation has completed: if the agent did not confirm that its task
+        stopped, the Run says so (AgentStopped=False) until a sandbox's confirmed deletion settles it."""
+        if not started or not started[0].done() or started[0].cancelled():
+            return
+        err = started[0].exception()
+        app = err.cause if isinstance(err, ActivityError) else None
+        if isinstance(app, ApplicationError) and app.type == AgentError.CANCEL_UNCONFIRMED:
+            if len(app.details) > USAGE_DETAIL:  # what the attempt used until it was cancelled
+                self._count_usage(attempt, UsageStatus.model_validate(app.details[USAGE_DETAIL]))
+            self.mirror.condition(
+                ConditionType.AGENT_STOPPED, False, "CancelUnconfirmed", f"attempt {attempt}: {app.message}"
+            )
 
     def _token_budget_left(self) -> int | None:
         """Tokens the Run may still use, or None without a budget; a Run that has used it all ends here, before

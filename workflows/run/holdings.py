@@ -170,6 +170,11 @@ class Holdings:
                 summary=f"delete sandbox {sandbox.name}" + (" and confirm it is gone" if confirm else ""),
             )
         self.mirror.condition(ConditionType.SANDBOX_READY, False, "Released", sandbox.name)
+        stopped = self.mirror.status.condition(ConditionType.AGENT_STOPPED)
+        if confirm and sandbox.kind != "external" and stopped is not None and stopped.status == "False":
+            # The agent that did not confirm its cancel ran in this sandbox, now deleted and seen gone.
+            message = f"its sandbox {sandbox.name} was deleted and is gone ({stopped.message})"
+            self.mirror.condition(ConditionType.AGENT_STOPPED, True, "SandboxGone", message)
         self.sandbox = None
         self.mirror.status.sandbox = None
 

@@ -52,7 +52,7 @@ from workflows.run.route import Router
 from workflows.run.state import RunCarry, RunInput
 from workflows.run.throttles import Throttles
 from workflows.signals import STATE_QUERY, RunSignal
-from workflows.status import Phase, RunStatus, WorkflowRef
+from workflows.status import ConditionType, Phase, RunStatus, WorkflowRef
 
 # Outputs are published by a local activity (one short write: a ConfigMap, or nothing embedded); runs that
 # scheduled it as an activity before replay as they ran.
@@ -389,6 +389,11 @@ class RunWorkflow:
         except RunFailed as teardown:
             reason = f"{reason}; {teardown.message}"
         await self.gates.withdraw_queued()
+        stopped = self.status.condition(ConditionType.AGENT_STOPPED)
+        if stopped is not None and stopped.status == "False":
+            reason = (
+                f"{reason}; {stopped.message}"  # the agent's task may go on: say so where the phase is read
+            )
         self.mirror.move(Phase.CANCELLED, reason="Cancelled", message=reason)
 
     async def _finish(self) -> None:
