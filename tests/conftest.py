@@ -28,7 +28,7 @@ from testbed.postgres import PostgresServer
 from testbed.temporal import start_time_skipping
 from tests.support.browser import TEST_OUTPUT
 from tests.support.fault_counts import record_counts
-from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs
+from tests.support.secret_scan import scan_audit_log, scan_histories, scan_logs, scan_temporal_databases
 
 # The fixtures of the session's Kubernetes control plane (one node, one kubelet, one containerd).
 CLUSTER_FIXTURES = {"cluster", "ksquad_cluster"}
@@ -72,7 +72,8 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture(scope="session")
 async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DevServer]:
     """Temporal's dev server with ksquad's search attributes, headless, state in memory. After the suite, no
-    credential may be found in any workflow history it holds, nor in any log of the session."""
+    credential may be found in any workflow history it holds, nor in any embedded stack's Temporal database or
+    any log of the session."""
     log_file = tmp_path_factory.mktemp("temporal") / "dev-server.log"
     # Pods reach it on the node's address. Given a single non-loopback --ip, the dev server's own services
     # cannot reach each other (they announce 127.0.0.1): inside the test bed's namespaces it listens on all.
@@ -80,15 +81,18 @@ async def dev_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
     async with DevServer(ip="0.0.0.0" if isolated() else "127.0.0.1", ui=True, log_file=log_file) as server:
         yield server
         histories = await scan_histories(await Client.connect(server.target))
+        embedded = scan_temporal_databases(tmp_path_factory.getbasetemp())
         logs = scan_logs(tmp_path_factory.getbasetemp())
+        leaks = histories.leaks + embedded.leaks + logs.leaks
         record_counts(
             {
                 "secret_scan.histories": histories.scanned,
+                "secret_scan.embedded_temporal_databases": embedded.scanned,
                 "secret_scan.log_files": logs.scanned,
-                "secret_scan.leaks_in_histories_and_logs": len(histories.leaks) + len(logs.leaks),
+                "secret_scan.leaks_in_histories_and_logs": len(leaks),
             }
         )
-        assert not histories.leaks + logs.leaks, f"credentials copied: {histories.leaks + logs.leaks}"
+        assert not leaks, f"credentials copied: {leaks}"
 
 
 @pytest.fixture(scope="session")

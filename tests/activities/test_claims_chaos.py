@@ -21,8 +21,9 @@ WORKERS = 6
 KILLS = 120
 MIN_RELEASES = 30
 MIN_TAKEOVERS = 5
-# The chaos goes on until it has made KILLS kills, MIN_RELEASES acknowledged releases and MIN_TAKEOVERS takeovers
-# of expired leases: a fixed 30 s made 48-70 releases on 2 busy cores, and 27 once on a slower day, which failed
+MIN_STALE = 1
+# The chaos goes on until it has made KILLS kills, MIN_RELEASES acknowledged releases, MIN_TAKEOVERS takeovers
+# of expired leases and MIN_STALE stale holders refused (a holder stalled past its lease, taken over, then writing): a fixed 30 s made 48-70 releases on 2 busy cores, and 27 once on a slower day, which failed
 # the precondition, not the store; 120 kills made 3 takeovers once beside make test's cluster worker.
 SECONDS = 120.0
 
@@ -54,9 +55,9 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
     kills = 0
     deadline = time.monotonic() + SECONDS
 
-    def releases_told() -> int:
+    def told_so_far(kind: str) -> int:
         return sum(
-            line.startswith("released")
+            line.startswith(kind)
             for path in logs.values()
             if path.exists()
             for line in path.read_text().splitlines()
@@ -71,7 +72,10 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
             )
 
     while (
-        kills < KILLS or releases_told() < MIN_RELEASES or takeovers_so_far() < MIN_TAKEOVERS
+        kills < KILLS
+        or told_so_far("released") < MIN_RELEASES
+        or takeovers_so_far() < MIN_TAKEOVERS
+        or told_so_far("stale") < MIN_STALE
     ) and time.monotonic() < deadline:
         time.sleep(rng.uniform(0.05, 0.3))
         slot = rng.randrange(WORKERS)
@@ -120,3 +124,4 @@ def test_killed_claimers_never_make_two_holders_or_lose_a_release(
     assert kills >= 60, "enough chaos to mean something"
     assert takeovers >= MIN_TAKEOVERS, "killed holders' leases expired and were taken over"
     assert told["released"] >= MIN_RELEASES, f"enough releases to mean something, within {SECONDS:.0f} s"
+    assert told["stale"] >= MIN_STALE, "a holder taken over while it stalled wrote again, and was refused"

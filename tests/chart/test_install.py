@@ -3,10 +3,12 @@ the seed's Run applied byte for byte succeeds in a cold sandbox of the agent ima
 the pods and the run still succeeds, once; killing the leading bridge hands the Lease to the other replica;
 a RuntimeClass the cluster lacks fails a Run at once; `helm uninstall` removes everything the chart made.
 
-The tests of tests/chart/ share one release (tests/chart/conftest.py) and run in order, each building on the
-state the previous left; tests/chart/test_uninstall.py, last, uninstalls it.
+The tests of tests/chart/ share one release (tests/chart/conftest.py); each makes what it needs of it (the
+credential, the squad, the values it upgrades to) whichever ran before it, and tests/chart/test_uninstall.py,
+ordered last of the package (tests/chart/conftest.py), uninstalls it.
 """
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,14 +26,25 @@ from tests.chart.conftest import (
     HOME,
     NS,
     RELEASE,
-    SEED,
     SEED_TASK,
     Release,
+    edited_squad,
     helm,
+    in_place_of,
     phase_of,
+    shell_step,
     terminal_events,
     wait_for,
 )
+from tests.support.install_texts import readme_cluster_steps
+
+# runtimeClass kata mapped to a RuntimeClass the cluster lacks
+KATA_NOT_INSTALLED = [
+    "--set",
+    "sandbox.runtimeClasses.kata=kata-not-installed",
+    "--set",
+    "sandbox.allowedRuntimeClasses={gvisor,kata}",
+]
 
 
 def test_install_without_namespaces_fails_and_says_what_to_set(ksquad_cluster: ControlPlane) -> None:
@@ -83,17 +96,27 @@ def test_the_chart_runs_from_its_images_as_its_service_accounts(release: Release
 
 
 async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
-    release: Release, model: ModelEndpoint
+    release: Release, model: ModelEndpoint, tmp_path: Path
 ) -> None:
     model.script("dev-model", {"delay": 3, "text": "Stabilized the payment-retry test."})
-    release.kubectl(
-        "-n", NS, "create", "secret", "generic", "model-key", f"--from-literal=apiKey={MODEL_KEY}"
+    release.kubectl("-n", NS, "delete", "secret", "model-key", "--ignore-not-found")  # another test's, if any
+    squad = tmp_path / "cluster-squad.yaml"
+    squad.write_text(edited_squad(model))
+    # The README's commands after the install, run by a shell (the release was installed by those before).
+    steps = readme_cluster_steps()
+    steps = in_place_of(
+        steps[next(i for i, step in enumerate(steps) if step.startswith("helm install")) + 1 :],
+        {
+            "sk-...": MODEL_KEY,
+            "api.openai.com": urlsplit(model.url).hostname or "",
+            "examples/cluster-squad.yaml": str(squad),  # edited as its comment says
+            "ksquad-system -w": "ksquad-system",  # one listing instead of a watch
+            "--timeout=1h": "--timeout=300s",
+        },
     )
-    release.kubectl("-n", NS, "label", "secret", "model-key", "ksquad.io/credential=true")
-    host = urlsplit(model.url).hostname or ""
-    release.kubectl("-n", NS, "annotate", "secret", "model-key", f"ksquad.io/allowed-hosts={host}")
-    release.squad(model)
-    release.kubectl("apply", "-f", str(SEED))  # byte for byte
+    wait_at = next(i for i, step in enumerate(steps) if step.startswith("kubectl wait"))
+    for step in steps[:wait_at]:
+        await asyncio.to_thread(shell_step, release.cluster, step)  # the model answers from this event loop
 
     def sandbox_pod() -> dict[str, Any] | None:
         pods = release.get("pods", "-n", NS, "-l", "job-name=fix-flaky-tests-exec-1")["items"]
@@ -101,6 +124,8 @@ async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
         return pods[0] if statuses and "running" in statuses[0]["state"] else None
 
     pod = await wait_for("the seed's sandbox pod", sandbox_pod, timeout=120)  # while it runs: it goes after
+    waited = await asyncio.to_thread(shell_step, release.cluster, steps[wait_at])
+    assert waited.stdout.strip() == "run.ksquad.io/fix-flaky-tests condition met", waited.stdout
     run = await phase_of(release, "fix-flaky-tests", {"Succeeded", "Failed"})
     status = run["status"]
     assert status["phase"] == "Succeeded", json.dumps(status)[:2000]
@@ -120,6 +145,16 @@ async def test_the_seed_run_succeeds_in_a_cold_sandbox_of_the_agent_image(
         "the worker made the Job as its ServiceAccount"
     )
     assert terminal_events(release, run["metadata"]["uid"]) == 1
+    assert release.jobs_created("fix-flaky-tests") == ["fix-flaky-tests-exec-1"], (
+        "the audit log shows Jobs made"
+    )
+    # The README's last steps: the Run's Events, the cancel annotation (on a Run that ended: nothing to do), delete.
+    events, cancel, delete = [
+        await asyncio.to_thread(shell_step, release.cluster, step) for step in steps[wait_at + 1 :]
+    ]
+    assert "Succeeded" in events.stdout, events.stdout
+    assert "annotated" in cancel.stdout and "deleted" in delete.stdout, (cancel.stdout, delete.stdout)
+    assert release.cluster.kubectl("get", "run", "fix-flaky-tests", "-n", NS, check=False).returncode != 0
 
 
 async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
@@ -127,6 +162,7 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
 ) -> None:
     # The model thinks for 40 s: the upgrade replaces the worker (and the bridges) while the agent waits on it.
     model.script("dev-model", {"delay": 40, "text": "Done across an upgrade."})
+    release.ensure_credential(model)
     release.squad(model)
     task = "Survive a helm upgrade."
     release.kubectl(
@@ -146,10 +182,7 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
     selector = f"app.kubernetes.io/instance={RELEASE}"
     before = {p["metadata"]["name"] for p in release.get("pods", "-n", HOME, "-l", selector)["items"]}
     changed = [
-        "--set",
-        "sandbox.runtimeClasses.kata=kata-not-installed",
-        "--set",
-        "sandbox.allowedRuntimeClasses={gvisor,kata}",
+        *KATA_NOT_INSTALLED,
         "--set",
         "bridge.resources.requests.cpu=60m",
         "--set",
@@ -174,8 +207,14 @@ async def test_helm_upgrade_mid_run_rolls_the_pods_and_the_run_succeeds_once(
     assert terminal_events(release, run["metadata"]["uid"]) == 1, "one terminal phase"
 
 
-async def test_a_runtime_class_the_cluster_lacks_fails_the_run_once_with_the_reason(release: Release) -> None:
-    # The upgrade mapped runtimeClass kata to a RuntimeClass nobody installed.
+async def test_a_runtime_class_the_cluster_lacks_fails_the_run_once_with_the_reason(
+    release: Release, model: ModelEndpoint
+) -> None:
+    # runtimeClass kata mapped to a RuntimeClass nobody installed (the upgrade test's values map it so already).
+    if "sandbox.runtimeClasses.kata=kata-not-installed" not in release.values:
+        await release.upgrade(KATA_NOT_INSTALLED)
+    release.ensure_credential(model)
+    release.squad(model)
     release.kubectl(
         "apply",
         "-f",
@@ -222,7 +261,11 @@ def run(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-async def test_a_run_author_reads_no_secret_and_leaves_no_sandbox_runtime_or_image(release: Release) -> None:
+async def test_a_run_author_reads_no_secret_and_leaves_no_sandbox_runtime_or_image(
+    release: Release, model: ModelEndpoint
+) -> None:
+    release.ensure_credential(model)
+    release.squad(model)  # the Agents below use its ModelEndpoint, its Runs its Agent dev-1
     # A Secret of the namespace that is not a credential: naming it gets the Run refused, naming the label.
     release.kubectl("-n", NS, "create", "secret", "generic", "db-password", "--from-literal=apiKey=hunter2")
     release.kubectl(
@@ -232,7 +275,7 @@ async def test_a_run_author_reads_no_secret_and_leaves_no_sandbox_runtime_or_ima
     status = (await phase_of(release, "steal", {"Failed", "Succeeded"}, timeout=60))["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "InvalidReferences")
     assert "Secret ksquad-system/db-password is not labelled ksquad.io/credential=true" in status["message"]
-    assert not release.get("jobs", "-n", NS, "-l", "ksquad.io/run=steal")["items"], "no sandbox was made"
+    assert release.jobs_created("steal") == [], "no sandbox was made, not even one deleted since"
     # Images and runtime classes outside the chart's allow-lists are refused by the API server, named.
     message = refused(release, agent("own-image", image="docker.io/attacker/agent:1"))
     assert "spec.image docker.io/attacker/agent:1 is not allowed here" in message

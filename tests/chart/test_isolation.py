@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from testbed import agent_sandbox
-from testbed.agents import MODEL_KEY, ModelEndpoint, serving_model
+from testbed.agents import ModelEndpoint, serving_model
 from testbed.images import AGENT_IMAGE
 from testbed.isolate import NODE_ADDRESS
 from testbed.outside import METADATA_ADDRESS, OFF_NODE_ADDRESS
@@ -201,7 +201,7 @@ async def sandbox(bed: Bed, request: pytest.FixtureRequest) -> AsyncIterator[San
     """The seed's Run under another name, in its gvisor sandbox (a cold Job made by the worker, or a warm sandbox
     of a pool of backend agent-sandbox), while its model thinks."""
     release, backend = bed.release, request.param
-    ensure_credential(release, bed.model)
+    release.ensure_credential(bed.model)
     if backend == "agent-sandbox":
         await agent_sandbox_pool(release)
     bed.model.script("dev-model", {"delay": THINKING, "text": "Stabilized, in isolation."})
@@ -262,31 +262,6 @@ async def agent_sandbox_pool(release: Release) -> None:
         return True if (warm.get("status") or {}).get("readyReplicas") == 1 else None
 
     await wait_for("the agent-sandbox pool to be full", full, timeout=180)
-
-
-def ensure_credential(release: Release, model: ModelEndpoint) -> None:
-    """The seed's credential (tests/chart/test_install.py makes it too, when it runs first), allowed to go to the
-    model at its off-node address as well."""
-    secret = release.cluster.kubectl("get", "secret", "model-key", "-n", NS, "-o", "json", check=False)
-    if secret.returncode != 0:
-        release.kubectl(
-            "-n", NS, "create", "secret", "generic", "model-key", f"--from-literal=apiKey={MODEL_KEY}"
-        )
-        release.kubectl("-n", NS, "label", "secret", "model-key", "ksquad.io/credential=true")
-        annotations = {}
-    else:
-        annotations = json.loads(secret.stdout)["metadata"].get("annotations", {})
-    hosts = [h for h in annotations.get("ksquad.io/allowed-hosts", "").split(",") if h]
-    hosts.append(urlsplit(model.url).hostname or "")
-    release.kubectl(
-        "-n",
-        NS,
-        "annotate",
-        "--overwrite",
-        "secret",
-        "model-key",
-        f"ksquad.io/allowed-hosts={','.join(hosts)}",
-    )
 
 
 async def test_the_sandbox_runs_under_gvisors_kernel_not_the_hosts(bed: Bed, sandbox: Sandbox) -> None:

@@ -7,13 +7,12 @@ from testbed.agents import ModelEndpoint
 from testbed.jaeger import Jaeger, lineage, only, service, tags, wait_trace
 from tests.chart.conftest import Release, phase_of
 from tests.chart.test_api import start_run
-from tests.chart.test_isolation import ensure_credential
 
 
 async def test_an_installed_release_traces_a_run_from_the_bridge_into_its_sandbox(
     release: Release, model: ModelEndpoint, chart_jaeger: Jaeger
 ) -> None:
-    ensure_credential(release, model)
+    release.ensure_credential(model)
     model.script("dev-model", {"text": "Traced from the bridge to the model."})
     release.squad(model)
     start_run(release, "traced", "Trace me.", agents=["dev-1"])

@@ -289,7 +289,7 @@ async def test_a_copy_of_a_runs_start_input_makes_no_job_and_touches_nothing(
     start_run(release, "victim", "answer once")
     done = (await phase_of(release, "victim", {"Succeeded", "Failed"}, timeout=300))["status"]
     assert done["phase"] == "Succeeded", done
-    jobs_before = {j["metadata"]["name"] for j in release.get("jobs", "-n", NS)["items"]}
+    jobs_before = release.jobs_created()
     calls_before = len(model.state.calls)
     history = release.temporal.get_workflow_handle(f"{NS}/victim")
     events = [e async for e in history.fetch_history_events()]
@@ -317,9 +317,7 @@ async def test_a_copy_of_a_runs_start_input_makes_no_job_and_touches_nothing(
         done["revision"],
         done["message"],
     )
-    assert {j["metadata"]["name"] for j in release.get("jobs", "-n", NS)["items"]} <= jobs_before, (
-        "no Job made"
-    )
+    assert release.jobs_created() == jobs_before, "no Job made, not even one deleted since"
     assert len(model.state.calls) == calls_before, "the model was not called again"
     events = release.get("events", "-n", NS, "--field-selector", "involvedObject.name=victim")["items"]
     copies = [e for e in events if e["reason"] == "CopyRefused"]
@@ -331,6 +329,7 @@ async def test_a_run_claims_an_item_only_if_its_creator_may_update_it(
 ) -> None:
     model.script(MODEL, {"text": "should not run"})
     squad(release, model)
+    calls_before = len(model.state.calls)
     owner = member(release, "item-owner")
     made = await items_cli(tmp_path, owner, "create", "LOCKED-1", "--title", "someone's item", "-n", NS)
     assert made.code == 0, made.err
@@ -346,7 +345,8 @@ async def test_a_run_claims_an_item_only_if_its_creator_may_update_it(
     status = (await phase_of(release, "takes-locked", {"Failed", "Succeeded"}, timeout=120))["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "InvalidReferences"), status
     assert "may not update work item" in status["message"] and "LOCKED-1" in status["message"], status
-    assert not [j for j in release.get("jobs", "-n", NS)["items"] if "takes-locked" in j["metadata"]["name"]]
+    assert release.jobs_created("takes-locked") == [], "no sandbox was made, not even one deleted since"
+    assert len(model.state.calls) == calls_before, "the model was not called"
     shown = await items_cli(tmp_path, owner, "get", "LOCKED-1", "-o", "json", "-n", NS)
     entries = json.loads(shown.out)["entries"]
     assert [e["kind"] for e in entries] == ["created"], "the item was not touched"

@@ -1,5 +1,5 @@
-"""`helm uninstall`, last of tests/chart/ (the modules run in name order and share one release): everything the
-chart made is gone, but the CRDs."""
+"""`helm uninstall`, last of tests/chart/ (the package's tests share one release, and its conftest orders this module
+after the others): everything the chart made is gone, but the CRDs."""
 
 from tests.chart.conftest import HOME, NS, RELEASE, Release, wait_for
 

@@ -65,7 +65,11 @@ async def test_a_bridge_killed_during_a_burst_of_200_runs_leaves_exactly_one_wor
         if "started workflow" in stack.log("bridge") and stack.log("bridge").count("started workflow") >= 20:
             break
         await asyncio.sleep(0.05)
+    started = stack.log("bridge").count("started workflow")
     stack.kill("bridge")
+    assert 20 <= started < BURST, (
+        f"the kill landed mid-burst: {started} of {BURST} workflows started before it"
+    )
     await creating
     await stack.start("bridge")
 
@@ -119,6 +123,12 @@ async def test_two_bridge_replicas_never_both_act_and_the_standby_takes_over(
     assert standby.poll() is None
     lease = await stack.kube.get(lease_path(stack))
     assert lease["spec"]["leaseTransitions"] == 1
+    for name in ("before-failover", "after-failover"):  # one replica acted on each: one start, one workflow
+        workflow_id = f"{stack.namespace}/{name}"
+        assert stack.log("bridge").count(f"started workflow {workflow_id} ") == 1, name
+        assert len([w async for w in stack.temporal.list_workflows(f"WorkflowId = '{workflow_id}'")]) == 1, (
+            name
+        )
 
 
 async def test_a_leader_that_stops_gives_the_lease_up_and_the_standby_leads_at_once(

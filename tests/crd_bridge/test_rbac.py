@@ -3,7 +3,9 @@
 is needed. For every (role, group, resource, verb) the chart grants in Run namespaces, the test makes the call of
 the component's own code that needs it, as the chart's ServiceAccount: allowed with the chart's Role, refused (403) once
 the rule is removed. A call the chart does not grant is refused too, and the one way the bridge could read a
-Secret's value (RBAC cannot grant metadata alone) is what the docs say it is."""
+Secret's value (RBAC cannot grant metadata alone) is what the docs say it is. Cluster-wide, the only ClusterRole
+bound to ksquad's accounts (read from the chart and from the cluster) is the delegator ksquad-api's reviews need, and
+each review is refused without it."""
 
 import asyncio
 import copy
@@ -604,3 +606,81 @@ async def test_the_bridge_could_read_a_secrets_value_only_by_a_full_list_as_the_
     assert names and {item["metadata"]["name"] for item in metadata["items"]} == names, "the same Secrets"
     assert any(item.get("data") for item in full["items"])
     assert await rbac.outcome("ksquad-bridge", NOT_GRANTED["bridge reads a Secret's data"]) == 403
+
+
+# The one ClusterRole any of ksquad's accounts holds (with or without api.url): the built-in delegator role, for what
+# ksquad-api asks the API server about its callers (api.kubernetes_auth): who a token is, and what they may do.
+CLUSTER_GRANTS = {("ksquad-api", "system:auth-delegator")}
+REVIEWS: dict[str, Call] = {
+    "tokenreviews": lambda k, f: k.create(
+        path("authentication.k8s.io/v1", "tokenreviews"),
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "not-a-token"}},
+    ),
+    "subjectaccessreviews": lambda k, f: k.create(
+        path("authorization.k8s.io/v1", "subjectaccessreviews"),
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": "someone",
+                "resourceAttributes": {"verb": "get", "resource": "runs", "namespace": f.ns},
+            },
+        },
+    ),
+}
+
+
+def cluster_grants(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(ksquad account, ClusterRole) for every binding, cluster-wide or in a namespace, of a ClusterRole to one of
+    ksquad's ServiceAccounts."""
+    return {
+        (subject["name"], doc["roleRef"]["name"])
+        for doc in docs
+        if doc["kind"] in ("ClusterRoleBinding", "RoleBinding") and doc["roleRef"]["kind"] == "ClusterRole"
+        for subject in doc.get("subjects") or []
+        if subject["kind"] == "ServiceAccount"
+        and subject.get("namespace") == chart.RELEASE_NAMESPACE
+        and subject["name"] in ACCOUNTS
+    }
+
+
+def test_the_only_cluster_role_ksquads_accounts_hold_is_the_review_delegator() -> None:
+    values: dict[str, Any] = {"namespaces": ["payments"], "sandbox": {"outputsConfigMap": True}}
+    for with_url in ({}, {"api": {"url": "https://ksquad.example.com"}}):
+        assert cluster_grants(chart.render({**values, **with_url})) == CLUSTER_GRANTS, with_url
+
+
+async def test_ksquad_apis_reviews_go_through_with_its_cluster_binding_and_only_with_it(rbac: Rbac) -> None:
+    """On the cluster: the chart's ClusterRoleBinding is the only grant of a ClusterRole to ksquad's accounts, and
+    each review ksquad-api makes goes through with it, and is refused (403) without it."""
+    (binding,) = [d for d in rbac.docs if d["kind"] == "ClusterRoleBinding"]
+    name = binding["metadata"]["name"]
+    had = rbac.cluster.kubectl(
+        "get", "clusterrolebinding", name, "--ignore-not-found", "-o", "name"
+    ).stdout.strip()
+    rbac.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+    try:
+        on_cluster = [
+            {**found, "kind": kind}
+            for kind, listing in (
+                ("ClusterRoleBinding", ["clusterrolebindings"]),
+                ("RoleBinding", ["rolebindings", "-A"]),
+            )
+            for found in json.loads(rbac.cluster.kubectl("get", *listing, "-o", "json").stdout)["items"]
+        ]
+        assert cluster_grants(on_cluster) == CLUSTER_GRANTS, "what the cluster binds to ksquad's accounts"
+        for review, call in REVIEWS.items():
+            assert await rbac.outcome("ksquad-api", call) == 200, review
+        rbac.cluster.kubectl("delete", "clusterrolebinding", name)
+        for review, call in REVIEWS.items():
+            status = 0
+            for _ in range(50):  # the authorizer sees binding changes within moments
+                if (status := await rbac.outcome("ksquad-api", call)) == 403:
+                    break
+                await asyncio.sleep(0.1)
+            assert status == 403, f"without {name}, ksquad-api's {review} must be refused (got {status})"
+    finally:
+        if had:
+            rbac.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(binding))
+        else:
+            rbac.cluster.kubectl("delete", "clusterrolebinding", name, "--ignore-not-found")

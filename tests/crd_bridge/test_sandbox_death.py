@@ -13,6 +13,7 @@ from store import Store, work_item_key
 from testbed.agents import ModelEndpoint
 from tests.crd_bridge.conftest import Stack, StackFactory
 from tests.crd_bridge.test_bridge_e2e import in_order, run_doc, wait_for
+from workflows.activity_types import Activity
 
 HOLD = "test.ksquad.io/hold"  # a finalizer of the test's: the pod's object stays after its containers die
 
@@ -99,9 +100,29 @@ async def test_a_sandbox_pod_killed_mid_run_is_fenced_confirmed_gone_and_the_run
     assert first_fence < history[actions.index("fenced")][1] < retry_fence, history
     assert holder is None, "released at the end"
     assert len(model.state.calls) == 2, "one call per attempt"
-    # The dead attempt's Job was confirmed gone before the retry; the retry's own went at the end.
+    # The dead attempt's Job was confirmed gone before the retry asked for a sandbox: in the workflow's history,
+    # the first release_sandbox (it confirms) completed before the second acquire_sandbox was scheduled.
+    steps = await activity_steps(stack, f"{stack.namespace}/fragile")
+    released = steps.index(("completed", Activity.RELEASE_SANDBOX))
+    acquired_again = [i for i, step in enumerate(steps) if step == ("scheduled", Activity.ACQUIRE_SANDBOX)][1]
+    assert released < acquired_again, steps
     jobs = await stack.kube.list(path("batch/v1", "jobs", stack.namespace))
     assert first_job not in [j["metadata"]["name"] for j in jobs["items"]], jobs
+
+
+async def activity_steps(stack: Stack, workflow_id: str) -> list[tuple[str, str]]:
+    """("scheduled" | "completed", activity type) for each activity event of the workflow's history, in order."""
+    names: dict[int, str] = {}
+    steps = []
+    async for event in stack.temporal.get_workflow_handle(workflow_id).fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            steps.append(("scheduled", names[event.event_id]))
+        elif event.HasField("activity_task_completed_event_attributes"):
+            steps.append(
+                ("completed", names[event.activity_task_completed_event_attributes.scheduled_event_id])
+            )
+    return steps
 
 
 async def test_a_sandbox_that_will_not_go_fails_the_run_closed_without_a_second_attempt(

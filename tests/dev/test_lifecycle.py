@@ -28,6 +28,7 @@ SCRIPT: dict[str, list[dict[str, Any]]] = {
     "limited": [{"error": 429, "retry_after": "600"}],
     "limited-too": [{"error": 429, "retry_after": "600"}],
     "small": [{"text": "the fallback answered"}],
+    "expired": [{"error": 401}],
     "asks": [
         {"tool_calls": [{"name": "ksquad_request_input", "arguments": {"question": "Which test is flaky?"}}]},
         {"text": "fixed test_payment_retry"},
@@ -337,6 +338,27 @@ async def test_a_pause_while_rate_limited_takes_over_and_the_limit_holds_after_r
         await asyncio.sleep(0.1)
     assert again["resumeAt"] == limited["resumeAt"], "the provider's limit is not forgotten"
     await ksquad(dev, "runs", "cancel", f"{NS}/held")
+    assert await wait_terminal(dev, ["held"], within=30) == {"held": "Cancelled"}
+
+
+@pytest.mark.parametrize(("model", "reason"), [("asks", "InputRequired"), ("expired", "CredentialExpired")])
+async def test_a_run_paused_on_its_agents_task_is_cancelled_by_the_cli(
+    dev: DevStack, model: str, reason: str
+) -> None:
+    """Paused with the agent's task waiting (for a person's input, for a new credential): `ksquad runs cancel` ends
+    it Cancelled through Cancelling, with the reason given, and no model call follows."""
+    await dev.runs.apply([agent(f"{model}-agent", model), run("waiting", [f"{model}-agent"])])
+    paused = await until_phase(dev, "waiting", "Paused")
+    assert paused["pauseReason"] == reason, paused
+    assert dev.scripted is not None
+    calls = len(dev.scripted.calls)
+    await ksquad(dev, "runs", "cancel", f"{NS}/waiting", "--reason", "not needed")
+    assert await wait_terminal(dev, ["waiting"], within=30) == {"waiting": "Cancelled"}
+    final = await status(dev, "waiting")
+    assert (final["reason"], final["message"]) == ("Cancelled", "not needed"), final
+    phases = [e["phase"] for e in await phase_events(dev, "waiting")]
+    assert phases[-3:] == ["Paused", "Cancelling", "Cancelled"], phases
+    assert len(dev.scripted.calls) == calls, "no model call after the cancel"
 
 
 async def test_runs_paused_on_one_credential_resume_in_a_ramp_and_none_calls_before_its_place(

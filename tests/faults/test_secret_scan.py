@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client
 
+from dev.devserver import DevServer
 from testbed.agents import MODEL_KEY
-from tests.support.secret_scan import scan_audit_log, scan_logs
+from tests.support.secret_scan import scan_audit_log, scan_logs, scan_temporal_databases
 
 
 def pod_created(name: str, spec: Any) -> str:
@@ -134,3 +136,16 @@ def test_a_json_patch_is_scanned_too() -> None:
         audit.write_text(json.dumps(patch) + "\n")
         report = scan_audit_log(audit)
     assert report.scanned == 1 and len(report.leaks) == 1 and "ns/r" in report.leaks[0]
+
+
+async def test_the_scanner_reads_an_embedded_stacks_temporal_database() -> None:
+    """A key copied into a workflow's start input (a client without the codec) is found in the database file the
+    embedded server leaves, as `ksquad dev` and the embedded tests' stacks leave theirs; a clean one is not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in (("leaky", f"call the model with {MODEL_KEY}"), ("clean", "nothing to see")):
+            async with DevServer(db_file=Path(tmp) / name / "temporal.db", ui=False) as server:
+                client = await Client.connect(server.target)
+                await client.start_workflow("Anything", text, id=name, task_queue="nobody-polls")
+        report = scan_temporal_databases(Path(tmp))
+    assert report.scanned == 2
+    assert len(report.leaks) == 1 and "/leaky/temporal.db" in report.leaks[0], report.leaks

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from testbed.embedded import MODEL, bench_stack, start_workers, stop_workers, wait_terminal
-from tests.faults.audit import audit, runs, unfinished
+from tests.faults.audit import audit, runs
 
 RUNS = 60
 RESTARTS = 2
@@ -27,20 +27,21 @@ async def test_a_restarted_temporal_server_loses_and_doubles_nothing(
         docs = runs("s", RUNS)
         names = {d["metadata"]["name"] for d in docs}
         [worker] = await start_workers(dev, 1)
-        unfinished_at_restarts = []
+        in_flight_at_restarts = []
         try:
             await dev.runs.apply(docs)
             for _ in range(RESTARTS):
                 await asyncio.sleep(3)
-                unfinished_at_restarts.append(await unfinished(dev, names))
+                assert dev.scripted is not None
+                in_flight_at_restarts.append(dev.scripted.in_flight)  # runs mid-call, not merely unstarted
                 await dev.server.stop()
                 await asyncio.sleep(DOWN_SECONDS)
                 await dev.server.start()
             await wait_terminal(dev, sorted(names), within=600)
         finally:
             stop_workers([worker])
-        print(f"{RESTARTS} restarts, with {unfinished_at_restarts} runs unfinished at each")
-        assert all(unfinished_at_restarts), "each restart happened with runs in flight"
+        print(f"{RESTARTS} restarts, with {in_flight_at_restarts} model calls in flight at each")
+        assert all(in_flight_at_restarts), "each restart happened with runs mid-call"
         result = await audit(dev, names)
         result.assert_nothing_lost_or_doubled(names, "after server restarts")
     fault_counts["server_restart.runs"] += RUNS

@@ -5,7 +5,9 @@
   Pod (a Pod carrying ksquad.io/ labels) must also run as non-root, without a service-account token. No Job or
   Pod may hold any Run's inputs or any Agent's system prompt or Skill's instructions (as the Runs, Agents and
   Skills written during the session carried them): those reach a sandbox over A2A only.
-- Every workflow history on the session's Temporal server, as stored (payloads included).
+- Every workflow history on the session's Temporal server, as stored (payloads included), and in every embedded
+  stack's Temporal database left under the session's temporary directory (`<state>/temporal.db`, with its
+  write-ahead log: `ksquad dev` and the embedded tests' stacks), as its bytes.
 - Every log file under the session's temporary directory (the bridge's, the worker's, `ksquad dev`'s).
 
 The secrets are the values the tests put in credential Secrets or hand to the stacks as API keys."""
@@ -114,6 +116,18 @@ async def scan_histories(client: Client) -> ScanReport:
         _leaked(
             b"".join(e.SerializeToString() for e in history.events), f"the history of {execution.id}", report
         )
+    return report
+
+
+def scan_temporal_databases(root: Path) -> ScanReport:
+    """The embedded stacks' Temporal servers, which end with their stacks: each database file as stored (SQLite
+    pages and the write-ahead log beside them), histories, search attributes and memos included."""
+    report = ScanReport()
+    for database in root.rglob("temporal.db"):
+        report.scanned += 1
+        for part in (database, database.with_name(f"{database.name}-wal")):
+            if part.is_file():
+                _leaked(part.read_bytes(), f"the Temporal database {part}", report)
     return report
 
 
