@@ -14,7 +14,7 @@ from activities.sandboxes.warm import WarmPods
 from kube import ApiError, Config, Kube, path
 from testbed.controlplane import ControlPlane
 
-DECOYS = 5000
+DECOYS = 1000  # ten times the bound (bench.noisy measures the worker's copy under 5,000)
 BOUND = 100  # the worker's is MAX_KEPT_PER_POOL; smaller here, so the pool's own pods come after it is full
 
 
@@ -63,7 +63,7 @@ def not_kept(namespace: str, pool: str) -> float:
 
 
 async def test_decoy_pods_past_a_pools_bound_are_not_kept(cluster: ControlPlane, namespace: str) -> None:
-    # Deleting the 5,500 pods at the end is one request the API server answers when all are gone: past the
+    # Deleting the 1,100 pods at the end is one request the API server answers when all are gone: past the
     # client's usual 30 s on a busy CI machine (it timed out there once).
     async with Kube(Config.from_kubeconfig(cluster.admin_kubeconfig), timeout=300) as kube:
         tag = uuid.uuid4().hex[:6]

@@ -10,8 +10,10 @@
 Hypothesis fuzzing of RunSpec and Retry-After parsing is in tests/workflows/test_spec.py and test_policies.py.
 """
 
+import asyncio
 import copy
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -84,15 +86,28 @@ async def test_invalid_runs_are_refused_on_a_cluster_by_the_schema_or_by_the_bri
 ) -> None:
     stack = await start_stack()
     by_schema, by_bridge = [], []
-    for i, case in enumerate(corpus()):
-        doc = manifest(i, case, stack.namespace)
-        applied = stack.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(doc), check=False)
-        if applied.returncode != 0:
-            assert names_field(applied.stderr, case["field"]), f"{case['case']}: {applied.stderr[:2000]}"
-            assert len(applied.stderr) < 20_000
+    cases = [(case, manifest(i, case, stack.namespace)) for i, case in enumerate(corpus())]
+
+    def apply(doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return stack.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(doc), check=False)
+
+    # Applied together (each its own kubectl, as a user would), then each answer read on its own.
+    applied = await asyncio.gather(*(asyncio.to_thread(apply, doc) for _, doc in cases))
+    accepted = []
+    for (case, doc), done in zip(cases, applied, strict=True):
+        if done.returncode != 0:
+            assert names_field(done.stderr, case["field"]), f"{case['case']}: {done.stderr[:2000]}"
+            assert len(done.stderr) < 20_000
             by_schema.append(case["case"])
-            continue
-        run = await stack.wait_phase(doc["metadata"]["name"], {"Failed", "Pending", "Succeeded"}, within=60)
+        else:
+            accepted.append((case, doc))
+    runs = await asyncio.gather(
+        *(
+            stack.wait_phase(doc["metadata"]["name"], {"Failed", "Pending", "Succeeded"}, within=60)
+            for _, doc in accepted
+        )
+    )
+    for (case, doc), run in zip(accepted, runs, strict=True):
         status = run["status"]
         assert (status["phase"], status["reason"]) == ("Failed", "InvalidSpec"), f"{case['case']}: {status}"
         assert names_field(status["message"], case["field"]), f"{case['case']}: {status['message']}"
