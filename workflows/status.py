@@ -16,8 +16,9 @@ class Phase(StrEnum):
     CLAIMING = "Claiming"
     RUNNING = "Running"
     PAUSED = "Paused"
-    # False (CancelUnconfirmed) when a cancelled agent call's agent did not confirm within the wait that its task
-    # stopped, so it may still be at work; True (SandboxGone) once that agent's sandbox was deleted and seen gone.
+    # False when the Run cannot say its agent stopped: CancelUnconfirmed (a cancelled call's agent did not confirm
+    # within the wait that its task stopped) or SandboxNotGone (its sandbox was not confirmed gone at teardown);
+    # True (SandboxGone) once the sandbox of an agent that did not confirm was deleted and seen gone.
     AGENT_STOPPED = "AgentStopped"
     CANCELLING = "Cancelling"
     SUCCEEDED = "Succeeded"
@@ -53,8 +54,9 @@ class ConditionType(StrEnum):
     WORK_ITEM_CLAIMED = "WorkItemClaimed"
     SANDBOX_READY = "SandboxReady"
     PAUSED = "Paused"
-    # False (CancelUnconfirmed) when a cancelled agent call's agent did not confirm within the wait that its task
-    # stopped, so it may still be at work; True (SandboxGone) once that agent's sandbox was deleted and seen gone.
+    # False when the Run cannot say its agent stopped: CancelUnconfirmed (a cancelled call's agent did not confirm
+    # within the wait that its task stopped) or SandboxNotGone (its sandbox was not confirmed gone at teardown);
+    # True (SandboxGone) once the sandbox of an agent that did not confirm was deleted and seen gone.
     AGENT_STOPPED = "AgentStopped"
     # As a Job's: Complete=True when the run Succeeded, Failed=True when it Failed or was Cancelled (reason
     # Cancelled), so `kubectl wait --for=condition=Complete` never returns on a failure.

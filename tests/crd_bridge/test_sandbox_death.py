@@ -59,6 +59,9 @@ async def failed_closed(stack: Stack, model: ModelEndpoint, run: str, why: str) 
     assert why in status["message"], status["message"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "TeardownFailed")
+    stopped = conditions["AgentStopped"]  # the sandbox may still hold the agent: the Run says so
+    assert (stopped["status"], stopped["reason"]) == ("False", "SandboxNotGone"), stopped
+    assert why in stopped["message"] and f"{run}-exec-1" in stopped["message"], stopped["message"]
     assert status["attempt"] == 1, "no retry while the old sandbox may still act"
     assert len(model.state.calls) == 1
     # The claim stays with the failed run, fenced (again by its last teardown, which could not confirm the

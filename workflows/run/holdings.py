@@ -155,6 +155,9 @@ class Holdings:
             if release:
                 await self.release_claim()
         except ActivityError as err:
+            if self.sandbox is not None:  # not confirmed gone: its agent may still be at work in it
+                message = f"its sandbox {self.sandbox.name} was not confirmed gone: {cause(err)}"
+                self.mirror.condition(ConditionType.AGENT_STOPPED, False, "SandboxNotGone", message[:1000])
             raise RunFailed("TeardownFailed", f"could not fence and release safely: {cause(err)}") from err
 
     async def release_sandbox(self, confirm: bool) -> None:

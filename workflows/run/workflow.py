@@ -390,7 +390,7 @@ class RunWorkflow:
             reason = f"{reason}; {teardown.message}"
         await self.gates.withdraw_queued()
         stopped = self.status.condition(ConditionType.AGENT_STOPPED)
-        if stopped is not None and stopped.status == "False":
+        if stopped is not None and stopped.reason == "CancelUnconfirmed":
             reason = (
                 f"{reason}; {stopped.message}"  # the agent's task may go on: say so where the phase is read
             )
