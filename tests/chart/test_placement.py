@@ -22,7 +22,7 @@ import yaml
 
 from dev.binaries import find_binary
 from testbed.kwok import SimulatedNodes
-from tests.chart.conftest import GPU_ACCOUNT, GPU_PRIORITY, GPU_TAINT, NS, Release, wait_for
+from tests.chart.conftest import GPU_ACCOUNT, GPU_PRIORITY, GPU_TAINT, NS, Release, phase_of, wait_for
 
 API = "ksquad.io/v1alpha1"
 GPU_NODE = "kwok-gpu-0"
@@ -180,7 +180,14 @@ async def test_a_runs_node_selector_overrides_its_agents_and_reaches_the_pod(
     release: Release, gpu_node: str
 ) -> None:
     release.kubectl(
-        "apply", "-f", "-", input=run("placed-nowhere", placement={"nodeSelector": {"ksquad.io/pool": "tpu"}})
+        "apply",
+        "-f",
+        "-",
+        input=run(
+            "placed-nowhere",
+            placement={"nodeSelector": {"ksquad.io/pool": "tpu"}},
+            timeouts={"claimSeconds": 30},
+        ),
     )
 
     def unschedulable() -> dict[str, Any] | None:
@@ -195,6 +202,13 @@ async def test_a_runs_node_selector_overrides_its_agents_and_reaches_the_pod(
     assert pod["spec"]["nodeSelector"] == {"ksquad.io/pool": "tpu"}, "the Run's selector, over the Agent's"
     assert "nodeName" not in pod["spec"]
     assert pod["spec"]["serviceAccountName"] == GPU_ACCOUNT, "the Agent's fields the Run does not set stay"
+    # Claiming is bounded by timeouts.claimSeconds, and the Run says what its sandbox was waiting for.
+    status = (await phase_of(release, "placed-nowhere", {"Failed", "Succeeded"}, timeout=90))["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "ClaimTimeout"), status
+    assert status["message"].startswith("no sandbox within timeouts.claimSeconds (30s): pod "), status[
+        "message"
+    ]
+    assert "cannot be scheduled" in status["message"], status["message"]
 
 
 @pytest.mark.parametrize(

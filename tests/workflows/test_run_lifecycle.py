@@ -139,6 +139,21 @@ async def test_sandbox_that_cannot_start_is_a_failed_attempt(client: Client, wor
     assert "ImagePullBackOff" in (backoff.message or "")
 
 
+async def test_a_sandbox_not_ready_within_claim_seconds_fails_the_attempt_saying_what_its_pod_waits_for(
+    client: Client, world: World
+) -> None:
+    world.unschedulable.add("r")
+    status = await (
+        await start_run(client, run_input("r", timeouts={"claimSeconds": 3}, retryPolicy={"maxRetries": 0}))
+    ).result()
+    assert (status.phase, status.reason) == (Phase.FAILED, "ClaimTimeout"), status
+    assert status.message == (
+        "no sandbox within timeouts.claimSeconds (3s): pod r-exec-1-x cannot be scheduled: 0/1 nodes are available"
+        " (after 0 retries)"
+    )
+    assert not world.calls_of(Activity.INVOKE_AGENT)
+
+
 async def test_claim_timeout_fails_the_run_naming_the_holder(client: Client, world: World) -> None:
     world.claims["wi-held"] = ("someone-else", 7)
     world.fences["wi-held"] = 7

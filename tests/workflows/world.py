@@ -162,6 +162,7 @@ class World:
         self.mirrored: dict[str, list[RunStatus]] = {}
         self.events: dict[str, list[PhaseEvent]] = {}  # every state change, as the bridge gets them
         self.sandbox_fails: dict[str, int] = {}  # run name -> how many acquisitions fail
+        self.unschedulable: set[str] = set()  # run names whose sandbox's pod never gets a node
         self.cancelled: list[str] = []  # agent tasks cancelled mid-flight
         self.entered: dict[tuple[str, str], asyncio.Event] = {}  # (activity, run) -> set once it started
         self.released: dict[str, asyncio.Event] = {}  # run name -> set by the test to end a `block`
@@ -319,6 +320,13 @@ class World:
                 "ImagePullBackOff: image agent:missing not found", type="SandboxFailed", non_retryable=True
             )
         name = f"{run}-exec-{req.contract.run.attempt}"
+        while (
+            run in self.unschedulable
+        ):  # as the Kubernetes backend waits: heartbeating what the pod waits for
+            activity.heartbeat(
+                {"job": name, "waiting": f"pod {name}-x cannot be scheduled: 0/1 nodes are available"}
+            )
+            await asyncio.sleep(0.2)
         self.sandboxes.add(name)
         self.record(Activity.ACQUIRE_SANDBOX, run, sandbox=name, fence=req.contract.run.fence)
         return Sandbox(name=name, kind="cold", endpoint=f"http://{name}.test/")

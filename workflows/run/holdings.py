@@ -7,7 +7,8 @@ import contextlib
 from datetime import datetime
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 from temporalio.workflow import ActivityCancellationType
 
 from workflows.activity_types import (
@@ -115,6 +116,15 @@ class Holdings:
                 raise RunFailed(refused, cause(err)) from err
             if isinstance(err.cause, ApplicationError) and err.cause.type == SANDBOX_MISCONFIGURED:
                 raise RunFailed(err.cause.type, cause(err)) from err  # what cannot work is not retried
+            if (
+                isinstance(err.cause, TemporalTimeoutError)
+                and err.cause.type == TimeoutType.SCHEDULE_TO_CLOSE
+            ):
+                # The phase's bound, not the sandbox's own failure: say what its pod was waiting for then.
+                raise AttemptFailed(
+                    "ClaimTimeout",
+                    f"no sandbox within timeouts.claimSeconds ({self.claim_seconds}s): {waiting_for(err.cause)}",
+                ) from err
             raise AttemptFailed("SandboxFailed", cause(err)) from err
         self.hold_sandbox(self.sandbox)
         return self.sandbox
@@ -212,3 +222,10 @@ class Holdings:
             with contextlib.suppress(ActivityError):
                 await renewal  # renewed or not: the cancellation's teardown releases the claim next
             raise
+
+
+def waiting_for(timeout: TemporalTimeoutError) -> str:
+    """What acquire_sandbox's last heartbeat said its pod was waiting for ("pod ... cannot be scheduled: ...")."""
+    details = timeout.last_heartbeat_details
+    last = details[0] if details and isinstance(details[0], dict) else {}
+    return str(last.get("waiting") or "nothing said yet")[:1000]
