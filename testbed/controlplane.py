@@ -11,6 +11,7 @@ pods reach the API server through the `kubernetes` Service, routed by the node, 
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -134,6 +135,19 @@ rules:
 """
 
 
+def audit_events_at(path: Path) -> list[dict[str, Any]]:
+    """The events of the audit log at `path`, in order: the files the API server rotated it into
+    (`audit-<time>.log` beside it, once it outgrows its size) first, then the log itself."""
+    logs = [*sorted(path.parent.glob(f"{path.stem}-*{path.suffix}")), path]
+    return [
+        json.loads(line)
+        for log in logs
+        if log.is_file()
+        for line in log.read_text().splitlines()
+        if line.strip()
+    ]
+
+
 ROOT_PREFIX = "ksquad-k8s-"
 LOCK = ".in-use"  # flock'ed by the session that runs the cluster: the kernel lets go when it dies
 
@@ -198,6 +212,10 @@ class ControlPlane:
     def audit_log(self) -> Path:
         """What was written to the apiserver (AUDIT_POLICY: Jobs, Pods, ConfigMaps... never Secrets)."""
         return self.root / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every event of the audit log, the files the API server rotated it into first (audit_events_at)."""
+        return audit_events_at(self.audit_log)
 
     def _audit_policy(self) -> Path:
         policy = self.root / "audit-policy.yaml"

@@ -111,8 +111,7 @@ class Release:
         """Every Job created in NS (for Run `run` only, by its label), as the API server's audit log has them
         (AUDIT_POLICY logs a Job's create with its body): a Job made and deleted before a test looks counts too."""
         names = []
-        for line in self.cluster.audit_log.read_text().splitlines():
-            event = json.loads(line)
+        for event in self.cluster.audit_events():  # rotated files too: a long session outgrows one
             ref = event.get("objectRef") or {}
             if (ref.get("resource"), ref.get("namespace"), event.get("verb")) != ("jobs", NS, "create"):
                 continue

@@ -20,6 +20,7 @@ from typing import Any
 from temporalio.client import Client
 
 from testbed.agents import MODEL_KEY, ROTATED_MODEL_KEY
+from testbed.controlplane import audit_events_at
 
 SECRET_VALUES = (MODEL_KEY, ROTATED_MODEL_KEY, "sk-test-dev")
 
@@ -67,8 +68,7 @@ def scan_audit_log(path: Path) -> ScanReport:
     report = ScanReport()
     if not path.is_file():
         raise FileNotFoundError(f"no audit log at {path}: nothing to scan, which proves nothing")
-    logs = [*sorted(path.parent.glob(f"{path.stem}-*{path.suffix}")), path]
-    events = [json.loads(line) for log in logs for line in log.read_text().splitlines() if line.strip()]
+    events = audit_events_at(path)
     private = _private_texts(events)
     report.private_texts = len(private)
     for event in events:
