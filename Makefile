@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # (tests/conftest.py); about 25 minutes of pytest here instead of 44 in one process. PYTEST_WORKERS= runs one.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench lint pytest venv testbins host-packages images wheelhouse lock clean
+.PHONY: demo test bench lint pytest venv prepare testbins host-packages images wheelhouse lock clean
 
 venv: $(BIN)/.installed
 # The test bed's dependencies from tests/requirements.lock (hash-checked, like the images'), then the project itself.
@@ -28,20 +28,19 @@ else
 	$(DEMO_TRACES) $(BIN)/ksquad dev --demo
 endif
 
-# The test control plane (kube-apiserver, kube-controller-manager, etcd), helm, Temporal's production server,
-# kube-network-policies (the node's NetworkPolicy), kwok (simulated nodes), Jaeger (traces) and agent-sandbox's controller,
-# built from the Go module proxy once into
-# ~/.cache/ksquad-testbins/<versions>/; llama.cpp's server and the field's Python programs (MCP servers, mcp-proxy)
-# from PyPI beside them; a no-op when the cache has them.
+# Everything the suite needs before it starts (testbed/prepare.py), in three lanes at once: the compiles one after
+# another (the test control plane, helm, Temporal's production server, Jaeger, agent-sandbox's controller, kwok,
+# kube-network-policies from the Go module proxy; llama.cpp's server from PyPI's llama-cpp-python source), the Go
+# modules of the next compiles downloaded meanwhile, and beside both Debian's packages, the images, the field's
+# Python programs (MCP servers, mcp-proxy, other frameworks' agents) and the wheelhouse. Each is cached outside the
+# clone (~/.cache/ksquad-testbins/<versions>/ and beside it), keyed by its pins, and a no-op when cached; a step
+# that fails is named with the end of its log.
+prepare: venv
+	$(BIN)/python -m testbed.prepare --make "$(MAKE)"
+
+# The builds alone (the compile and fetch lanes and the field's virtualenvs).
 testbins: venv
-	testbed/build-control-plane.sh >/dev/null
-	testbed/build-temporal.sh >/dev/null
-	testbed/build-network-policies.sh >/dev/null
-	testbed/build-kwok.sh >/dev/null
-	testbed/build-jaeger.sh >/dev/null
-	testbed/build-agent-sandbox.sh >/dev/null
-	PYTHON=$(BIN)/python testbed/build-llama-server.sh >/dev/null
-	$(BIN)/python -m testbed.pyenvs
+	$(BIN)/python -m testbed.prepare --make "$(MAKE)" --only compile fetch field-virtualenvs
 
 # What the test bed needs from Debian, installed when missing: PostgreSQL's server (the tests start their own),
 # podman and mmdebstrap (the images), containerd, runc, gVisor's runsc, the CNI plugins and nftables (the test
@@ -83,7 +82,7 @@ lint: venv
 
 # In network, PID and mount namespaces of their own (testbed/isolate.py): the test cluster's pods, its
 # servers and everything they start live and die there.
-pytest: venv testbins host-packages images wheelhouse
+pytest: venv prepare
 	KSQUAD_WHEELHOUSE=$(WHEELHOUSE) $(BIN)/python -m testbed.isolate $(BIN)/pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The locked wheels, downloaded before the suite (whose namespaces reach no package index): a wheel of the repo is
@@ -95,7 +94,7 @@ wheelhouse: venv
 test: lint pytest
 
 # Every benchmark, into bench/results/<date>.json and a table against the targets (BENCH_ARGS=--quick: minutes).
-bench: venv testbins host-packages images
+bench: venv prepare
 	$(BIN)/python -m testbed.isolate $(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:

@@ -28,6 +28,10 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/ksquad-agent-sandbox-build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 t0=$SECONDS
 log "building agent-sandbox ${AGENT_SANDBOX_VERSION} (a few minutes the first time)"
+if [ -n "${KSQUAD_FETCH_ONLY:-}" ]; then  # only the modules: -n loads every package and builds nothing
+  go install -n "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@${AGENT_SANDBOX_VERSION}" 2>"$work/plan" || { cat "$work/plan" >&2; exit 1; }
+  log "modules downloaded"; exit 0
+fi
 GOBIN="$work/bin" go install -ldflags "-s -w" "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@${AGENT_SANDBOX_VERSION}"
 src="$(go env GOMODCACHE)/sigs.k8s.io/agent-sandbox@${AGENT_SANDBOX_VERSION}/k8s/crds"
 for crd in "$src"/*.yaml; do

@@ -78,18 +78,26 @@ build_kubernetes() {
   done
 }
 
-build_etcd() {
+fetch_etcd() {
   mkdir -p "$work/etcd" && cd "$work/etcd"
   printf 'module ksquad.local/testbins/etcd\n\ngo 1.24\n' > go.mod
   go get "go.etcd.io/etcd/server/v3@${ETCD_VERSION}" >&2
+}
+
+build_etcd() {
+  cd "$work/etcd"
   go build -ldflags "-s -w" -o "$out/etcd.tmp" go.etcd.io/etcd/server/v3
   mv "$out/etcd.tmp" "$out/etcd"
 }
 
-build_helm() {
+fetch_helm() {
   mkdir -p "$work/helm" && cd "$work/helm"
   printf 'module ksquad.local/testbins/helm\n\ngo 1.24\n' > go.mod
   go get "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" >&2
+}
+
+build_helm() {
+  cd "$work/helm"
   go build -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm
   mv "$out/helm.tmp" "$out/helm"
 }
@@ -98,8 +106,13 @@ total0=$SECONDS
 log "cache: $out (go ${GO_VERSION})"
 missing=0
 for cmd in "${KUBERNETES_COMMANDS[@]}"; do [ -x "$out/$cmd" ] || missing=1; done
+# etcd's and helm's modules download while Kubernetes compiles (the network beside both cores).
+fetches=()
+if [ ! -x "$out/etcd" ]; then fetch_etcd & fetches+=($!); fi
+if [ ! -x "$out/helm" ]; then fetch_helm & fetches+=($!); fi
 if [ "$missing" = 0 ]; then log "cached: kubernetes ${K8S_VERSION}"
 else step "kubernetes ${K8S_VERSION}" build_kubernetes; fi
+for pid in "${fetches[@]}"; do wait "$pid" || { log "downloading etcd's or helm's modules failed"; exit 1; }; done
 if [ -x "$out/etcd" ]; then log "cached: etcd ${ETCD_VERSION}"; else step "etcd ${ETCD_VERSION}" build_etcd; fi
 if [ -x "$out/helm" ]; then log "cached: helm ${HELM_VERSION}"; else step "helm ${HELM_VERSION}" build_helm; fi
 log "all binaries ready in $((SECONDS - total0)) s"

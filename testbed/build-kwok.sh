@@ -30,6 +30,10 @@ trap 'rm -rf "$work"' EXIT
 t0=$SECONDS
 log "building kwok ${KWOK_VERSION}"
 # Its own module (kwok pins its k8s.io versions): go install builds exactly the released go.mod.
+if [ -n "${KSQUAD_FETCH_ONLY:-}" ]; then  # only the modules: -n loads every package and builds nothing
+  go install -n "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" 2>"$work/plan" || { cat "$work/plan" >&2; exit 1; }
+  log "modules downloaded"; exit 0
+fi
 GOBIN="$work/bin" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}"
 # kwok's own "fast" stages (a node Ready at once with its Lease kept; a pod Ready at once, completed, deleted),
 # from the module it was built from: without stages it exits.

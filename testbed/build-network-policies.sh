@@ -32,6 +32,7 @@ cd "$work"
 # Its command is the package .../cmd (`go install` would name the binary `cmd`): build it from a small module.
 printf 'module ksquad.local/testbins/netpol\n\ngo 1.24\n' > go.mod
 go get "sigs.k8s.io/kube-network-policies/cmd@${NETPOL_VERSION}" >&2
+if [ -n "${KSQUAD_FETCH_ONLY:-}" ]; then log "modules downloaded"; exit 0; fi
 log "building kube-network-policies ${NETPOL_VERSION}"
 go build -ldflags "-s -w" -o "$out/kube-network-policies.tmp" sigs.k8s.io/kube-network-policies/cmd
 mv "$out/kube-network-policies.tmp" "$out/kube-network-policies"

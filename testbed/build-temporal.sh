@@ -37,6 +37,7 @@ modfile="$(echo "$go_line" | sed -n 1p)"
 moddir="$(echo "$go_line" | sed -n 2p)"
 { echo "module ksquad.local/testbins/temporal"; echo; grep -E '^go [0-9]' "$modfile"; } > go.mod
 go get "go.temporal.io/server/cmd/server@${TEMPORAL_VERSION}" "go.temporal.io/server/cmd/tools/sql@${TEMPORAL_VERSION}" >&2
+if [ -n "${KSQUAD_FETCH_ONLY:-}" ]; then log "modules downloaded"; exit 0; fi
 log "building temporal-server ${TEMPORAL_VERSION}"
 go build -ldflags "-s -w" -o "$out/temporal-server.tmp" go.temporal.io/server/cmd/server
 log "building temporal-sql-tool"
