@@ -61,6 +61,39 @@ def signing_as(signing: Signing) -> Iterator[None]:
         SIGNING.reset(token)
 
 
+# What a signal's payload may be, as anyone may send one: ksquad's own are a few kilobytes, a few levels deep.
+MAX_SIGNAL_BYTES = 1 << 20
+MAX_SIGNAL_DEPTH = 32
+NOT_JSON = object()
+
+
+def bounded_json(data: bytes) -> Any:
+    """`data` parsed as JSON, or NOT_JSON: not JSON, over MAX_SIGNAL_BYTES, or nested deeper than MAX_SIGNAL_DEPTH.
+    Nothing else escapes: a parser that recursed past the interpreter's limit (`[[[[...]]]]` a few thousand deep)
+    raised RecursionError, which no handler caught, and the workflow task failed on every retry."""
+    if len(data) > MAX_SIGNAL_BYTES:
+        return NOT_JSON
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return NOT_JSON
+    level, deepest = [(value, 1)], 1
+    while level:  # no recursion of our own: by levels, and only containers
+        value_at, depth = level.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_SIGNAL_DEPTH:
+            return NOT_JSON
+        children = (
+            value_at.values()
+            if isinstance(value_at, dict)
+            else value_at
+            if isinstance(value_at, list)
+            else ()
+        )
+        level.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return value
+
+
 def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -106,10 +139,7 @@ class SignalKey:
         does not verify, or is meant for another execution of `target`, whose current one is `chain`)."""
         if len(payloads) != 1:
             return list(payloads), None
-        try:
-            wrapped = json.loads(payloads[0].data)
-        except ValueError:
-            return list(payloads), None
+        wrapped = bounded_json(payloads[0].data)
         if not isinstance(wrapped, dict) or PROOF_KEY not in wrapped or set(wrapped) - {PROOF_KEY, BODY_KEY}:
             return list(payloads), None
         unwrapped = []

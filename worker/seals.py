@@ -38,7 +38,8 @@ from workflows.activity_types import (
     SandboxRequest,
 )
 from workflows.envelope import NotInWarrant, Warrant
-from workflows.inbox import SIGNAL_PROOF, Sender
+from workflows.inbox import SIGNAL_PROOF, Refused, Sender
+from workflows.inbox import refused as signal_refused
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,21 @@ class _ProvenSignals(WorkflowInboundInterceptor):
         super().init(_SignedSignals(outbound, self.signal_key))
 
     async def handle_signal(self, input: HandleSignalInput) -> None:
+        """The one entry of every signal into a ksquad workflow, guarded: whatever a signal makes its unwrapping or
+        its handler raise is recorded and the signal ignored (an exception let through fails the workflow task on
+        every retry, and the workflow takes nothing more, not even a cancel). The inbox refuses what it can name;
+        this catches what nobody listed."""
+        try:
+            await self._handle_signal(input)
+        except Exception as err:
+            signal_refused(
+                workflow.info().workflow_type,
+                input.signal,
+                Refused("raised", f"handling it raised {type(err).__name__}"),
+                known=False,
+            )
+
+    async def _handle_signal(self, input: HandleSignalInput) -> None:
         # A ksquad workflow's one dynamic handler gets [name, raw payloads]: the proof is unwrapped from those.
         proof = None
         if len(input.args) == 2 and isinstance(input.args[1], list | tuple):

@@ -3,8 +3,8 @@ to send it did (workflows.inbox, temporal_client.proofs).
 
 Tried as a client of the Temporal namespace would, on the dev server with the codec on: every signal of every
 ksquad workflow with no payload, an extra one, two extra ones, a payload of the wrong type, a payload in clear
-(no codec), a payload that does not decrypt, and a well-formed payload from a client that holds the codec but not
-the seal key (the codec endpoint encrypts for whoever may decode). After each volley the workflow's state is what
+(no codec), a payload that does not decrypt, payloads nested past the parser's limit or big (HOSTILE), and a
+well-formed payload from a client that holds the codec but not the seal key (the codec endpoint encrypts for whoever may decode). After each volley the workflow's state is what
 it was, its history has no failed workflow task, and the workflow still does its job: a paused Run resumes when
 the bridge says so and succeeds, a queued one is admitted when its slot is freed, a gate still admits, a
 credential is still throttled by a real limit only.
@@ -76,6 +76,42 @@ def garbage() -> RawValue:
     return RawValue(Payload(metadata={"encoding": ENCODING, KEY_ID: b"0123456789ab"}, data=os.urandom(48)))
 
 
+def raw_json(data: bytes) -> RawValue:
+    """JSON bytes as a payload, as they are: what a client of the namespace may send (the SDK's own converter could
+    not even encode the deepest of these)."""
+    return RawValue(Payload(metadata={"encoding": b"json/plain"}, data=data))
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def proof_around(body: bytes) -> bytes:
+    return b'{"ksquadProof": {"by": "bridge", "nonce": "n", "mac": "m"}, "body": ' + body + b"}"
+
+
+# Payloads no decoder may choke on, whatever the signal: nested past the parser's recursion limit (it raised
+# RecursionError, which failed the workflow task on every retry: the workflow took nothing more, not even a cancel),
+# nested deep enough to parse but not to take, bare or inside a proof's shape, in clear and encrypted; and big
+# (of no signal's type: a long text is a well-formed reason).
+HOSTILE = [
+    ("nested 100,000 deep, in clear", "in_clear", [raw_json(nested(100_000))]),
+    ("nested 100,000 deep", "codec_holder", [raw_json(nested(100_000))]),
+    ("nested 900 deep", "codec_holder", [raw_json(nested(900))]),
+    (
+        "a proof's shape around a body nested 100,000 deep",
+        "codec_holder",
+        [raw_json(proof_around(nested(100_000)))],
+    ),
+    (
+        "a proof's shape around a body nested 900 deep, in clear",
+        "in_clear",
+        [raw_json(proof_around(nested(900)))],
+    ),
+    ("a list of 750,000 numbers (1.5 MB)", "codec_holder", [raw_json(b"[" + b"0," * 750_000 + b"0]")]),
+]
+
+
 def volley(good: Any, takes_payload: bool, proven: bool) -> list[tuple[str, str, list[Any]]]:
     """(what, which client, arguments) of every bad way to send a signal whose well-formed payload is `good`."""
     wrong_type = {"unexpected": 1} if isinstance(good, str) else 42
@@ -83,6 +119,7 @@ def volley(good: Any, takes_payload: bool, proven: bool) -> list[tuple[str, str,
         ("two payloads", "codec_holder", [good, good]),
         ("three payloads", "codec_holder", [good, good, good]),
         ("undecryptable", "in_clear", [garbage()]),
+        *HOSTILE,
     ]
     if takes_payload:
         sends += [("wrong type", "codec_holder", [wrong_type])]
@@ -295,6 +332,7 @@ async def test_the_credential_entities_take_no_forged_limit_and_start_from_nothi
         start_signal="limited",
         start_signal_args=[limit],
     )
+    await send_volley(clients, announcer.id, "limited", volley(limit, True, True))
     state = await stranger_throttle.query("state_query", result_type=CredentialState)
     assert (state.throttled_until, state.strikes, state.subscribers) == (None, 0, [])
     await handle.signal(RunSignal.REFERENCES_UPDATED)
