@@ -287,7 +287,10 @@ async def dev_stack(options: DevOptions) -> AsyncIterator[DevStack]:
         await stack.enter_async_context(http_server(app, api_port))
         dev = DevStack(state, server, client, store, runs, api_url, model_url, scripted)
         info_file = state / "dev.json"
-        info_file.write_text(json.dumps(dev.info(), indent=2) + "\n")
+        # Whole or not at all: the CLI (and a watcher) may read it the moment it exists.
+        written = info_file.with_suffix(".json.tmp")
+        written.write_text(json.dumps(dev.info(), indent=2) + "\n")
+        written.replace(info_file)
         stack.callback(info_file.unlink, missing_ok=True)
         yield dev
 
