@@ -28,17 +28,17 @@ else
 	$(DEMO_TRACES) $(BIN)/ksquad dev --demo
 endif
 
-# Everything the suite needs before it starts (testbed/prepare.py), in three lanes at once: the compiles one after
-# another (the test control plane, helm, Temporal's production server, Jaeger, agent-sandbox's controller, kwok,
-# kube-network-policies from the Go module proxy; llama.cpp's server from PyPI's llama-cpp-python source), the Go
-# modules of the next compiles downloaded meanwhile, and beside both Debian's packages, the images, the field's
-# Python programs (MCP servers, mcp-proxy, other frameworks' agents) and the wheelhouse. Each is cached outside the
-# clone (~/.cache/ksquad-testbins/<versions>/ and beside it), keyed by its pins, and a no-op when cached; a step
-# that fails is named with the end of its log.
+# Everything the suite needs before it starts (testbed/prepare.py): the test control plane, helm, Temporal's
+# production server, Jaeger, agent-sandbox's controller, kwok and kube-network-policies from the Go module proxy;
+# llama.cpp's server from PyPI's llama-cpp-python source; Debian's packages, the images, the field's Python programs
+# (MCP servers, mcp-proxy, other frameworks' agents) and the wheelhouse. One step after another on two cores (every
+# step is bound by the CPU there), in three lanes at once on more. Each is cached outside the clone
+# (~/.cache/ksquad-testbins/<versions>/ and beside it), keyed by its pins, and a no-op when cached; a step that
+# fails is named with the end of its log.
 prepare: venv
 	$(BIN)/python -m testbed.prepare --make "$(MAKE)"
 
-# The builds alone (the compile and fetch lanes and the field's virtualenvs).
+# The builds alone (the compiles, the Go modules they need and the field's virtualenvs).
 testbins: venv
 	$(BIN)/python -m testbed.prepare --make "$(MAKE)" --only compile fetch field-virtualenvs
 
