@@ -4,8 +4,6 @@ Each starts lazily, the first time a test asks for it, and stops at the end of t
 prerequisite raises with its reason (the test errors); nothing is skipped.
 """
 
-import contextlib
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -60,23 +58,6 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         getattr(item, "fixturenames", ())
     ):
         item.add_marker(pytest.mark.xdist_group("cluster"))
-
-
-# The niceness of a test that needs no cluster, under xdist: the cluster's tests, all on one worker, are the
-# suite's length, so they come first for the CPU and the other worker's tests take what they leave.
-BESIDE_THE_CLUSTER_NICENESS = 5
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Before a test's fixtures start anything (their processes and threads inherit it): every thread of this
-    worker at the test's niceness. Lowering it again needs root, as the cluster does; elsewhere it stays."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        return
-    niceness = 0 if item.get_closest_marker("xdist_group") else BESIDE_THE_CLUSTER_NICENESS
-    for thread in os.listdir("/proc/self/task"):
-        with contextlib.suppress(PermissionError, ProcessLookupError):
-            os.setpriority(os.PRIO_PROCESS, int(thread), niceness)
 
 
 @pytest.fixture(scope="session")
