@@ -33,7 +33,7 @@ from a2a.utils.errors import A2AError, InternalError, UnsupportedOperationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.agents.a2a_compat import not_a2a
+from activities.agents.a2a_compat import AnswerTooLarge, found_in, not_a2a
 from activities.agents.outcomes import DUPLICATE_OF, PAUSED, TERMINAL, agent_error, outcome, struct
 from activities.agents.progress import Progress
 from activities.agents.recording import Recorder
@@ -105,8 +105,11 @@ class Invocation:
             self.work_item = await self.acts.work_item_for(self.inv.contract)
         try:
             return await self._run()
+        except AnswerTooLarge as err:
+            self._unreadable(err)
+            raise
         except A2AClientError as err:  # outside a stream: a broken answer, or nobody answering at all
-            self._not_a2a(err)
+            self._unreadable(err)
             if "HTTP Error 401" in (err.message or ""):
                 raise agent_error(
                     AgentError.INVALID_AGENT_RESPONSE,
@@ -126,16 +129,23 @@ class Invocation:
                 FailureDetails(message=err.message, task_id=self.progress.task_id),
             ) from None
         except A2AError as err:
-            self._not_a2a(err)
+            self._unreadable(err)
             raise agent_error(
                 AgentError.INVALID_AGENT_RESPONSE,
                 f"the agent answered with an error: {type(err).__name__}: {err.message}",
                 FailureDetails(message=err.message, task_id=self.progress.task_id),
             ) from None
 
-    def _not_a2a(self, err: BaseException) -> None:
-        """InvalidAgentResponse naming the deviation, when the answer was not A2A 1.0 (a2a-sdk's own error says
-        only "This operation is not supported")."""
+    def _unreadable(self, err: BaseException) -> None:
+        """InvalidAgentResponse naming why, when the answer could not be read: a line past its bound, or not
+        A2A 1.0 (a2a-sdk's own error says only "This operation is not supported")."""
+        too_large = found_in(err, AnswerTooLarge)
+        if too_large is not None:
+            raise agent_error(
+                AgentError.INVALID_AGENT_RESPONSE,
+                str(too_large),
+                FailureDetails(message=str(too_large), task_id=self.progress.task_id),
+            ) from None
         deviation = not_a2a(err)
         if deviation is not None:
             raise agent_error(

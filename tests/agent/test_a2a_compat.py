@@ -1,13 +1,15 @@
 """The worker's reading of agents that deviate from A2A 1.0 (activities/agents/a2a_compat.py): a zone-less
-timestamp is read as UTC wherever the stream splits it, a zoned one is left alone, and a2a-sdk's parse failure is
-named by its field."""
+timestamp is read as UTC wherever the stream splits it, a zoned one is left alone, a line is read up to its bound
+and no further, and a2a-sdk's parse failure is named by its field. (An agent sending a line without end behind
+a Run: tests/faults/test_bad_agents.py.)"""
 
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 from google.protobuf.json_format import ParseError
 
-from activities.agents.a2a_compat import A2ACompatTransport, not_a2a
+from activities.agents.a2a_compat import MAX_ANSWER_LINE, A2ACompatTransport, AnswerTooLarge, not_a2a
 
 
 async def test_zone_less_timestamps_are_read_as_utc_however_the_stream_is_cut() -> None:
@@ -26,6 +28,34 @@ async def test_zone_less_timestamps_are_read_as_utc_however_the_stream_is_cut() 
     assert b'"timestamp": "2026-12-06T04:19:02.226730Z"' in body
     assert b'"timestamp": "2026-12-06T04:19:03+00:00"' in body, "a zoned one is left as it is"
     assert body.count(b"\n") == events.count(b"\n")
+
+
+async def test_a_line_past_its_bound_is_read_no_further_and_lines_within_it_are_read_whole() -> None:
+    piece = 1 << 16
+    sent = 0
+
+    class Endless(httpx.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            nonlocal sent
+            yield b'data: {"text": "'
+            while True:
+                sent += piece
+                yield b"x" * piece
+
+    endless = A2ACompatTransport(httpx.MockTransport(lambda _: httpx.Response(200, stream=Endless())))
+    async with httpx.AsyncClient(transport=endless) as http:
+        with pytest.raises(AnswerTooLarge, match="longer than 32 MiB"):
+            await http.get("http://agent.test/")
+    assert MAX_ANSWER_LINE - piece <= sent <= MAX_ANSWER_LINE + piece, sent
+
+    # Lines each within the bound, together far past it (a long stream of events), are all read.
+    line = b"data: " + b"y" * (MAX_ANSWER_LINE // 4) + b"\n"
+    many = [line] * 8
+    cuts = [chunk[i : i + piece] for chunk in many for i in range(0, len(chunk), piece)]
+    within = A2ACompatTransport(httpx.MockTransport(lambda _: httpx.Response(200, stream=_Chunks(cuts))))
+    async with httpx.AsyncClient(transport=within) as http:
+        body = (await http.get("http://agent.test/")).content
+    assert body == b"".join(many)
 
 
 class _Chunks(httpx.AsyncByteStream):

@@ -5,7 +5,7 @@ Mounted under `/<behaviour>/`: the Agent's `endpoint` names one behaviour."""
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from a2a.helpers import new_data_part, new_task_from_user_message, new_text_part
@@ -17,10 +17,11 @@ from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import TaskState
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from activities.agents import OUTPUTS_ARTIFACT
+from activities.agents.a2a_compat import MAX_ANSWER_LINE
 from activities.agents.recording import MAX_MODEL_CALLS, USAGE_KEY
 from agent.server import agent_card
 from testbed.asgi import serving
@@ -118,16 +119,30 @@ A2A_BEHAVIOURS = [
     "many-calls",
 ]
 
+
+async def endless_line() -> AsyncIterator[bytes]:
+    """An event with no end as far as the worker reads (it stops at a2a_compat.MAX_ANSWER_LINE, a third of this):
+    bounded, and yielding to the loop, so that a server in the test's process stops once the worker hangs up."""
+    yield b'data: {"jsonrpc": "2.0", "id": 1, "result": {"text": "'
+    for _ in range(3 * MAX_ANSWER_LINE // 65536):
+        yield b"x" * 65536
+        await asyncio.sleep(0)
+
+
 # Endpoints with a valid agent card whose JSON-RPC endpoint answers with something that is not JSON-RPC.
-NOT_JSON_RPC: dict[str, Response] = {
-    "truncated-json": Response('{"jsonrpc": "2.0", "result": ', media_type="application/json"),
-    "json-not-rpc": JSONResponse({"hello": "world"}),
-    "wrong-result": JSONResponse({"jsonrpc": "2.0", "id": 1, "result": {"unexpected": [1, 2, 3]}}),
-    "rpc-error": JSONResponse(
+NOT_JSON_RPC: dict[str, Callable[[], Response]] = {
+    "truncated-json": lambda: Response('{"jsonrpc": "2.0", "result": ', media_type="application/json"),
+    "json-not-rpc": lambda: JSONResponse({"hello": "world"}),
+    "wrong-result": lambda: JSONResponse({"jsonrpc": "2.0", "id": 1, "result": {"unexpected": [1, 2, 3]}}),
+    "rpc-error": lambda: JSONResponse(
         {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "internal kaboom"}}
     ),
-    "html-500": HTMLResponse("<html><body>502 Bad Gateway</body></html>", status_code=500),
-    "event-stream-garbage": Response("data: {not json}\n\ndata: [1,2\n\n", media_type="text/event-stream"),
+    "html-500": lambda: HTMLResponse("<html><body>502 Bad Gateway</body></html>", status_code=500),
+    "event-stream-garbage": lambda: Response(
+        "data: {not json}\n\ndata: [1,2\n\n", media_type="text/event-stream"
+    ),
+    # An event that never ends: the worker reads up to its line bound (a2a_compat.MAX_ANSWER_LINE), no further.
+    "endless-line": lambda: StreamingResponse(endless_line(), media_type="text/event-stream"),
 }
 
 
@@ -153,7 +168,7 @@ def _not_json_rpc_app(behaviour: str, url: str) -> Starlette:
     card_routes = create_agent_card_routes(card)
 
     async def answer(_: Request) -> Response:
-        return NOT_JSON_RPC[behaviour]
+        return NOT_JSON_RPC[behaviour]()
 
     return Starlette(routes=[*card_routes, Route("/", answer, methods=["POST"])])
 

@@ -1,5 +1,6 @@
 """Agents that hang, flood progress, answer with 10 MB, send a thousand artifacts, report one model call a
-thousand times or more calls than a turn may make, or do not speak JSON-RPC at all, each behind a Run on the embedded stack: every run ends with a phase and a reason that says what the agent
+thousand times or more calls than a turn may make, send an event that never ends, or do not speak JSON-RPC at
+all, each behind a Run on the embedded stack: every run ends with a phase and a reason that says what the agent
 did wrong, within its bounds; none hangs, none takes the worker down, nothing huge lands in a status."""
 
 import json
@@ -93,6 +94,7 @@ async def test_misbehaving_agents_fail_their_runs_with_a_reason_and_nothing_hang
     assert "runSeconds" in statuses["hang"]["message"]
     assert "artifact" in statuses["huge-artifact"]["message"]
     assert "artifacts" in statuses["many-artifacts"]["message"]
+    assert "longer than 32 MiB" in statuses["endless-line"]["message"], statuses["endless-line"]["message"]
     # The work item keeps what was recorded whole, and nothing of what was refused.
     many = [e.data for e in on_items["many-artifacts"] if e.kind == "artifact"]
     assert 0 < len(many) <= MAX_ARTIFACTS and all(d and d["size"] > 0 for d in many), many[:3]
