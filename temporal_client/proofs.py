@@ -6,9 +6,9 @@ signal to any workflow. So each signal a ksquad component sends is wrapped with 
 the seal key over the target workflow, the signal's name, the body, who sends it (`by`: the bridge, a worker
 activity on behalf of the workflow it runs for, a workflow), that sender's workflow and execution, the execution
 of the target it is meant for (when the sender knows it) and a nonce. The worker unwraps it before the handler
-runs (worker.seals), and the workflow's inbox (workflows.inbox) takes each proof once. A copy of a signal from
-history carries a proof already taken; a signal to another workflow, or to another execution of the same
-workflow id, does not verify. (The proof travels in the payload, not in a header: the time-skipping test server
+runs (worker.seals), and the workflow's inbox (workflows.inbox) takes each proof once, ever. A copy of a signal
+from history carries a proof already taken, or issued before those the workflow forgot; a signal to another
+workflow, or to another execution of the same workflow id, does not verify. (The proof travels in the payload, not in a header: the time-skipping test server
 drops the headers of a signal-with-start and of a workflow's signal to another.)
 
 Senders sign through `SignalProver`, a client interceptor: every signal the client sends (and the signal of a
@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -186,6 +187,14 @@ class SignalKey:
         return [self.wrap(target, signal, body, bool(args), signing, nonce)]
 
 
+def issued_nonce() -> str:
+    """A client's nonce: when it was issued (milliseconds since the epoch, this machine's clock), then 96 random
+    bits. The MAC covers it, so the time cannot be changed; a workflow refuses a proof issued before the ones it
+    has forgotten (workflows.inbox), so a copy is refused however many signals came between. To a worker that
+    reads no time in it, it is a nonce as any other."""
+    return f"{time.time_ns() // 1_000_000}.{secrets.token_hex(12)}"
+
+
 class SignalProver(temporalio.client.Interceptor):
     """Signs every signal its client sends: as `SIGNING` says, else as `default` (None: signs nothing then)."""
 
@@ -203,7 +212,7 @@ class SignalProver(temporalio.client.Interceptor):
         signing = SIGNING.get() or self.default
         if signing is None:
             return list(args)
-        return self.key.signed_args(self.converter, target, signal, args, signing, secrets.token_hex(16))
+        return self.key.signed_args(self.converter, target, signal, args, signing, issued_nonce())
 
 
 class _SigningOutbound(temporalio.client.OutboundInterceptor):

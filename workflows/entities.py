@@ -118,6 +118,7 @@ class CredentialThrottleWorkflow:
                 "cleared": Handler(Accepts(CredentialSubscription, proven_by=FROM_RUNS), self.cleared),
             },
             [],
+            remembered=state.signals_per_run,  # all it takes before it continues as new
         )
         # Notices still to send; a continue-as-new carries the run ids (state.to_notify).
         self._outbox: list[tuple[str, ThrottleNotice]] = []
@@ -232,6 +233,7 @@ class CredentialAnnouncerWorkflow:
             "CredentialAnnouncer",
             {"limited": Handler(Accepts(CredentialLimit, proven_by=FROM_RUNS), self.limited)},
             [],
+            remembered=state.signals_per_run,  # all it takes before it continues as new
         )
         self._reporters: list[CredentialLimit] = state.reporters
         state.reporters = []
@@ -308,6 +310,7 @@ class ConcurrencyGateWorkflow:
                 "release": Handler(Accepts(SlotRelease, proven_by=FROM_RUNS), self.release),
             },
             [],
+            remembered=state.signals_per_run,  # all it takes before it continues as new
         )
         self._granted: list[str] = []  # keys (GateState)
         self._queued: list[str] = []

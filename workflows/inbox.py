@@ -12,10 +12,13 @@ A signal that changes what the worker does is taken only with a proof: the worke
 (worker.seals) checks each signal's `ksquad-proof` header, an HMAC with the seal key that only the bridge and the
 worker hold over the target workflow, the signal, its payload and a nonce, and puts what it proved in
 `SIGNAL_PROOF` while the handler runs. Each signal names the senders it takes (`Accepts.proven_by`); a proof is
-taken once (its nonce is remembered), so a signal copied from history and sent again changes nothing. Only
+taken once, ever, so a signal copied from history and sent again changes nothing: its nonce is remembered, and a
+client's nonce says when it was issued (temporal_client.proofs.issued_nonce): once a workflow forgets a nonce
+(it keeps the latest `remembered`), it refuses every proof issued no later than the one forgotten. Only
 `cancel` is open to every client, as the design promises (`temporal workflow signal --name cancel`).
 """
 
+import re
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -47,8 +50,12 @@ class Proof:
 # Set by the worker's interceptor around each signal handler: None when the signal carries no valid proof.
 SIGNAL_PROOF: ContextVar[Proof | None] = ContextVar("ksquad_signal_proof", default=None)
 
-# Proofs remembered per workflow (a FIFO): a workflow is sent few proven signals, and each is taken once.
+# Proofs remembered per workflow (a FIFO): a Run is sent few proven signals. One issued before the latest
+# forgotten is refused (Inbox.floor): only a proof that came this many later than one issued after it would be
+# refused wrongly, and a Run's senders (the bridge, its entities) send one at a time.
 REMEMBERED_NONCES = 256
+# A client's nonce: the time it was issued (ms since the epoch), a dot, random hex (temporal_client.proofs).
+ISSUED_NONCE = re.compile(r"(\d{1,15})\.[0-9a-f]{16,64}")
 # Workflows started before signals carried proofs take unproven ones while they replay and until they continue
 # as new (their histories hold signals without proofs).
 SIGNAL_PROOFS_PATCH = "signal-proofs"
@@ -96,11 +103,16 @@ class Inbox:
         handlers: dict[str, Handler],
         nonces: list[str],
         patched: Callable[[str], bool] = workflow.patched,
+        remembered: int = REMEMBERED_NONCES,
+        floor: int = 0,
     ) -> None:
         self.workflow_type = workflow_type
         self.patched = patched  # the owner's (workflows.patches), or the SDK's
         self.handlers = handlers
         self.nonces = nonces
+        self.remembered = remembered
+        # Proofs issued at or before it are refused: the latest issue time among the nonces forgotten.
+        self.floor = floor
 
     def deliver(self, name: str, args: Sequence[RawValue]) -> None:
         handler = self.handlers.get(name)
@@ -124,11 +136,24 @@ class Inbox:
             raise Refused("unproven", "no valid proof (only the bridge and the worker may send it)")
         if proof.by not in accepts.proven_by:
             raise Refused("wrong_sender", f"proved by the {proof.by}, which may not send it")
+        issued = issued_at(proof.nonce)
+        if issued and issued <= self.floor:
+            raise Refused(
+                "replayed", "a proof issued before those already forgotten (a copy of an earlier signal)"
+            )
         if proof.nonce in self.nonces:
             raise Refused("replayed", "a proof already taken (a copy of an earlier signal)")
         self.nonces.append(proof.nonce)
-        del self.nonces[:-REMEMBERED_NONCES]
+        for forgotten in self.nonces[: -self.remembered]:
+            self.floor = max(self.floor, issued_at(forgotten))
+        del self.nonces[: -self.remembered]
         return proof
+
+
+def issued_at(nonce: str) -> int:
+    """When a client's nonce was issued (ms since the epoch); 0 for a workflow's nonce, or one from before."""
+    match = ISSUED_NONCE.fullmatch(nonce)
+    return int(match.group(1)) if match else 0
 
 
 def _payload(accepts: Accepts, args: Sequence[RawValue]) -> Any:

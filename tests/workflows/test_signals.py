@@ -42,6 +42,7 @@ from workflows.entity_types import (
     gate_workflow_id,
     key_run,
 )
+from workflows.inbox import REMEMBERED_NONCES
 from workflows.signals import RunSignal
 from workflows.status import Phase, RunStatus
 
@@ -166,6 +167,16 @@ async def run_state(clients: Clients, workflow_id: str) -> RunStatus:
     return state
 
 
+def unmoved(before: RunStatus, after: RunStatus) -> None:
+    """The Run's state as it was: its phase, why it is paused, its status revision and its message."""
+    assert (after.phase, after.pause_reason, after.revision, after.message) == (
+        before.phase,
+        before.pause_reason,
+        before.revision,
+        before.message,
+    )
+
+
 # Every signal of the Run workflow with a well-formed payload (None: it takes none) and whether it needs a proof.
 RUN_SIGNALS: list[tuple[str, Callable[[str], Any], bool, bool]] = [
     (RunSignal.CANCEL, lambda ns: "stop it", True, False),
@@ -208,13 +219,7 @@ async def test_a_paused_run_takes_no_bad_signal_and_resumes_when_the_bridge_says
     await send_volley(clients, handle.id, signal, volley(good(ns), takes, proven))
     await handle.signal(RunSignal.REFERENCES_UPDATED)  # a proven signal after the volley: it was all handled
 
-    after = await run_state(clients, handle.id)
-    assert (after.phase, after.pause_reason, after.revision, after.message) == (
-        before.phase,
-        before.pause_reason,
-        before.revision,
-        before.message,
-    )
+    unmoved(before, await run_state(clients, handle.id))
     assert len(world.calls_of(Activity.INVOKE_AGENT, "r")) == 1, "no signal started an attempt"
     await no_failed_task(handle)
     await handle.signal(RunSignal.RESUME)
@@ -239,6 +244,45 @@ async def test_a_running_run_is_not_stopped_by_a_forged_limit_and_a_cancel_in_cl
     status = await handle.result()
     assert (status.phase, status.message) == (Phase.CANCELLED, "from the temporal CLI")
     await no_failed_task(handle)
+
+
+async def copied_signal(handle: WorkflowHandle[Any, Any], signal: str) -> list[RawValue]:
+    """The payloads of the first `signal` in the workflow's history, as stored (encrypted, the proof inside)."""
+    async for event in handle.fetch_history_events():
+        if event.HasField("workflow_execution_signaled_event_attributes"):
+            signaled = event.workflow_execution_signaled_event_attributes
+            if signaled.signal_name == signal:
+                return [RawValue(p) for p in signaled.input.payloads]
+    raise AssertionError(f"no {signal} in {handle.id}'s history")
+
+
+async def test_a_runs_own_signal_copied_from_its_history_is_refused_however_many_came_between(
+    clients: Clients, world: World, ns: str
+) -> None:
+    """A proof is taken once, ever: the Run remembers the latest REMEMBERED_NONCES proofs, and refuses any proof
+    issued before one it forgot. (Before: a `pause` copied from history was taken again once 256 proven signals
+    had pushed its nonce out, as applying 300 Agents to a namespace does.)"""
+    world.scripts["r"] = [hang(), block()]
+    handle = await start_run(clients.ksquad, run_input("r", namespace=ns))
+    await world.wait_entered(Activity.INVOKE_AGENT, "r")
+    await handle.signal(RunSignal.PAUSE, "by the bridge")
+    await world.until_phase("r", "Paused")
+    await handle.signal(RunSignal.RESUME)
+    await world.until_phase("r", "Running")
+    pause = await copied_signal(handle, RunSignal.PAUSE)
+
+    await clients.in_clear.get_workflow_handle(handle.id).signal(RunSignal.PAUSE, args=pause)  # remembered
+    for _ in range(REMEMBERED_NONCES + 10):  # the bridge's own signals, proven, each taken
+        await handle.signal(RunSignal.REFERENCES_UPDATED)
+    await clients.in_clear.get_workflow_handle(handle.id).signal(RunSignal.PAUSE, args=pause)  # forgotten
+    await handle.signal(RunSignal.REFERENCES_UPDATED)  # a proven signal after the copies: they were handled
+
+    state = await run_state(clients, handle.id)
+    assert state.phase == Phase.RUNNING, f"a copied pause was taken: {state.phase} {state.message}"
+    assert len(world.calls_of(Activity.INVOKE_AGENT, "r")) == 2
+    await no_failed_task(handle)
+    world.release("r")
+    assert (await handle.result()).phase == Phase.SUCCEEDED
 
 
 async def test_a_queued_run_is_not_admitted_by_a_forged_grant_and_is_when_the_slot_frees(

@@ -43,6 +43,7 @@ class RunCarry(KsquadModel):
     slots: list[str] = Field(default_factory=list)  # concurrency scopes whose slot the run holds
     claim_fence: int | None = None
     nonces: list[str] = Field(default_factory=list)  # the proofs of the signals it took (workflows.inbox)
+    proof_floor: int = 0  # proofs issued at or before it are refused (workflows.inbox.Inbox.floor)
 
 
 class RunInput(RunEnvelope):

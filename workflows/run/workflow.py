@@ -103,7 +103,7 @@ class RunWorkflow:
         )
         self.pauses = Pauses(self.spec, self.mirror, self.interrupts, self.held)
         self.cancel_reason = ""
-        self.inbox = self._inbox(carry.nonces)
+        self.inbox = self._inbox(carry.nonces, carry.proof_floor)
         self.agent_call = AgentCall(
             self.run_ref,
             self.spec,
@@ -130,7 +130,7 @@ class RunWorkflow:
 
     # --- signals and query --------------------------------------------------------------------------------
 
-    def _inbox(self, nonces: list[str]) -> Inbox:
+    def _inbox(self, nonces: list[str], proof_floor: int) -> Inbox:
         """Every signal the Run takes (workflows.inbox): only `cancel` from anyone; what users ask for (pause,
         resume, input) and credential rotations from the bridge, which checked who asked; limits and slots from
         the entity workflows."""
@@ -155,6 +155,7 @@ class RunWorkflow:
             },
             nonces,
             self.patches.patched,
+            floor=proof_floor,
         )
 
     @workflow.signal(dynamic=True)
@@ -422,5 +423,6 @@ class RunWorkflow:
             slots=self.gates.slots,
             claim_fence=self.held.claim_fence,
             nonces=self.inbox.nonces,
+            proof_floor=self.inbox.floor,
         )
         workflow.continue_as_new(self.run_input.model_copy(update={"carry": carry}))
