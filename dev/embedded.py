@@ -364,6 +364,8 @@ class EmbeddedRuns:
         # earlier Run's is one a deletion already gave up waiting for). Temporal unreachable: the Run is
         # forgotten all the same.
         with contextlib.suppress(RPCError):
-            await self.workflows.cancel_and_wait(namespace, name, None, wait_seconds)
+            await self.workflows.cancel_and_wait(
+                namespace, name, None, wait_seconds, terminate_after=wait_seconds
+            )
         await self.objects.delete("Run", namespace, name, run.uid)
         return run

@@ -7,7 +7,8 @@ the earlier Run's workflow there. Which workflow is the Run's is not taken from 
 (the memo, a search attribute): it is the execution the bridge recorded on the Run when it started it (its first
 run id), and before that record exists, a workflow whose start input is an envelope sealed for this Run's uid.
 A workflow under the Run's id whose start input is not sealed at all was started by someone else, and is
-terminated, so that it can keep no Run from starting. Starting uses Temporal's USE_EXISTING conflict policy, so
+terminated, so that it can keep no Run from starting; so is a sealed one (a copy of an earlier Run's start input)
+waiting on a task queue no ksquad worker polls. Starting uses Temporal's USE_EXISTING conflict policy, so
 two starts racing for one Run still make one workflow.
 """
 
@@ -70,6 +71,8 @@ class FoundWorkflow:
     # The Run's own ended and another workflow was started under its id since (the handle is that one's): the
     # Run's own final state can no longer be read through it.
     replaced: bool = False
+    phase: str | None = None  # its KsquadPhase search attribute, as last upserted
+    task_queue: str = ""
 
     @property
     def closed(self) -> bool:
@@ -107,14 +110,19 @@ class RunWorkflows:
                 found, status=WorkflowExecutionStatus.COMPLETED, chain=chain, replaced=True
             )
         if not found.closed:
-            if found.uid is None and self.sealer is not None:
-                await found.handle.terminate(
-                    f"not started by ksquad: its start input is no envelope the bridge sealed; Run {namespace}/{name} "
-                    "starts in its place"
-                )
-                log.warning("terminated workflow %s: its start input is not sealed", found.handle.id)
-                return None
-            raise EarlierRunStillRunning(namespace, name)
+            if self.sealer is not None and found.uid is None:
+                why = "its start input is no envelope the bridge sealed"
+            elif self.sealer is not None and found.task_queue != self.task_queue:
+                # A sealed envelope (an earlier Run's, copied) where no ksquad worker will ever run it: waited
+                # out, it would keep this Run from starting forever.
+                why = f"it waits on task queue {found.task_queue}, which no ksquad worker polls"
+            else:
+                raise EarlierRunStillRunning(namespace, name)
+            await found.handle.terminate(
+                reason=f"not ksquad's to run: {why}; Run {namespace}/{name} starts in its place"
+            )
+            log.warning("terminated workflow %s: %s", found.handle.id, why)
+            return None
         return None
 
     async def start(self, run_input: RunInput) -> WorkflowHandle[Any, Any]:
@@ -173,6 +181,7 @@ class RunWorkflows:
         within: float,
         reason: str = "the Run was deleted",
         chain: str | None = None,
+        terminate_after: float | None = None,
     ) -> bool:
         """Cancel the Run's workflow if it is running (its status says `reason`, not "cancelled through
         Temporal"), then wait up to `within` seconds for it to end.
@@ -180,7 +189,12 @@ class RunWorkflows:
         With a `uid`, only the workflow of that Run is cancelled: the bridge deleting a Run leaves an earlier
         Run's alone. With None, whichever Run's workflow runs under the id is (the embedded stack).
         False only when the cancelled workflow still runs after `within`. A cancel request that fails is
-        waited out all the same (the workflow may have ended meanwhile); other errors from Temporal raise."""
+        waited out all the same (the workflow may have ended meanwhile); other errors from Temporal raise.
+
+        With `terminate_after`, a cancel lands whatever became of the signal: a workflow that has not taken it by
+        then (not Cancelling: its signals flooded, or no worker takes its tasks) is sent Temporal's own cancel
+        request, and terminated if it still runs `terminate_after` seconds later. One that took it and is still
+        tearing down (an agent slow to stop, a sandbox being confirmed gone) is not cut short."""
         found = await self._describe(namespace, name, with_uid=uid is not None and chain is None)
         if found is None or found.closed:
             return True
@@ -189,14 +203,49 @@ class RunWorkflows:
         with contextlib.suppress(RPCError), signing_as(Signing(Sender.BRIDGE, to_chain=found.chain)):
             # The signal, as the cancel annotation and `ksquad runs cancel` do: the Run's status says why.
             await found.handle.signal(RunSignal.CANCEL, reason)
+        if await self._ended_within(namespace, name, within):
+            return True
+        if terminate_after is None:
+            return False
+        now = await self._describe(namespace, name)
+        if now is None or now.closed:
+            return True
+        if now.chain != found.chain or now.phase == Phase.CANCELLING.value:
+            return False  # another Run's now; or this one took the cancel and tears down
+        # Its chain, whichever run of it is current: never a workflow started under the id since.
+        own = self.client.get_workflow_handle(found.handle.id, first_execution_run_id=found.chain)
+        log.warning(
+            "workflow %s took no cancel signal in %.0fs (phase %s): asking Temporal to cancel it",
+            own.id,
+            within,
+            now.phase,
+        )
+        with contextlib.suppress(RPCError):
+            await own.cancel()
+        if await self._ended_within(namespace, name, terminate_after):
+            return True
+        log.warning(
+            "workflow %s did not end %.0fs after Temporal's cancel request: terminated",
+            own.id,
+            terminate_after,
+        )
+        with contextlib.suppress(RPCError):
+            await own.terminate(
+                reason=f"{reason}: it took neither the cancel signal in {within:.0f}s nor Temporal's cancel request in "
+                f"{terminate_after:.0f}s (its signals flooded, or no worker takes its tasks)"
+            )
+        return await self._ended_within(namespace, name, ENDED_POLL_SECONDS * 25)
+
+    async def _ended_within(self, namespace: str, name: str, seconds: float) -> bool:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while loop.time() < deadline:
+        deadline = loop.time() + seconds
+        while True:
             now = await self._describe(namespace, name)
             if now is None or now.closed:
                 return True
+            if loop.time() >= deadline:
+                return False
             await asyncio.sleep(ENDED_POLL_SECONDS)
-        return False
 
     async def _describe(self, namespace: str, name: str, with_uid: bool = False) -> FoundWorkflow | None:
         """The newest workflow under the Run's id, or None when there is none; `with_uid`: and whose sealed Run
@@ -211,7 +260,10 @@ class RunWorkflows:
         info = description.raw_description.workflow_execution_info
         chain = info.first_run_id or description.run_id
         uid = await self._sealed_uid(handle, description) if with_uid else None
-        return FoundWorkflow(handle, description.status, uid, chain)
+        phase = description.typed_search_attributes.get(sa.PHASE)
+        return FoundWorkflow(
+            handle, description.status, uid, chain, phase=phase, task_queue=description.task_queue
+        )
 
     async def _sealed_uid(
         self, handle: WorkflowHandle[RunWorkflow, RunStatus], description: WorkflowExecutionDescription

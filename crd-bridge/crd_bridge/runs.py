@@ -8,8 +8,8 @@ Run to a reconciler, one at a time per Run:
 - the annotation `ksquad.io/cancel-requested` becomes the `cancel` signal; `ksquad.io/pause-requested`
   becomes `pause` when set and `resume` when removed; `ksquad.io/input` becomes the `input` signal once the
   Run waits for input, and is then removed (so an answer is given once, to the question it was meant for);
-- a Run being deleted has its workflow cancelled; once it ended Cancelled (or after a bounded wait), the
-  finalizer goes and Kubernetes deletes the Run and, through owner references, its Job and outputs;
+- a Run being deleted has its workflow cancelled (one that takes no cancel signal is sent Temporal's cancel
+  request, then terminated); once it ended (or after a bounded wait), the finalizer goes and Kubernetes deletes the Run and, through owner references, its Job and outputs;
 - a closed workflow whose final status never reached the Run (an API outage at the end) has it written.
 """
 
@@ -281,14 +281,16 @@ class RunReconciler:
         await self.status.ended(run, status)
 
     async def finalize(self, run: dict[str, Any]) -> bool:
-        """Deletion: cancel the workflow, wait (bounded) for it to end, then let the Run go."""
+        """Deletion: cancel the workflow, wait (bounded) for it to end, then let the Run go. A workflow that never
+        took the cancel is terminated first (temporal_client.runs.RunWorkflows.cancel_and_wait)."""
         meta = run["metadata"]
         if FINALIZER not in meta.get("finalizers", []):
             return False
         wait = self.settings.cancel_wait_seconds
         chain = recorded_chain(run.get("status"))
+        # A workflow that takes no cancel in `wait` is sent Temporal's cancel request, then terminated.
         if not await self.workflows.cancel_and_wait(
-            meta["namespace"], meta["name"], meta["uid"], wait, chain=chain
+            meta["namespace"], meta["name"], meta["uid"], wait, chain=chain, terminate_after=wait
         ):
             workflow_id = run_workflow_id(meta["namespace"], meta["name"])
             log.warning("%s did not end within %.0fs; removing the finalizer anyway", workflow_id, wait)

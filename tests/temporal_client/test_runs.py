@@ -77,13 +77,41 @@ async def test_cancel_and_wait_says_when_the_workflow_did_not_end_in_time(
     assert ended is not None and ended.closed
 
 
+async def test_a_runs_workflow_that_takes_no_cancel_is_asked_by_temporal_then_terminated(
+    served: tuple[RunWorkflows, World], ns: str
+) -> None:
+    """Deleting a Run stops its workflow whatever became of the cancel signal: here no worker takes its tasks (a
+    worker down, or its signals jammed). After `within`, Temporal's own cancel request; after `terminate_after`
+    more, a termination saying why. A Run that took the cancel is left to tear down (the test above)."""
+    workflows, world = served
+    unpolled = RunWorkflows(workflows.client, "nobody-polls-this", world.sealer)
+    await unpolled.start(run_input("r", namespace=ns, uid="uid-1"))
+    assert await workflows.cancel_and_wait(ns, "r", "uid-1", within=1, terminate_after=1)
+    found = await workflows.find(ns, "r", "uid-1")
+    assert found is not None and found.status == WorkflowExecutionStatus.TERMINATED
+    history = [e async for e in found.handle.fetch_history_events()]
+    asked = [e for e in history if e.HasField("workflow_execution_cancel_requested_event_attributes")]
+    assert len(asked) == 1, "Temporal's cancel request came before the termination"
+    (ended,) = [e for e in history if e.HasField("workflow_execution_terminated_event_attributes")]
+    why = ended.workflow_execution_terminated_event_attributes.reason
+    assert why.startswith("the Run was deleted: it took neither the cancel signal in 1s"), why
+
+    # Without `terminate_after` (as every caller did before): it only says that the workflow did not end.
+    await unpolled.start(run_input("r", namespace=ns, uid="uid-2"))
+    assert not await workflows.cancel_and_wait(ns, "r", "uid-2", within=1)
+    still = await workflows.find(ns, "r", "uid-2")
+    assert still is not None and not still.closed
+    assert await workflows.cancel_and_wait(ns, "r", "uid-2", within=0, terminate_after=1)
+
+
 async def test_a_workflow_started_under_a_runs_id_by_someone_else_keeps_no_run_from_starting(
     served: tuple[RunWorkflows, World], ns: str
 ) -> None:
     """A client of the namespace starts a workflow under the id a Run will have, its memo naming the Run's uid:
     it is not taken for the Run's own (its start input is no sealed envelope), it is terminated, and the Run's own
     starts. A sealed envelope of an earlier Run of that name, started again by someone, is waited out instead (the
-    bridge refuses it anything, so it ends)."""
+    bridge refuses it anything, so it ends), unless it waits on a task queue no ksquad worker polls: there it
+    would never end, and is terminated too."""
     workflows, world = served
     client = workflows.client
     squatter = await client.start_workflow(
@@ -107,10 +135,10 @@ async def test_a_workflow_started_under_a_runs_id_by_someone_else_keeps_no_run_f
         id=f"{ns}/r",
         task_queue="nobody-polls-this",
     )
-    with pytest.raises(EarlierRunStillRunning):  # a sealed envelope: another Run's to this Run, waited out
-        await workflows.find(ns, "r", "uid-2")
     replaced = await workflows.find(ns, "r", "uid-1", chain=own.first_execution_run_id)
     assert replaced is not None and replaced.closed and replaced.replaced, (
         "the Run's own ended; this one is not it"
     )
-    await copy.terminate("test over")
+    # A sealed envelope, another Run's to this Run: where no ksquad worker polls, it would never end. Terminated.
+    assert await workflows.find(ns, "r", "uid-2") is None, "the re-created Run may start"
+    assert (await copy.describe()).status == WorkflowExecutionStatus.TERMINATED
