@@ -10,14 +10,18 @@ paused by a rate limit take their place in the ramp after it from `reserve_resum
 """
 
 import asyncio
+import contextlib
 import hashlib
+import logging
 from datetime import UTC, datetime, timedelta
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.claims import store_errors_as_activity_errors
+from activities.metrics import ENTITY_IMPOSTORS
 from store import Store
 from workflows.activity_types import Activity, EntitySignal, WorkflowIds
 from workflows.entity_types import (
@@ -34,7 +38,12 @@ from workflows.entity_types import (
 )
 from workflows.model import KsquadModel
 
+log = logging.getLogger(__name__)
 SUBSCRIBERS_PAGE = 1000  # subscribers read and signalled at a time by an announcement
+# Entity runs found to be ksquad's own, remembered (each is checked once: one describe, one history page).
+MAX_OWNED_REMEMBERED = 10_000
+# An impostor under an entity's id is terminated and the signal sent again; this many in a row and it gives up.
+IMPOSTORS_IN_A_ROW = 3
 SIGNALS_IN_FLIGHT = 50  # concurrent signals of an announcement
 
 
@@ -56,6 +65,9 @@ class EntityActivities:
         self.task_queue = task_queue
         self.store = store
         self.subscribers_page = subscribers_page
+        self._owned: set[tuple[str, str]] = (
+            set()
+        )  # (workflow id, run id) of entity runs checked to be ksquad's
 
     @activity.defn(name=Activity.SIGNAL_WITH_START)
     async def signal_with_start(self, message: EntitySignal) -> ThrottleNotice | None:
@@ -100,15 +112,64 @@ class EntityActivities:
     async def _start(
         self, workflow: str, workflow_id: str, state: KsquadModel, signal: str, arg: dict[str, object]
     ) -> None:
-        """Signal-with-start: `state` is the entity's input if this starts it."""
-        await self.client.start_workflow(
-            workflow,
-            state,
-            id=workflow_id,
-            task_queue=self.task_queue,
-            start_signal=signal,
-            start_signal_args=[arg],
-        )
+        """Signal-with-start: `state` is the entity's input if this starts it. The workflow that took the signal
+        must be ksquad's own (`_impostor`): one started by someone else under the entity's id is terminated, and
+        the signal sent again, which starts ksquad's."""
+        for _ in range(IMPOSTORS_IN_A_ROW + 1):
+            handle = await self.client.start_workflow(
+                workflow,
+                state,
+                id=workflow_id,
+                task_queue=self.task_queue,
+                start_signal=signal,
+                start_signal_args=[arg],
+            )
+            run_id = handle.result_run_id or ""
+            why = await self._impostor(workflow, workflow_id, run_id, type(state))
+            if why is None:
+                return
+            log.warning(
+                "terminated workflow %s run %s, not ksquad's %s: %s", workflow_id, run_id, workflow, why
+            )
+            ENTITY_IMPOSTORS.labels(workflow).inc()
+            with contextlib.suppress(RPCError):  # that run only: never one started since
+                await self.client.get_workflow_handle(workflow_id, run_id=run_id).terminate(
+                    reason=f"not ksquad's {workflow}: {why}"
+                )
+        raise ApplicationError(f"workflow {workflow_id} is started again by someone else each time: {why}")
+
+    async def _impostor(
+        self, workflow: str, workflow_id: str, run_id: str, state_type: type[KsquadModel]
+    ) -> str | None:
+        """Why the run `run_id` under an entity's id is not ksquad's own, or None: its type, its task queue (no
+        ksquad worker polls another) and its start input (one this worker cannot read as the entity's state never
+        runs: a payload in clear, say) are checked once per run and remembered."""
+        if (workflow_id, run_id) in self._owned:
+            return None
+        handle = self.client.get_workflow_handle(workflow_id, run_id=run_id)
+        try:
+            description = await handle.describe()
+            if description.workflow_type != workflow:
+                return f"of type {description.workflow_type}"
+            if description.task_queue != self.task_queue:
+                return f"on task queue {description.task_queue}, which no ksquad worker polls"
+            async for event in handle.fetch_history_events():
+                started = event.workflow_execution_started_event_attributes
+                try:
+                    await self.client.data_converter.decode(started.input.payloads, [state_type])
+                except Exception as err:  # whatever the codec or the converter makes of someone's bytes
+                    return (
+                        f"its input is no {state_type.__name__} this worker can read ({type(err).__name__})"
+                    )
+                break
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return None  # gone since (ended, or continued as new): the signal was taken or is the next's
+            raise
+        if len(self._owned) >= MAX_OWNED_REMEMBERED:
+            self._owned.clear()
+        self._owned.add((workflow_id, run_id))
+        return None
 
     async def _subscribe_in_store(self, key: str, run_id: str) -> ThrottleNotice | None:
         """The run is told of limits on `key` from now on; returns the limit in force, if any."""

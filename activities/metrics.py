@@ -34,6 +34,11 @@ ACTIVITIES_REFUSED = Counter(
     "acting activities the worker refused: a copy of a Run (reason copy) or not what the bridge sealed",
     ["activity", "reason"],
 )
+ENTITY_IMPOSTORS = Counter(
+    "ksquad_entity_impostors_terminated",
+    "workflows under a gate's or a credential's id that were not ksquad's (type, task queue, input), terminated",
+    ["workflow"],
+)
 AGENT_CALL_SECONDS = Histogram(
     "ksquad_agent_call_seconds", "one A2A turn with the agent, by outcome", ["outcome"], buckets=CALL_BUCKETS
 )

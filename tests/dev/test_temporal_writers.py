@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 
 from agent.scripted_model import ScriptedModel, build_app
 from dev.embedded import LOCAL_CREDENTIAL_SECRET
 from dev.stack import DevStack, dev_stack
 from testbed.asgi import serving
-from testbed.embedded import stack_options
+from testbed.embedded import stack_options, wait_terminal
 from workflows.activity_types import WORKER_TASK_QUEUE
 from workflows.contract import CredentialRef, ModelRef, Resolution, ResolvedAgent
 from workflows.run import RunInput
@@ -139,3 +140,72 @@ async def test_a_workflow_for_a_run_that_does_not_exist_resolves_to_nothing(dev:
     await start(dev, "no-such-run", body, codec=True)
     state = await final_state(dev, "attacker/no-such-run")
     assert (state["phase"], state["reason"]) == ("Failed", "Unsealed"), state
+
+
+# Workflows started under a Team's gate id before its Runs come, each a way of never answering: another type; the
+# gate's type on a queue no ksquad worker polls; the gate's type with its input in clear (it never runs a task).
+GATE_IMPOSTORS = {
+    "another type": ("NotAGate", WORKER_TASK_QUEUE, {"scope": "team/bench/one"}),
+    "a queue nobody polls": ("ConcurrencyGate", "nobody-polls-this", {"scope": "team/bench/one"}),
+    "its input in clear": ("ConcurrencyGate", WORKER_TASK_QUEUE, {"scope": "team/bench/one"}),
+}
+
+
+@pytest.mark.parametrize("impostor", list(GATE_IMPOSTORS))
+async def test_a_workflow_squatting_a_gates_id_is_terminated_and_the_teams_runs_are_admitted(
+    dev: DevStack, impostor: str
+) -> None:
+    """The gate's id is ksquad's: a Run's request to it reaches only a ConcurrencyGate on ksquad's queue that the
+    worker can read. Before, the request went to whatever ran under the id, and every Run of the Team waited."""
+    kind, queue, body = GATE_IMPOSTORS[impostor]
+    started = await temporal(
+        dev,
+        "workflow",
+        "start",
+        "--type",
+        kind,
+        "--task-queue",
+        queue,
+        "-w",
+        "gate/team/bench/one",
+        "--input",
+        json.dumps(body),
+    )
+    assert started.returncode == 0, started.stderr
+    squatter = dev.client.get_workflow_handle("gate/team/bench/one")
+    squatter_run = (await squatter.describe()).run_id
+    api = "ksquad.io/v1alpha1"
+    await dev.runs.apply(
+        [
+            {
+                "apiVersion": api,
+                "kind": "Agent",
+                "metadata": {"name": "a", "namespace": "bench"},
+                "spec": {"modelEndpointRef": "local", "model": "m"},
+            },
+            {
+                "apiVersion": api,
+                "kind": "Team",
+                "metadata": {"name": "one", "namespace": "bench"},
+                "spec": {"agents": ["a"], "maxConcurrentRuns": 1},
+            },
+            *[
+                {
+                    "apiVersion": api,
+                    "kind": "Run",
+                    "metadata": {"name": f"r{i}", "namespace": "bench"},
+                    "spec": {"agents": [], "teamRef": "one"},
+                }
+                for i in (1, 2)
+            ],
+        ]
+    )
+    assert await wait_terminal(dev, ["r1", "r2"], within=90) == {"r1": "Succeeded", "r2": "Succeeded"}
+    ended = dev.client.get_workflow_handle("gate/team/bench/one", run_id=squatter_run)
+    assert (await ended.describe()).status == WorkflowExecutionStatus.TERMINATED
+    async for event in ended.fetch_history_events():
+        if event.HasField("workflow_execution_terminated_event_attributes"):
+            reason = event.workflow_execution_terminated_event_attributes.reason
+            assert reason.startswith("not ksquad's ConcurrencyGate: "), reason
+    gate = await dev.client.get_workflow_handle("gate/team/bench/one").describe()
+    assert (gate.workflow_type, gate.task_queue) == ("ConcurrencyGate", WORKER_TASK_QUEUE)
