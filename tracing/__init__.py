@@ -122,7 +122,9 @@ def configure(service: str, env: Mapping[str, str] = os.environ) -> bool:
 
     attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": service}
     provider = TracerProvider(resource=Resource.create(attributes), id_generator=PinnableIds())
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    exporter = OTLPSpanExporter()
+    content = env.get(CONTENT_ENV, "").strip().lower() == "true"
+    provider.add_span_processor(BatchSpanProcessor(exporter if content else _without_messages(exporter)))
     trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)  # what is still batched goes out when the process ends
     _enabled = True
@@ -131,6 +133,56 @@ def configure(service: str, env: Mapping[str, str] = os.environ) -> bool:
         env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env["OTEL_EXPORTER_OTLP_ENDPOINT"],
     )
     return True
+
+
+# What an exception event holds that may be text a model or an agent wrote (a question, a failure's reason).
+EXCEPTION_TEXT = ("exception.message", "exception.stacktrace")
+
+
+def _without_messages(exporter: Any) -> Any:
+    """`exporter`, sending each span without its exceptions' messages: a span's status keeps the error's type
+    (Temporal's interceptor writes `Type: message`), an exception event its type alone. An agent's failure or
+    question is the message of the activity's error, and it is an answer's text, recorded only with content."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.trace.status import Status
+
+    def scrubbed(span: ReadableSpan) -> ReadableSpan:
+        status = span.status
+        if status.description:
+            status = Status(status.status_code, status.description.split(":", 1)[0])
+        events = [
+            Event(e.name, {k: v for k, v in e.attributes.items() if k not in EXCEPTION_TEXT}, e.timestamp)
+            if e.name == "exception" and e.attributes
+            else e
+            for e in span.events
+        ]
+        return ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=span.attributes,
+            events=events,
+            links=span.links,
+            kind=span.kind,
+            status=status,
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+
+    class WithoutMessages(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return exporter.export([scrubbed(s) for s in spans])  # type: ignore[no-any-return]
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return exporter.force_flush(timeout_millis)  # type: ignore[no-any-return]
+
+    return WithoutMessages()
 
 
 def configure_or_exit(service: str) -> bool:
@@ -363,7 +415,8 @@ class TracedHttp:
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", [])}
         method = scope.get("method", "GET")
-        attributes = {"http.request.method": method, "url.path": scope.get("path", "")}
+        # No path: it names Runs and namespaces (the span's name and http.route are the route's template).
+        attributes = {"http.request.method": method}
         with _started(
             method, propagate.extract(headers), kind=SpanKind.SERVER, attributes=attributes
         ) as span:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 import tracing
 from activities.sandboxes import LocalSandboxes, SandboxSettings
@@ -129,6 +130,13 @@ tracing.flush()
 
 async def exported_model_span(record_content: bool) -> dict[str, object]:
     """The attributes of the one span the script above exports, as a collector receives them."""
+    (span,) = await exported_spans(MODEL_CALL, record_content)
+    assert span.name == "chat dev-model"
+    return {a.key: MessageToDict(a.value) for a in span.attributes}
+
+
+async def exported_spans(script: str, record_content: bool) -> list[Span]:
+    """The spans `script` exports through tracing's exporter in a process of its own, as a collector gets them."""
     received: list[bytes] = []
 
     async def collector(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -149,12 +157,10 @@ async def exported_model_span(record_content: bool) -> dict[str, object]:
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
         }
         env[tracing.CONTENT_ENV] = "true" if record_content else "false"
-        process = await asyncio.create_subprocess_exec(sys.executable, "-c", MODEL_CALL, env=env)
+        process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, env=env)
         assert await asyncio.wait_for(process.wait(), 60) == 0
     request = ExportTraceServiceRequest.FromString(b"".join(received))
-    (span,) = [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
-    assert span.name == "chat dev-model"
-    return {a.key: MessageToDict(a.value) for a in span.attributes}
+    return [s for r in request.resource_spans for ss in r.scope_spans for s in ss.spans]
 
 
 async def test_a_model_calls_span_carries_its_figures_and_its_text_only_when_the_operator_says() -> None:
@@ -166,3 +172,37 @@ async def test_a_model_calls_span_carries_its_figures_and_its_text_only_when_the
     recorded = await exported_model_span(record_content=True)
     assert "PROMPT-CANARY" in repr(recorded["gen_ai.input.messages"])
     assert "ANSWER-CANARY" in repr(recorded["gen_ai.output.messages"])
+
+
+# An activity that failed with an agent's words, as Temporal's tracing interceptor records it: the span's status
+# `Type: message`, and an exception event with the message and the stack trace.
+FAILED_ACTIVITY = """
+import tracing
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+from temporalio.exceptions import ApplicationError
+
+tracing.configure_or_exit("ksquad-worker")
+tracer = trace.get_tracer("temporalio")
+try:
+    raise ApplicationError("the agent asks: QUESTION-CANARY?", type="InputRequired")
+except ApplicationError as err:
+    with tracer.start_as_current_span("RunActivity:invoke_agent", record_exception=False) as span:
+        span.set_status(Status(StatusCode.ERROR, f"{type(err).__name__}: {err}"))
+        span.record_exception(err)
+tracing.flush()
+"""
+
+
+async def test_an_exceptions_message_leaves_in_no_span_unless_the_operator_records_content() -> None:
+    (span,) = await exported_spans(FAILED_ACTIVITY, record_content=False)
+    assert span.status.message == "ApplicationError", "the error's type stays"
+    (event,) = span.events
+    assert event.name == "exception"
+    kept = {a.key: MessageToDict(a.value) for a in event.attributes}
+    assert kept["exception.type"]["stringValue"].endswith("ApplicationError"), kept
+    assert set(kept) <= {"exception.type", "exception.escaped"}, kept
+    assert "CANARY" not in repr(span)
+    (recorded,) = await exported_spans(FAILED_ACTIVITY, record_content=True)
+    assert "QUESTION-CANARY" in recorded.status.message
+    assert "QUESTION-CANARY" in repr(recorded.events)
