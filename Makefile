@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # (tests/conftest.py); about 25 minutes of pytest here instead of 44 in one process. PYTEST_WORKERS= runs one.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup
 
-.PHONY: demo test bench lint pytest venv prepare testbins host-packages images wheelhouse lock clean
+.PHONY: demo test fuzz bench lint pytest venv prepare testbins host-packages images wheelhouse lock clean
 
 venv: $(BIN)/.installed
 # The test bed's dependencies from tests/requirements.lock (hash-checked, like the images'), then the project itself.
@@ -92,6 +92,12 @@ wheelhouse: venv
 	$(BIN)/pip download --quiet --no-deps --require-hashes --dest $(WHEELHOUSE) -r tests/requirements.lock
 
 test: lint pytest
+
+# The fuzzers of tests/workflows/test_fuzz.py searched long, with a random seed (the suite runs them briefly with a
+# fixed one); Hypothesis prints what it tried and, on a failure, the smallest example and how to reproduce it.
+fuzz: venv
+	KSQUAD_FUZZ=1 $(BIN)/python -m testbed.isolate $(BIN)/pytest -p no:xdist tests/workflows/test_fuzz.py \
+		--hypothesis-show-statistics --timeout 3600 $(PYTEST_ARGS)
 
 # Every benchmark, into bench/results/<date>.json and a table against the targets (BENCH_ARGS=--quick: minutes).
 bench: venv prepare
