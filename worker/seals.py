@@ -8,6 +8,7 @@ carries is checked, unwrapped and handed to the workflow's inbox (workflows.inbo
 workflows send each other (an entity's notices to runs) are signed on their way out."""
 
 import logging
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from temporalio import activity, workflow
@@ -34,12 +35,21 @@ from workflows.activity_types import (
     UNSEALED,
     Activity,
     AgentInvocation,
+    EntitySignal,
     Sandbox,
     SandboxRequest,
+)
+from workflows.entity_types import (
+    CredentialLimit,
+    ResumePlaceRequest,
+    SlotRequest,
+    credential_workflow_id,
+    gate_workflow_id,
 )
 from workflows.envelope import NotInWarrant, Warrant
 from workflows.inbox import SIGNAL_PROOF, Refused, Sender
 from workflows.inbox import refused as signal_refused
+from workflows.policies import RateLimitThresholds
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +153,8 @@ class _Checked(ActivityInboundInterceptor):
             if kind == Activity.INVOKE_AGENT:
                 assert isinstance(request, AgentInvocation)
                 self.sealer.check_endpoint(request.contract, request.endpoint, request.sandbox)
+            if kind in (Activity.SIGNAL_WITH_START, Activity.RESERVE_RESUME_PLACE):
+                within_reach(request, warrant, datetime.now(UTC))
         except (Unsealed, NotInWarrant, ChainUnknown) as err:
             refused(kind, info, err)
             kind_of = COPY_REFUSED if isinstance(err, Copied) else UNSEALED
@@ -166,6 +178,49 @@ class _Checked(ActivityInboundInterceptor):
                 "of: a copy of that Run, refused"
             )
         return chain
+
+
+# How far past the longest pause a limit may end (the clocks of the worker that heard the 429 and of this one).
+LIMIT_SLACK = timedelta(minutes=5)
+
+
+def within_reach(request: EntitySignal | ResumePlaceRequest, warrant: Warrant, now: datetime) -> None:
+    """A Run's message to an entity, or its place in a ramp, only where its warrant reaches: the gates of its own
+    concurrency scopes (asking with the scope's limit and the Run's share, as resolved), the credentials of its
+    own agents' models, and a limit no longer than the longest pause. Raises NotInWarrant. (The worker checks the
+    warrant is the activity's own Run's; this keeps a workflow task answered by someone else, who can schedule any
+    activity under that Run, from pausing another tenant's Runs or changing another Team's limit.)"""
+    namespace = warrant.envelope.namespace
+    resolution = warrant.resolution
+    credentials = {
+        model.throttle_key(namespace)
+        for agent in resolution.agents
+        for model in (agent.model, agent.fallback_model, agent.project_fallback_model)
+        if model is not None
+    }
+    latest = now + timedelta(seconds=RateLimitThresholds().cap_seconds) + LIMIT_SLACK
+    if isinstance(request, ResumePlaceRequest):
+        if request.key not in credentials:
+            raise NotInWarrant(f"a ramp of {request.key}, none of the Run's credentials")
+        if request.until > latest:
+            raise NotInWarrant(f"a limit until {request.until.isoformat()}, past the longest pause")
+        return
+    if request.workflow == "ConcurrencyGate":
+        scope = next((s for s in resolution.scopes if gate_workflow_id(s.key) == request.workflow_id), None)
+        if scope is None:
+            raise NotInWarrant(f"gate {request.workflow_id}, none of the Run's concurrency scopes")
+        if request.signal == "acquire":
+            slot = SlotRequest.model_validate(request.arg)
+            share = resolution.share
+            if (slot.limit, slot.tenant, slot.weight) != (scope.limit, share.tenant, share.weight):
+                raise NotInWarrant(
+                    f"a request to {scope.key} with a limit or a share not resolved for the Run"
+                )
+        return
+    if request.workflow_id not in {credential_workflow_id(key) for key in credentials}:
+        raise NotInWarrant(f"{request.workflow_id}, none of the Run's credentials")
+    if request.signal == "limited" and CredentialLimit.model_validate(request.arg).until > latest:
+        raise NotInWarrant("a limit past the longest pause")
 
 
 def refused(kind: str, info: activity.Info, err: Exception) -> None:
