@@ -153,8 +153,10 @@ class _Checked(ActivityInboundInterceptor):
             if kind == Activity.INVOKE_AGENT:
                 assert isinstance(request, AgentInvocation)
                 self.sealer.check_endpoint(request.contract, request.endpoint, request.sandbox)
-            if kind in (Activity.SIGNAL_WITH_START, Activity.RESERVE_RESUME_PLACE):
-                within_reach(request, warrant, datetime.now(UTC))
+            if kind in (Activity.SIGNAL_WITH_START, Activity.RESERVE_RESUME_PLACE) and not info.is_local:
+                # Scheduled through the server: by whoever answered the Run's workflow task. (A local activity runs
+                # in the worker that runs the workflow's own code, this one.) "Now" as the server scheduled it.
+                within_reach(request, warrant, info.current_attempt_scheduled_time or datetime.now(UTC))
         except (Unsealed, NotInWarrant, ChainUnknown) as err:
             refused(kind, info, err)
             kind_of = COPY_REFUSED if isinstance(err, Copied) else UNSEALED
