@@ -33,6 +33,7 @@ SAME_PRODUCT = ("bench", "docs", "README.md")
 # name -> (full arguments, quick arguments)
 BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "claims": ([], ["--iterations", "200"]),
+    "devserver_journal": ([], ["--workflows", "100", "--rounds", "1"]),
     "agent_roundtrip": ([], ["--iterations", "50"]),
     "checkpoints": ([], ["--turns", "100"]),
     "sandboxes": ([], ["--runs", "10"]),
