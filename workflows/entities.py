@@ -325,8 +325,12 @@ class ConcurrencyGateWorkflow:
         if not from_sender("ConcurrencyGate", "acquire", request.run_id, proof):
             return
         key = run_key(request.run_id, proof.sender_chain if proof else None)
-        if key in self.state.released:
-            refused("ConcurrencyGate", "acquire", Refused("replayed", f"{key} released its slot already"))
+        if key in self.state.released and request.asked <= self.state.released_asks.get(key, 1):
+            refused(
+                "ConcurrencyGate",
+                "acquire",
+                Refused("replayed", f"{key} released its slot already (request {request.asked})"),
+            )
             return
         self.state.limit = request.limit
         if key in self.state.holders:
@@ -345,16 +349,21 @@ class ConcurrencyGateWorkflow:
 
     def release(self, release: SlotRelease, proof: Proof | None) -> None:
         if from_sender("ConcurrencyGate", "release", release.run_id, proof):
-            self._free(run_key(release.run_id, proof.sender_chain if proof else None))
+            self._free(run_key(release.run_id, proof.sender_chain if proof else None), release.asked)
 
-    def _free(self, key: str) -> None:
-        """The run's slot or place is free; a copy of its request will be refused."""
+    def _free(self, key: str, asked: int = 1) -> None:
+        """The run's slot or place is free; a copy of its request (of `asked` or before) will be refused."""
         for queue in (self.state.holders, self.state.waiting):
             if key in queue:
                 queue.remove(key)
         self.state.finish.pop(key, None)
-        if key_run(key)[1] is not None and key not in self.state.released:
-            self.state.released.append(key)
+        if key_run(key)[1] is not None:
+            if key not in self.state.released:
+                self.state.released.append(key)
+            if asked > self.state.released_asks.get(key, 1):
+                self.state.released_asks[key] = asked
+            for forgotten in self.state.released[:-REMEMBERED_RELEASES]:
+                self.state.released_asks.pop(forgotten, None)
             del self.state.released[:-REMEMBERED_RELEASES]
         self._admit()
 

@@ -106,10 +106,14 @@ class SlotRequest(KsquadModel):
     limit: int = Field(ge=1)
     tenant: str = ""  # the run's Team (workflows.contract.FairShare): slots go round the Teams that wait
     weight: float = Field(default=1.0, ge=1, le=100)
+    # Which of the run's requests to this gate it is (1, 2...): a run paused while queued withdraws its place and
+    # asks again after `resume`, and only a request newer than the last withdrawn one is taken.
+    asked: int = Field(default=1, ge=1)
 
 
 class SlotRelease(KsquadModel):
     run_id: str
+    asked: int = Field(default=1, ge=1)  # the request (SlotRequest.asked) whose slot or place it gives up
 
 
 class SlotNotice(KsquadModel):
@@ -138,6 +142,8 @@ class GateState(KsquadModel):
     signals_per_run: int = Field(default=MAX_SIGNALS_PER_RUN, ge=1)  # continue as new after this many
     # The runs that released their slot lately (keys, oldest first): a copy of one's earlier request is refused.
     released: list[str] = Field(default_factory=list)
+    # Of those, the ones that had asked more than once: the last request they withdrew (absent: their first).
+    released_asks: dict[str, int] = Field(default_factory=dict)
 
 
 # How many released runs a gate remembers (a copy of an older request is found by the liveness check instead).

@@ -97,3 +97,31 @@ async def test_a_shared_queue_admits_round_the_teams_by_weight_not_in_arrival_or
         assert (await handle.result()).phase == Phase.SUCCEEDED
     admitted = [c.run for c in world.calls_of(Activity.INVOKE_AGENT) if c.run != "holder"]
     assert admitted == ["a0", "b0", "a1", "a2", "b1", "a3", "a4", "b2", "a5"]
+
+
+async def test_a_queued_run_paused_and_resumed_asks_again_and_is_admitted(
+    client: Client, world: World
+) -> None:
+    """A pause while Queued withdraws the run's place; after `resume` it asks again, and the gate takes that as a
+    new request (before, it refused it as a copy of the one withdrawn, and the run waited out queuedSeconds). The
+    gate remembers the newest request given up: a copy of it or of any before it is refused."""
+    world.scopes["holder"] = world.scopes["waiter"] = [TEAM]
+    world.scripts["holder"] = [block()]
+    holder = await start_run(client, run_input("holder"))
+    await world.wait_entered(Activity.INVOKE_AGENT, "holder")
+    waiter = await start_run(client, run_input("waiter"))
+    await world.until_phase("waiter", "Queued")
+    for round_ in range(2):  # twice: each withdrawal is remembered as its own
+        await waiter.signal("pause", f"hold {round_}")
+        await world.until_phase("waiter", "Paused")
+        assert (await gate(client, TEAM)).waiting == []
+        await waiter.signal("resume")
+        await world.until_phase("waiter", "Queued")
+        assert [key_run(k)[0] for k in (await gate(client, TEAM)).waiting] == ["ksquad-system/waiter"]
+    world.release("holder")
+    assert (await holder.result()).phase == Phase.SUCCEEDED
+    assert (await waiter.result()).phase == Phase.SUCCEEDED
+    state = await gate(client, TEAM)
+    assert (state.holders, state.waiting) == ([], [])
+    [key] = [k for k in state.released if key_run(k)[0] == "ksquad-system/waiter"]
+    assert state.released_asks[key] == 3, "two places withdrawn, then the slot of its third request released"

@@ -16,6 +16,7 @@ class Gates:
     def __init__(
         self,
         slots: list[str],
+        asks: dict[str, int],
         run_id: str,
         queued_seconds: int,
         mirror: StatusMirror,
@@ -24,6 +25,7 @@ class Gates:
     ) -> None:
         self.warrant = warrant
         self.slots = slots  # scopes whose slot the run holds (carried over continue-as-new)
+        self.asks = asks  # scope -> how many times the run asked its gate (SlotRequest.asked; carried too)
         self.queued: dict[str, int] = {}  # scope -> position, while waiting for its slot
         self.run_id = run_id
         self.queued_seconds = queued_seconds
@@ -43,7 +45,10 @@ class Gates:
         """Ask the scope's gate for a slot and wait for it (Queued while others hold them all; the slots go round
         the Teams that wait, by `share`). A cancel or a pause withdraws the request and raises Interrupted: after
         a pause the run asks again, at the back of its Team."""
-        request = SlotRequest(run_id=self.run_id, limit=scope.limit, **share.model_dump())
+        self.asks[scope.key] = self.asks.get(scope.key, 0) + 1
+        request = SlotRequest(
+            run_id=self.run_id, limit=scope.limit, asked=self.asks[scope.key], **share.model_dump()
+        )
         await entity_signal(
             self.warrant(), "ConcurrencyGate", gate_workflow_id(scope.key), "acquire", request
         )
@@ -78,7 +83,7 @@ class Gates:
 
     async def withdraw(self, scope: str) -> None:
         self.queued.pop(scope, None)
-        release = SlotRelease(run_id=self.run_id)
+        release = SlotRelease(run_id=self.run_id, asked=self.asks.get(scope, 1))
         await entity_signal(self.warrant(), "ConcurrencyGate", gate_workflow_id(scope), "release", release)
         if scope in self.slots:
             self.slots.remove(scope)

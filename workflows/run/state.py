@@ -41,6 +41,7 @@ class RunCarry(KsquadModel):
     route: Route = Field(default_factory=Route)
     throttles: ThrottleState = Field(default_factory=ThrottleState)
     slots: list[str] = Field(default_factory=list)  # concurrency scopes whose slot the run holds
+    slot_asks: dict[str, int] = Field(default_factory=dict)  # workflows.run.gates.Gates.asks
     claim_fence: int | None = None
     nonces: list[str] = Field(default_factory=list)  # the proofs of the signals it took (workflows.inbox)
     proof_floor: int = 0  # proofs issued at or before it are refused (workflows.inbox.Inbox.floor)

@@ -85,6 +85,7 @@ class RunWorkflow:
         self.route = Router(input, carry.route, carry.resolution, self.mirror, self.throttles)
         self.gates = Gates(
             carry.slots,
+            carry.slot_asks,
             input.workflow_id,
             self.spec.timeouts.queued_seconds,
             self.mirror,
@@ -421,6 +422,7 @@ class RunWorkflow:
             route=self.route.state,
             throttles=self.throttles.state,
             slots=self.gates.slots,
+            slot_asks=self.gates.asks,
             claim_fence=self.held.claim_fence,
             nonces=self.inbox.nonces,
             proof_floor=self.inbox.floor,
