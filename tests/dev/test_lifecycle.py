@@ -252,6 +252,8 @@ def team(name: str, agents: list[str], limit: int) -> dict[str, Any]:
 async def test_a_team_of_one_admits_its_runs_in_order_and_a_queued_delete_frees_nothing(
     dev: DevStack,
 ) -> None:
+    """A queued Run deleted frees nothing; one paused and resumed with the CLI while Queued asks again and is
+    admitted when the slot frees (before, its gate took the second request for a copy of the first)."""
     await dev.runs.apply(
         [agent("steady-agent", "steady"), team("one", ["steady-agent"], 1), run("q1", [], teamRef="one")]
     )
@@ -264,6 +266,16 @@ async def test_a_team_of_one_admits_its_runs_in_order_and_a_queued_delete_frees_
     await dev.runs.delete(NS, "q2")  # while Queued: it held no slot, so q1 keeps it and q3 waits
     assert (await status(dev, "q1"))["phase"] == "Running"
     assert (await status(dev, "q3"))["phase"] == "Queued"
+    await ksquad(dev, "runs", "pause", f"{NS}/q3")
+    await until_phase(dev, "q3", "Paused")
+    await ksquad(dev, "runs", "resume", f"{NS}/q3")
+    for _ in range(300):  # Queued "resumed by request" first, then the gate's answer
+        if "position 1" in (again := await status(dev, "q3")).get("message", ""):
+            break
+        await asyncio.sleep(0.1)
+    assert (again["phase"], again["reason"]) == ("Queued", "ConcurrencyLimit"), again
+    assert "position 1" in again["message"], again
+    assert (await status(dev, "q1"))["phase"] == "Running"
     assert await wait_terminal(dev, ["q1", "q3"], within=90) == {"q1": "Succeeded", "q3": "Succeeded"}
     q1_done = next(e["at"] for e in await phase_events(dev, "q1") if e["phase"] == "Succeeded")
     q3_claimed = next(e["at"] for e in await phase_events(dev, "q3") if e["phase"] == "Claiming")

@@ -53,18 +53,26 @@ class Gates:
             self.warrant(), "ConcurrencyGate", gate_workflow_id(scope.key), "acquire", request
         )
         deadline = later(self.queued_seconds)
+        # A request after a withdrawal (resumed while Queued) shows its new place once, though the run is Queued
+        # already ("resumed by request"). A first request shows the first place it is told while not yet Queued,
+        # as it always did: histories of runs started before must replay as they ran.
+        asked_again, shown = self.asks[scope.key] > 1, False
 
-        def granted_or_queued() -> bool:
-            return scope.key in self.slots or (
-                scope.key in self.queued and self.mirror.status.phase != Phase.QUEUED
+        def to_show() -> bool:
+            return scope.key in self.queued and (
+                self.mirror.status.phase != Phase.QUEUED or (asked_again and not shown)
             )
 
+        def granted_or_queued() -> bool:
+            return scope.key in self.slots or to_show()
+
         while scope.key not in self.slots:
-            if scope.key in self.queued and self.mirror.status.phase != Phase.QUEUED:
+            if to_show():
                 self.mirror.condition(ConditionType.ADMITTED, False, "Queued", scope.key)
                 position = self.queued[scope.key]
                 message = f"{scope.key} is full ({scope.limit}); position {position}"
                 self.mirror.move(Phase.QUEUED, reason="ConcurrencyLimit", message=message)
+                shown = True
             remaining = (deadline - workflow.now()).total_seconds()
             if remaining <= 0:
                 await self.withdraw(scope.key)
