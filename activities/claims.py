@@ -130,7 +130,8 @@ class ClaimActivities:
     async def record_run_ending(self, req: RunEnding) -> None:
         """The Run's ending on its work item, once, as the orchestrator (whatever the agent wrote or did not:
         failed before it ran, cancelled, timed out, refused a budget); then its agent's checkpoints are forgotten,
-        since no attempt will resume from them."""
+        since no attempt will resume from them. A Run without a work item moves its fence past its last attempt
+        first: that attempt's token (good for hours) acts no more, as an item's released claim refuses its own."""
         run, ref = req.run, req.warrant.envelope.spec.work_item_ref
         with store_errors_as_activity_errors():
             if ref is not None:
@@ -139,6 +140,8 @@ class ClaimActivities:
                 await self.store.record_ending(
                     run.namespace, ref, holder_of(run), req.attempt, req.phase, req.reason, message
                 )
+            else:
+                await self.store.begin_attempt(holder_of(run), req.attempt + 1)
             await self.store.forget_checkpoints(run.uid)
 
     def all(self) -> list[Callable[..., Any]]:

@@ -225,3 +225,42 @@ def held_call_abandoned(dev: DevStack) -> Any:
 def agent_stopped(run: StoredObject) -> dict[str, Any]:
     (condition,) = [c for c in (run.status or {}).get("conditions", []) if c["type"] == "AgentStopped"]
     return dict(condition)
+
+
+async def test_an_attempts_token_dies_with_its_run(tmp_path: Path) -> None:
+    """A Run without a work item: once it has ended, its last attempt's token (good for hours) writes and reads
+    no checkpoint. Before, the Run's fence stayed the attempt's and the token acted until it expired; a Run with a
+    work item releases its claim at the end, which refuses its tokens the same way."""
+    async with dev_stack(stack_options(tmp_path / ".ksquad", {"quick": [{"text": "done"}]})) as dev:
+        agent = {"modelEndpointRef": "local", "model": "quick"}
+        await dev.runs.apply(
+            [
+                {
+                    "apiVersion": API,
+                    "kind": "Agent",
+                    "metadata": {"name": "quick", "namespace": NS},
+                    "spec": agent,
+                },
+                {
+                    "apiVersion": API,
+                    "kind": "Run",
+                    "metadata": {"name": "ended", "namespace": NS},
+                    "spec": {"agents": ["quick"]},
+                },
+            ]
+        )
+        assert await wait_terminal(dev, ["ended"], within=60) == {"ended": "Succeeded"}
+        run = await dev.runs.get(NS, "ended")
+        access = ItemAccess(NS, "", f"{NS}/ended", run.uid, 1, 1, int(time.time()) + 600)
+        token = item_token(read_key(dev.state_dir / ITEM_KEY_FILE), access)
+        async with httpx.AsyncClient(
+            base_url=dev.api_url, headers={"Authorization": f"Bearer {token}"}
+        ) as api:
+            late = await api.post(
+                "/attempts/checkpoints",
+                json={"steps": [{"step": 9, "kind": "turn", "data": {"message": {}}}]},
+            )
+            read = await api.get("/attempts/checkpoints")
+        assert (late.status_code, read.status_code) == (409, 409), (late.text, read.text)
+        assert "attempt 1" in late.json()["error"] and "no longer current" in late.json()["error"]
+        assert await dev.store.checkpoints(run.uid) == [], "nothing written after the Run's ending"
