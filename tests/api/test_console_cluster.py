@@ -169,6 +169,27 @@ async def test_a_person_behind_the_proxy_reads_and_acts_as_themselves(
         )
 
         page = await http.get(f"/console/runs/{namespace}/from-console")
+        # Forged in the session of a person who may cancel (so only the console's guard can refuse): a form token
+        # guessed, another session's, none; and a good one posted from another origin. Nothing is written.
+        other = csrf_token(csrf_key_of(KEY), hashlib.sha256(b"another session").hexdigest())
+        for data, headers, says in (
+            ({"csrf": "guess"}, {}, "was not made by the console for you"),
+            ({"csrf": other}, {}, "was not made by the console for you"),
+            ({}, {}, "was not made by the console for you"),
+            (
+                {"csrf": form_token(page.text)},
+                {"Origin": "https://evil.example"},
+                "accepted only from the console",
+            ),
+        ):
+            forged = await http.post(
+                f"/console/runs/{namespace}/from-console/cancel",
+                data={**data, "reason": "x"},
+                headers=headers,
+            )
+            assert forged.status_code == 403 and says in forged.text, (data, headers, forged.text)
+        run = json.loads(cluster.kubectl("get", "run", "from-console", "-n", namespace, "-o", "json").stdout)
+        assert "ksquad.io/cancel-requested" not in (run["metadata"].get("annotations") or {})
         cancelled = await http.post(
             f"/console/runs/{namespace}/from-console/cancel",
             data={"csrf": form_token(page.text), "reason": "changed my mind"},
