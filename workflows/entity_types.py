@@ -101,6 +101,9 @@ class LimitAnnouncement(KsquadModel):
     reporters: list[CredentialLimit] = Field(default_factory=list)
 
 
+MAX_ASKS = 1_000_000  # requests of one run to one gate: each needs a pause and a resume
+
+
 class SlotRequest(KsquadModel):
     run_id: str
     limit: int = Field(ge=1)
@@ -108,12 +111,14 @@ class SlotRequest(KsquadModel):
     weight: float = Field(default=1.0, ge=1, le=100)
     # Which of the run's requests to this gate it is (1, 2...): a run paused while queued withdraws its place and
     # asks again after `resume`, and only a request newer than the last withdrawn one is taken.
-    asked: int = Field(default=1, ge=1)
+    asked: int = Field(default=1, ge=1, le=MAX_ASKS)
 
 
 class SlotRelease(KsquadModel):
     run_id: str
-    asked: int = Field(default=1, ge=1)  # the request (SlotRequest.asked) whose slot or place it gives up
+    asked: int = Field(
+        default=1, ge=1, le=MAX_ASKS
+    )  # the request (SlotRequest.asked) whose slot or place it gives up
 
 
 class SlotNotice(KsquadModel):

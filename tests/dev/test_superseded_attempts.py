@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,16 +203,22 @@ async def test_a_local_agent_that_hears_no_cancel_is_killed_before_the_claim_is_
         assert job_name("outlived", 1) in stopped["message"] and "attempt 1: " in stopped["message"]
         history = await dev.store.claim_history(work_item_key(NS, ITEM))
         first = ItemAccess(NS, ITEM, f"{NS}/outlived", run.uid, 1, history[0].fence, int(time.time()) + 600)
-        token = item_token(read_key(dev.state_dir / ITEM_KEY_FILE), first)
-        async with httpx.AsyncClient(
-            base_url=dev.api_url, headers={"Authorization": f"Bearer {token}"}
-        ) as api:
-            late = await api.post(
-                "/attempts/checkpoints",
-                json={"steps": [{"step": 1, "kind": "turn", "data": {"message": {}}}]},
-            )
+        async with as_attempt(dev, first) as api:
+            late = await api.post("/attempts/checkpoints", json=one_step(1))
         assert late.status_code == 409, late.text
         assert "attempt 1" in late.json()["error"] and "no longer current" in late.json()["error"]
+
+
+@asynccontextmanager
+async def as_attempt(dev: DevStack, access: ItemAccess) -> AsyncIterator[httpx.AsyncClient]:
+    """The embedded API, with the token the worker would have made for that attempt."""
+    token = item_token(read_key(dev.state_dir / ITEM_KEY_FILE), access)
+    async with httpx.AsyncClient(base_url=dev.api_url, headers={"Authorization": f"Bearer {token}"}) as api:
+        yield api
+
+
+def one_step(step: int) -> dict[str, Any]:
+    return {"steps": [{"step": step, "kind": "turn", "data": {"message": {}}}]}
 
 
 def held_call_abandoned(dev: DevStack) -> Any:
@@ -252,14 +259,8 @@ async def test_an_attempts_token_dies_with_its_run(tmp_path: Path) -> None:
         assert await wait_terminal(dev, ["ended"], within=60) == {"ended": "Succeeded"}
         run = await dev.runs.get(NS, "ended")
         access = ItemAccess(NS, "", f"{NS}/ended", run.uid, 1, 1, int(time.time()) + 600)
-        token = item_token(read_key(dev.state_dir / ITEM_KEY_FILE), access)
-        async with httpx.AsyncClient(
-            base_url=dev.api_url, headers={"Authorization": f"Bearer {token}"}
-        ) as api:
-            late = await api.post(
-                "/attempts/checkpoints",
-                json={"steps": [{"step": 9, "kind": "turn", "data": {"message": {}}}]},
-            )
+        async with as_attempt(dev, access) as api:
+            late = await api.post("/attempts/checkpoints", json=one_step(9))
             read = await api.get("/attempts/checkpoints")
         assert (late.status_code, read.status_code) == (409, 409), (late.text, read.text)
         assert "attempt 1" in late.json()["error"] and "no longer current" in late.json()["error"]
