@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8400)
     args = parser.parse_args(argv)
     # What the imports built lives as long as the process: no garbage collection walks it again, nor does the
-    # interpreter's exit: a quarter to a third less CPU to start and stop a process.
+    # interpreter's exit (the worker's imports and exit: about a fifth less CPU).
     gc.freeze()
     state = ScriptedModel()
     if args.script:
